@@ -1,0 +1,365 @@
+/*
+ * llmcore.h -- the one public header of the llmcore inference core.
+ *
+ * llmcore implements the paged-KV bookkeeping (block pool with prefix
+ * caching), the KV store, paged attention and token sampling of an LLM
+ * inference engine. It is plain C ABI: any host (C, C++, Rust, Go, Python)
+ * links libllmcore.so and calls these functions; no Python is needed.
+ *
+ * Conventions
+ *   - Every function that can fail returns lc_status: 0 on success, a
+ *     negative LC_ERR_* code on failure. lc_last_error() then returns a
+ *     human-readable message for the calling thread.
+ *   - Handles are opaque; the function that creates one states who frees it.
+ *   - Pointers passed in are BORROWED for the duration of the call unless
+ *     the function says otherwise. Output buffers are allocated by the
+ *     caller.
+ *   - Tensors are described by lc_tensor (data pointer, dtype, device,
+ *     shape and strides in elements). The core never allocates or frees
+ *     tensor memory it was handed.
+ *   - Index arrays (block tables, token lists, offsets) live in host memory,
+ *     also for CUDA calls: the core uploads what a kernel needs.
+ *   - CUDA calls take the stream explicitly (a cudaStream_t passed as void*;
+ *     NULL means the legacy default stream). CPU calls ignore it.
+ *
+ * KV cache layout (one layer, K and V are separate tensors):
+ *
+ *     cache[num_blocks][num_kv_heads][block_size][head_size]
+ *
+ *   token t of a sequence lives in block block_table[t / block_size] at
+ *   offset t % block_size; its "slot" is block_id * block_size + offset.
+ *
+ * Usage example (one decode step for two sequences, one layer):
+ *
+ *     lc_block_pool* pool;
+ *     lc_block_pool_create(1024, 16, &pool);           // caller destroys
+ *     int32_t blocks[2];
+ *     lc_block_pool_allocate(pool, 2, blocks);          // one block each
+ *
+ *     int32_t query_start[3] = {0, 1, 2};               // one new token each
+ *     int32_t seq_lens[2] = {5, 9};                     // context incl. new token
+ *     int32_t block_table[2] = {blocks[0], blocks[1]};  // [2][1]
+ *     int64_t slots[2] = {blocks[0] * 16 + 4, blocks[1] * 16 + 8};
+ *     lc_attn_metadata md = {2, 2, query_start, seq_lens, block_table, 1, slots};
+ *     lc_attn_plan* plan;
+ *     lc_attn_plan_create(&md, LC_DEVICE_CPU, 0, NULL, &plan);  // caller destroys
+ *
+ *     lc_kv_store(plan, &k_new, &v_new, &k_cache, &v_cache, NULL);
+ *     lc_attn_params p = {0.125f, 0, 0.0f};
+ *     lc_paged_attention(plan, &q, &k_cache, &v_cache, &out, &p, NULL);
+ *
+ *     lc_sampling_row rows[2] = {...};
+ *     lc_sampling_batch batch = {...};
+ *     int32_t tokens[2]; float logprobs[2];
+ *     lc_sample_output so = {tokens, logprobs, NULL, NULL, NULL};
+ *     if (lc_sample(&logits, &batch, NULL, &so) != LC_OK)
+ *         fprintf(stderr, "%s\n", lc_last_error());
+ *
+ *     lc_attn_plan_destroy(plan);
+ *     lc_block_pool_free(pool, blocks, 2);
+ *     lc_block_pool_destroy(pool);
+ */
+#ifndef LLMCORE_H
+#define LLMCORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#if defined(LLMCORE_BUILD)
+#define LC_API __declspec(dllexport)
+#else
+#define LC_API __declspec(dllimport)
+#endif
+#else
+#define LC_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define LC_ABI_VERSION 1
+
+/* ------------------------------------------------------------------ */
+/* Status codes and errors                                             */
+/* ------------------------------------------------------------------ */
+
+typedef int32_t lc_status;
+
+enum {
+    LC_OK = 0,
+    LC_ERR_INVALID_ARGUMENT = -1, /* bad shape, dtype, range, id, ... */
+    LC_ERR_OUT_OF_BLOCKS = -2,    /* the block pool cannot satisfy an allocation */
+    LC_ERR_UNSUPPORTED = -3,      /* valid request the build cannot do (e.g. no CUDA) */
+    LC_ERR_OUT_OF_MEMORY = -4,    /* a host or device allocation failed */
+    LC_ERR_INTERNAL = -5          /* a bug: an invariant was broken */
+};
+
+/* Message for the last failed call on this thread. Never NULL. The string is
+ * owned by the library and valid until the next failing call on this thread. */
+LC_API const char* lc_last_error(void);
+
+/* Library version string ("major.minor.patch"); static storage. */
+LC_API const char* lc_version(void);
+
+/* ABI version this library was built with (LC_ABI_VERSION). */
+LC_API int32_t lc_abi_version(void);
+
+/* Build features as a static, comma-separated string, e.g. "avx512,bf16,cuda". */
+LC_API const char* lc_build_features(void);
+
+/* Threads used by CPU kernels. n <= 0 means "all hardware threads". The core
+ * keeps its own pool of sleeping (not spinning) workers, so it does not
+ * compete with the host's threads between calls. */
+LC_API lc_status lc_set_num_threads(int32_t n);
+LC_API int32_t lc_get_num_threads(void);
+
+/* ------------------------------------------------------------------ */
+/* Tensors                                                             */
+/* ------------------------------------------------------------------ */
+
+typedef enum { LC_DTYPE_F32 = 0, LC_DTYPE_BF16 = 1, LC_DTYPE_F16 = 2 } lc_dtype;
+typedef enum { LC_DEVICE_CPU = 0, LC_DEVICE_CUDA = 1 } lc_device;
+
+#define LC_MAX_DIMS 4
+
+/* A borrowed view of memory. strides are in elements, not bytes. */
+typedef struct lc_tensor {
+    void* data;
+    int32_t dtype;     /* lc_dtype */
+    int32_t device;    /* lc_device */
+    int32_t device_id; /* CUDA ordinal; 0 for CPU */
+    int32_t ndim;      /* 1..LC_MAX_DIMS */
+    int64_t shape[LC_MAX_DIMS];
+    int64_t strides[LC_MAX_DIMS];
+} lc_tensor;
+
+/* ------------------------------------------------------------------ */
+/* Block pool: paged-KV bookkeeping with prefix caching                */
+/* ------------------------------------------------------------------ */
+/*
+ * A fixed pool of num_blocks blocks of block_size tokens. Every block is
+ * either FREE (ref count 0, on the free list) or IN USE (ref count >= 1).
+ * A FULL block may carry a hash that chains its parent's hash with its own
+ * tokens; such a block stays findable by lc_block_pool_match_prefix while it
+ * sits on the free list, until allocation evicts it (least recently freed
+ * first). A hit is verified against the stored tokens, never trusted on the
+ * hash alone.
+ */
+
+typedef struct lc_block_pool lc_block_pool;
+
+typedef struct lc_block_pool_stats {
+    int32_t num_blocks;
+    int32_t block_size;
+    int32_t num_free;        /* ref count 0 (includes free cached blocks) */
+    int32_t num_used;        /* ref count >= 1 */
+    int32_t num_cached;      /* blocks that carry a hash (free or used) */
+    int32_t num_free_cached; /* free blocks that carry a hash (revivable) */
+    int64_t queries;         /* tokens looked up by match_prefix, cumulative */
+    int64_t hits;            /* tokens found by match_prefix, cumulative */
+    int64_t evictions;       /* cached blocks whose hash was dropped for reuse */
+} lc_block_pool_stats;
+
+/* Creates a pool. num_blocks >= 1, block_size in [1, 1024].
+ * *out receives a handle the caller frees with lc_block_pool_destroy. */
+LC_API lc_status lc_block_pool_create(int32_t num_blocks, int32_t block_size,
+                                      lc_block_pool** out);
+/* Frees the pool (NULL is a no-op). Outstanding block ids become invalid. */
+LC_API void lc_block_pool_destroy(lc_block_pool* pool);
+
+/* Number of blocks an allocation of n could take right now (free blocks). */
+LC_API int32_t lc_block_pool_num_free(const lc_block_pool* pool);
+
+/* Allocates n blocks, all or nothing, each with ref count 1, written to
+ * out_ids[0..n) (caller-allocated). Cached free blocks are evicted (hash
+ * dropped) in least-recently-freed order. LC_ERR_OUT_OF_BLOCKS if fewer
+ * than n blocks are free; nothing changes then. */
+LC_API lc_status lc_block_pool_allocate(lc_block_pool* pool, int32_t n, int32_t* out_ids);
+
+/* Adds one reference to each block (sharing, e.g. the prompt blocks of n > 1
+ * forks). Every id must be in use. All or nothing. */
+LC_API lc_status lc_block_pool_fork(lc_block_pool* pool, const int32_t* ids, int32_t n);
+
+/* Drops one reference from each block. A block reaching 0 goes to the tail
+ * of the free list (evicted last). Pass a sequence's blocks tail-first so its
+ * last blocks are evicted before its shared prefix. All-or-nothing check:
+ * every id must be in use (counting repeats). */
+LC_API lc_status lc_block_pool_free(lc_block_pool* pool, const int32_t* ids, int32_t n);
+
+/* Root of a hash chain. extra_key separates caches that must not share
+ * blocks with the same tokens (a LoRA adapter, a cache salt); 0 is the
+ * default namespace. */
+LC_API uint64_t lc_block_hash_root(uint64_t extra_key);
+
+/* Hash of one full block of tokens (block_size of them) chained on parent. */
+LC_API uint64_t lc_block_hash(uint64_t parent, const int32_t* tokens, int32_t n_tokens);
+
+/* Registers an in-use, full block under hash = lc_block_hash(parent, tokens),
+ * storing its tokens for verification; writes the hash to *out_hash (may be
+ * NULL). n_tokens must equal block_size. If another block already holds an
+ * identical entry, this block stays unregistered (the first copy wins) and
+ * LC_OK is returned. Registering a block twice with the same content is a
+ * no-op; with other content it is LC_ERR_INVALID_ARGUMENT. */
+LC_API lc_status lc_block_pool_commit(lc_block_pool* pool, int32_t block_id, uint64_t parent,
+                                      const int32_t* tokens, int32_t n_tokens,
+                                      uint64_t* out_hash);
+
+/* Finds the longest chain of cached full blocks that holds tokens[0..n),
+ * starting at lc_block_hash_root(extra_key). Only whole blocks match, and at
+ * most max_blocks. Each hit gains one reference (a free hit is revived off the
+ * free list), and its id is written to out_ids. *out_num_blocks receives the
+ * hit count (hit tokens = count * block_size). Counts toward queries/hits.
+ * To leave at least one token to compute, pass n = num_tokens - 1. */
+LC_API lc_status lc_block_pool_match_prefix(lc_block_pool* pool, uint64_t extra_key,
+                                            const int32_t* tokens, int32_t n,
+                                            int32_t* out_ids, int32_t max_blocks,
+                                            int32_t* out_num_blocks);
+
+/* Ref count of a block (0 when free); negative status for a bad id. */
+LC_API int32_t lc_block_pool_ref_count(const lc_block_pool* pool, int32_t block_id);
+
+/* Drops every cached hash (a prefix-cache reset). Blocks in use stay in use. */
+LC_API void lc_block_pool_reset_cache(lc_block_pool* pool);
+
+LC_API lc_status lc_block_pool_stats_get(const lc_block_pool* pool, lc_block_pool_stats* out);
+
+/* Verifies every internal invariant (ref counts, free list, hash table);
+ * LC_ERR_INTERNAL with a message naming the first broken one. O(num_blocks). */
+LC_API lc_status lc_block_pool_check(const lc_block_pool* pool);
+
+/* ------------------------------------------------------------------ */
+/* Attention metadata: converted once per step, shared by all layers   */
+/* ------------------------------------------------------------------ */
+/*
+ * A step runs a flattened batch: the new tokens of all sequences stacked
+ * into [num_tokens, ...]. Sequence s owns query rows
+ * [query_start[s], query_start[s+1]); those rows are the LAST
+ * (query_start[s+1] - query_start[s]) tokens of its seq_lens[s] tokens of
+ * context, so a decode row has 1 query token and a prefill chunk whose
+ * earlier tokens are cached has several. Attention is causal.
+ *
+ *   seq s:  |<------------- seq_lens[s] ------------->|
+ *           | already in the KV cache  | new (queries) |
+ */
+typedef struct lc_attn_metadata {
+    int32_t num_seqs;
+    int32_t num_tokens;          /* == query_start[num_seqs] */
+    const int32_t* query_start;  /* [num_seqs + 1], non-decreasing, starts at 0 */
+    const int32_t* seq_lens;     /* [num_seqs], >= the sequence's query count */
+    const int32_t* block_tables; /* [num_seqs][max_blocks_per_seq], row-major */
+    int32_t max_blocks_per_seq;
+    const int64_t* slot_mapping; /* [num_tokens]; slot < 0 = do not store */
+} lc_attn_metadata;
+
+typedef struct lc_attn_plan lc_attn_plan;
+
+/* Validates and copies the metadata (host memory, borrowed for this call)
+ * into a plan; for LC_DEVICE_CUDA it also uploads it on `stream`. num_blocks
+ * bounds the block ids (0 = do not check). The caller frees *out with
+ * lc_attn_plan_destroy. */
+LC_API lc_status lc_attn_plan_create(const lc_attn_metadata* md, int32_t device,
+                                     int32_t num_blocks, void* stream, lc_attn_plan** out);
+LC_API void lc_attn_plan_destroy(lc_attn_plan* plan);
+
+typedef struct lc_attn_params {
+    float scale;            /* softmax scale, usually 1/sqrt(head_size) */
+    int32_t sliding_window; /* > 0: a query sees only its last N positions; 0 = off */
+    float softcap;          /* > 0: logits = softcap * tanh(logits / softcap); 0 = off */
+} lc_attn_params;
+
+/* Writes new K/V rows into the paged caches: row t of k/v
+ * ([num_tokens, num_kv_heads, head_size], any strides with a unit last
+ * stride) goes to slot_mapping[t]; negative slots are skipped. k/v are
+ * converted to the cache dtype. */
+LC_API lc_status lc_kv_store(const lc_attn_plan* plan, const lc_tensor* k, const lc_tensor* v,
+                             const lc_tensor* k_cache, const lc_tensor* v_cache, void* stream);
+
+/* out[t, h, :] = softmax(scale * q[t, h] . K^T) V over the context positions
+ * that token t may see, with K/V read from the paged caches (KV head
+ * h / (num_heads / num_kv_heads): grouped-query attention).
+ * q, out: [num_tokens, num_heads, head_size] (unit last stride);
+ * caches: [num_blocks, num_kv_heads, block_size, head_size], contiguous,
+ * fp32 or bf16; q/out may be fp32 or bf16. head_size in {64, 80, 96, 128}.
+ * Queries are expected to have been stored already (lc_kv_store). */
+LC_API lc_status lc_paged_attention(const lc_attn_plan* plan, const lc_tensor* q,
+                                    const lc_tensor* k_cache, const lc_tensor* v_cache,
+                                    const lc_tensor* out, const lc_attn_params* params,
+                                    void* stream);
+
+/* ------------------------------------------------------------------ */
+/* Sampling                                                            */
+/* ------------------------------------------------------------------ */
+/*
+ * Per row, in this order (as in vLLM):
+ *   logit bias -> banned tokens -> allowed bitmask -> repetition, frequency,
+ *   presence penalties -> temperature -> min-p -> top-k -> top-p -> draw.
+ * The draw uses a counter-based generator keyed by (seed, position), so a
+ * row samples the same token whatever else is in the batch.
+ * temperature <= 0 means greedy (argmax after the processing above).
+ */
+
+#define LC_MAX_TOP_LOGPROBS 20
+#define LC_NO_TOKEN (-1) /* sampled when every token of a row is masked */
+
+typedef struct lc_sampling_row {
+    float temperature;        /* <= 0: greedy */
+    int32_t top_k;            /* <= 0: off */
+    float top_p;              /* (0, 1]; 1: off */
+    float min_p;              /* [0, 1]; 0: off */
+    float repetition_penalty; /* > 0; 1: off. Prompt and output tokens. */
+    float presence_penalty;   /* 0: off. Output tokens. */
+    float frequency_penalty;  /* 0: off. Output tokens. */
+    int32_t use_bitmask;      /* 1: apply this row of allowed_bitmask */
+    uint64_t seed;            /* the request's seed (the host picks one if unseeded) */
+    int64_t position;         /* the draw counter, e.g. index of the output token */
+} lc_sampling_row;
+
+enum { LC_LOGPROBS_RAW = 0, LC_LOGPROBS_PROCESSED = 1 };
+
+/* Per-row token lists are CSR: row r owns ids[offsets[r] .. offsets[r+1]).
+ * A NULL offsets pointer means "empty for every row". */
+typedef struct lc_sampling_batch {
+    int32_t num_rows;
+    const lc_sampling_row* rows; /* [num_rows] */
+    const int32_t* prompt_offsets; /* repetition penalty context */
+    const int32_t* prompt_tokens;
+    const int32_t* output_offsets; /* all penalties */
+    const int32_t* output_tokens;
+    const int32_t* bias_offsets; /* additive logit bias */
+    const int32_t* bias_tokens;
+    const float* bias_values;
+    const int32_t* banned_offsets; /* set to -inf (e.g. EOS before min_tokens) */
+    const int32_t* banned_tokens;
+    const int32_t* allowed_bitmask; /* [num_rows][bitmask_words]; bit (t % 32) of word
+                                       t / 32 set = token t allowed; NULL = none */
+    int32_t bitmask_words;          /* >= ceil(vocab / 32) when allowed_bitmask is set */
+    int32_t num_top_logprobs;       /* 0..LC_MAX_TOP_LOGPROBS */
+    int32_t logprobs_mode;          /* LC_LOGPROBS_RAW (model's own distribution)
+                                       or LC_LOGPROBS_PROCESSED */
+} lc_sampling_batch;
+
+/* Caller-allocated host outputs. tokens is required; others may be NULL. */
+typedef struct lc_sample_output {
+    int32_t* tokens;      /* [num_rows]; LC_NO_TOKEN if every token was masked */
+    float* logprobs;      /* [num_rows]: logprob of the sampled token */
+    int32_t* ranks;       /* [num_rows]: 1 + number of tokens with a higher logprob */
+    int32_t* top_tokens;  /* [num_rows][num_top_logprobs], best first */
+    float* top_logprobs;  /* [num_rows][num_top_logprobs] */
+} lc_sample_output;
+
+/* Samples one token per row of logits ([num_rows, vocab], fp32 or bf16, unit
+ * last stride; not modified). */
+LC_API lc_status lc_sample(const lc_tensor* logits, const lc_sampling_batch* batch, void* stream,
+                           lc_sample_output* out);
+
+/* The generator behind the draws: a uniform float in [0, 1) for
+ * (seed, position, index). Exposed so hosts and tests can reproduce draws. */
+LC_API float lc_rng_uniform(uint64_t seed, int64_t position, uint32_t index);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* LLMCORE_H */

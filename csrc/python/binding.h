@@ -1,0 +1,66 @@
+// Shared pieces of the pybind11 module: DLPack import (borrowed, zero copy),
+// buffer-protocol int arrays, and status -> Python exception mapping.
+#pragma once
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "llmcore/llmcore.h"
+
+namespace py = pybind11;
+
+namespace lcpy {
+
+// Raises the Python exception that matches a failed status (ValueError,
+// llmcore.OutOfBlocksError, NotImplementedError, MemoryError, RuntimeError).
+void check(lc_status status);
+
+// A tensor borrowed from any object with __dlpack__ (torch, numpy) for the
+// duration of one call: holds the DLPack capsule and releases it on
+// destruction. view() is the lc_tensor the core reads.
+class Borrowed {
+   public:
+    Borrowed() = default;
+    explicit Borrowed(const py::handle& obj, const char* name);
+    Borrowed(Borrowed&&) noexcept;
+    Borrowed& operator=(Borrowed&&) noexcept;
+    Borrowed(const Borrowed&) = delete;
+    Borrowed& operator=(const Borrowed&) = delete;
+    ~Borrowed();
+    const lc_tensor* view() const { return &t_; }
+    lc_tensor& tensor() { return t_; }
+
+   private:
+    void* managed_ = nullptr;  // DLManagedTensor*
+    int versioned_ = 0;
+    lc_tensor t_{};
+};
+
+// A read-only int32/int64 array from the buffer protocol (numpy array,
+// array.array, bytes-like). Copies only when the dtype or layout differ.
+template <class T>
+class IntArray {
+   public:
+    IntArray() = default;
+    IntArray(const py::handle& obj, const char* name);
+    const T* data() const { return size_ ? ptr_ : nullptr; }
+    int64_t size() const { return size_; }
+
+   private:
+    py::array_t<T, py::array::c_style | py::array::forcecast> arr_;
+    const T* ptr_ = nullptr;
+    int64_t size_ = 0;
+};
+
+extern template class IntArray<int32_t>;
+extern template class IntArray<int64_t>;
+
+void bind_runtime(py::module_& m);
+void bind_block_pool(py::module_& m);
+void bind_attention(py::module_& m);
+void bind_sampling(py::module_& m);
+
+}  // namespace lcpy

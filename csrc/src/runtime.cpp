@@ -1,0 +1,201 @@
+// Errors, version, build features and the CPU worker pool.
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "internal.h"
+
+#ifndef LLMCORE_VERSION_STRING
+#define LLMCORE_VERSION_STRING "0.0.0"
+#endif
+
+namespace lc {
+
+namespace {
+thread_local std::string t_last_error = "no error";
+}
+
+void fail(lc_status status, const std::string& msg) { throw Error(status, msg); }
+
+lc_status set_error(lc_status status, const char* msg) {
+    t_last_error = msg ? msg : "";
+    return status;
+}
+
+size_t dtype_size(int32_t dtype) {
+    switch (dtype) {
+        case LC_DTYPE_F32: return 4;
+        case LC_DTYPE_BF16:
+        case LC_DTYPE_F16: return 2;
+        default: return 0;
+    }
+}
+
+const char* dtype_name(int32_t dtype) {
+    switch (dtype) {
+        case LC_DTYPE_F32: return "float32";
+        case LC_DTYPE_BF16: return "bfloat16";
+        case LC_DTYPE_F16: return "float16";
+        default: return "unknown";
+    }
+}
+
+void check_tensor(const lc_tensor* t, const char* what, int32_t ndim) {
+    require(t != nullptr, std::string(what) + " is NULL");
+    require(t->data != nullptr, std::string(what) + " has no data");
+    require(t->ndim == ndim, std::string(what) + " must have " + std::to_string(ndim) +
+                                 " dims, got " + std::to_string(t->ndim));
+    require(dtype_size(t->dtype) != 0, std::string(what) + " has an unsupported dtype");
+    for (int i = 0; i < ndim; ++i)
+        require(t->shape[i] >= 0, std::string(what) + " has a negative dimension");
+    require(t->strides[ndim - 1] == 1 || t->shape[ndim - 1] <= 1,
+            std::string(what) + " must have a unit stride in its last dimension");
+}
+
+bool is_contiguous(const lc_tensor& t) {
+    int64_t expect = 1;
+    for (int i = t.ndim - 1; i >= 0; --i) {
+        if (t.shape[i] != 1 && t.strides[i] != expect) return false;
+        expect *= t.shape[i];
+    }
+    return true;
+}
+
+// ---- worker pool -------------------------------------------------------------
+namespace {
+
+class Pool {
+   public:
+    explicit Pool(int n) { resize(n); }
+    ~Pool() { stop(); }
+
+    int size() const { return int(workers_.size()) + 1; }
+
+    void resize(int n) {
+        stop();
+        if (n <= 0) n = int(std::max(1u, std::thread::hardware_concurrency()));
+        quit_ = false;
+        for (int i = 1; i < n; ++i) workers_.emplace_back([this, i] { loop(i); });
+    }
+
+    void run(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
+        if (n <= 0) return;
+        int64_t chunks = std::min<int64_t>(size(), std::max<int64_t>(1, n / std::max<int64_t>(1, grain)));
+        if (chunks <= 1 || in_pool_) {
+            fn(0, n);
+            return;
+        }
+        std::unique_lock<std::mutex> call(call_mu_);  // one parallel region at a time
+        {
+            std::lock_guard<std::mutex> lk(mu_);
+            fn_ = &fn;
+            n_ = n;
+            chunks_ = chunks;
+            next_.store(0);
+            pending_ = chunks;
+            ++generation_;
+        }
+        cv_.notify_all();
+        in_pool_ = true;
+        work();
+        in_pool_ = false;
+        std::unique_lock<std::mutex> lk(mu_);
+        done_cv_.wait(lk, [&] { return pending_ == 0; });
+        fn_ = nullptr;
+    }
+
+   private:
+    void work() {
+        for (;;) {
+            int64_t c = next_.fetch_add(1);
+            if (c >= chunks_) return;
+            int64_t b = n_ * c / chunks_, e = n_ * (c + 1) / chunks_;
+            (*fn_)(b, e);
+            std::lock_guard<std::mutex> lk(mu_);
+            if (--pending_ == 0) done_cv_.notify_all();
+        }
+    }
+
+    void loop(int) {
+        uint64_t seen = 0;
+        in_pool_ = true;
+        for (;;) {
+            {
+                std::unique_lock<std::mutex> lk(mu_);
+                cv_.wait(lk, [&] { return quit_ || generation_ != seen; });
+                if (quit_) return;
+                seen = generation_;
+            }
+            work();
+        }
+    }
+
+    void stop() {
+        {
+            std::lock_guard<std::mutex> lk(mu_);
+            quit_ = true;
+        }
+        cv_.notify_all();
+        for (auto& t : workers_) t.join();
+        workers_.clear();
+    }
+
+    std::vector<std::thread> workers_;
+    std::mutex mu_, call_mu_;
+    std::condition_variable cv_, done_cv_;
+    const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
+    int64_t n_ = 0, chunks_ = 0, pending_ = 0;
+    std::atomic<int64_t> next_{0};
+    uint64_t generation_ = 0;
+    bool quit_ = false;
+    static thread_local bool in_pool_;
+};
+thread_local bool Pool::in_pool_ = false;
+
+std::mutex g_pool_mu;
+Pool& pool() {
+    static Pool p(0);
+    return p;
+}
+
+}  // namespace
+
+void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
+    pool().run(n, grain, fn);
+}
+
+int num_threads() { return pool().size(); }
+
+}  // namespace lc
+
+extern "C" {
+
+const char* lc_last_error(void) { return lc::t_last_error.c_str(); }
+const char* lc_version(void) { return LLMCORE_VERSION_STRING; }
+int32_t lc_abi_version(void) { return LC_ABI_VERSION; }
+
+const char* lc_build_features(void) {
+    return "cpu"
+#if defined(__AVX512F__)
+           ",avx512"
+#endif
+#if defined(LLMCORE_WITH_CUDA)
+           ",cuda"
+#endif
+        ;
+}
+
+lc_status lc_set_num_threads(int32_t n) {
+    return lc::guard([&] {
+        std::lock_guard<std::mutex> lk(lc::g_pool_mu);
+        lc::pool().resize(n);
+    });
+}
+
+int32_t lc_get_num_threads(void) { return lc::num_threads(); }
+
+}  // extern "C"

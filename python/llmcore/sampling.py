@@ -1,0 +1,5 @@
+"""sampling: filled in by its implementation."""
+
+from __future__ import annotations
+
+__all__: list[str] = []
