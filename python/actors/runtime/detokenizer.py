@@ -1,0 +1,108 @@
+"""Incremental detokenization with stop strings.
+
+Text reaches a client in three stages:
+
+    token ids --DecodeStream--> decoded text --hold-back--> emitted text
+                (never splits a UTF-8 char)   (never emits a possible stop prefix)
+
+`DecodeStream` returns None while a token ends inside a multi-byte character, so decoded
+text only ever contains whole characters. Decoded text then waits in `_held` while any
+suffix of it could still grow into a stop string; a stop string is therefore always found
+inside `_held`, never split across what was already emitted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tokenizers import Tokenizer
+from tokenizers.decoders import DecodeStream
+
+# Prompt tokens handed to DecodeStream as already-seen context: enough for a byte-level
+# BPE to finish a character the prompt left open (a UTF-8 char is at most 4 bytes).
+PROMPT_CONTEXT_TOKENS = 4
+
+
+@dataclass(slots=True)
+class DetokenizedStep:
+    """What one batch of new tokens adds to the output."""
+
+    text: str
+    stop_reason: str | None = None  # the stop string matched, if any; generation ends
+
+
+class IncrementalDetokenizer:
+    """Decodes one sequence's generated tokens and applies its stop strings."""
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        *,
+        prompt_token_ids: list[int] | None = None,
+        skip_special_tokens: bool = True,
+        stop: list[str] | None = None,
+        include_stop_str_in_output: bool = False,
+    ) -> None:
+        self._tokenizer = tokenizer
+        context = list(prompt_token_ids[-PROMPT_CONTEXT_TOKENS:]) if prompt_token_ids else []
+        self._stream = DecodeStream(context, skip_special_tokens=skip_special_tokens)
+        self._stop = [s for s in (stop or []) if s]
+        self._include_stop = include_stop_str_in_output
+        self._held = ""
+        self._stopped = False
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
+    def add(self, token_ids: list[int]) -> DetokenizedStep:
+        """Decode new tokens; return the text now safe to emit (and the stop hit, if any)."""
+        if self._stopped:
+            return DetokenizedStep("")
+        for token_id in token_ids:
+            piece = self._stream.step(self._tokenizer, token_id)
+            if piece:
+                self._held += piece
+        if not self._stop:
+            out, self._held = self._held, ""
+            return DetokenizedStep(out)
+        hit = self._find_stop()
+        if hit is not None:
+            pos, stop = hit
+            end = pos + len(stop) if self._include_stop else pos
+            out, self._held = self._held[:end], ""
+            self._stopped = True
+            return DetokenizedStep(out, stop_reason=stop)
+        keep = self._stop_prefix_len()
+        cut = len(self._held) - keep
+        out, self._held = self._held[:cut], self._held[cut:]
+        return DetokenizedStep(out)
+
+    def flush(self) -> str:
+        """Release held-back text when generation ends for a reason other than a stop string."""
+        out, self._held = self._held, ""
+        return "" if self._stopped else out
+
+    def _find_stop(self) -> tuple[int, str] | None:
+        best: tuple[int, str] | None = None
+        for stop in self._stop:
+            pos = self._held.find(stop)
+            if pos >= 0 and (best is None or pos < best[0]):
+                best = (pos, stop)
+        return best
+
+    def _stop_prefix_len(self) -> int:
+        """Length of the longest suffix of the held text that is a proper prefix of a stop."""
+        longest = 0
+        held = self._held
+        for stop in self._stop:
+            for k in range(min(len(stop) - 1, len(held)), longest, -1):
+                if held.endswith(stop[:k]):
+                    longest = k
+                    break
+        return longest
+
+
+def token_text(tokenizer: Tokenizer, token_id: int) -> str:
+    """The text of a single token, as logprobs report it (partial characters become U+FFFD)."""
+    return tokenizer.decode([token_id], skip_special_tokens=False)

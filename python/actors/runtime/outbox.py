@@ -1,0 +1,108 @@
+"""The per-request Outbox: how generated output reaches an HTTP handler.
+
+The producer (the tokenizer actor, detokenizing engine steps) must never wait for a slow
+client, so `push` never blocks: deltas for a choice merge into one pending update until the
+consumer calls `get`. Memory per request is therefore bounded by the request's own output
+(max_tokens), not by how far the client has fallen behind.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import trio
+
+
+@dataclass(slots=True)
+class TokenLogprob:
+    """The sampled token's logprob and the top alternatives at one position."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class ChoiceUpdate:
+    """Everything new for one choice since the consumer last read."""
+
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+    def merge(self, other: ChoiceUpdate) -> None:
+        self.text += other.text
+        self.token_ids.extend(other.token_ids)
+        self.logprobs.extend(other.logprobs)
+        if other.finish_reason is not None:
+            self.finish_reason = other.finish_reason
+            self.stop_reason = other.stop_reason
+
+
+class OutboxFailed(Exception):
+    """Raised to the consumer when the request failed after it was admitted."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class Outbox:
+    """Coalescing single-consumer mailbox for the n choices of one request."""
+
+    def __init__(self, num_choices: int) -> None:
+        self._pending: dict[int, ChoiceUpdate] = {}
+        self._unfinished = set(range(num_choices))
+        self._error: OutboxFailed | None = None
+        self._closed = False
+        self._wakeup = trio.Event()
+
+    # -- producer side (never blocks) -------------------------------------------------
+    def push(self, update: ChoiceUpdate) -> None:
+        if self._closed or self._error is not None or update.index not in self._unfinished:
+            return
+        pending = self._pending.get(update.index)
+        if pending is None:
+            self._pending[update.index] = update
+        else:
+            pending.merge(update)
+        if update.finish_reason is not None:
+            self._unfinished.discard(update.index)
+        self._wakeup.set()
+
+    def fail(self, status: int, message: str) -> None:
+        if self._closed or self._error is not None:
+            return
+        self._error = OutboxFailed(status, message)
+        self._wakeup.set()
+
+    # -- consumer side ----------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        """Every choice has finished and the consumer has read everything."""
+        return not self._unfinished and not self._pending
+
+    def is_finished(self, index: int) -> bool:
+        return index not in self._unfinished
+
+    async def get(self) -> list[ChoiceUpdate]:
+        """Wait for news; return all pending updates in index order. Raises OutboxFailed."""
+        while not self._pending and self._error is None:
+            if not self._unfinished:
+                return []
+            await self._wakeup.wait()
+            self._wakeup = trio.Event()
+        if self._error is not None:
+            raise self._error
+        updates = [self._pending[i] for i in sorted(self._pending)]
+        self._pending.clear()
+        return updates
+
+    def close(self) -> None:
+        """The consumer is gone: drop whatever arrives from now on."""
+        self._closed = True
+        self._pending.clear()

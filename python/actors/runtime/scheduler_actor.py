@@ -1,0 +1,209 @@
+"""The scheduler actor: feeds admitted sequences and aborts to the engine, step by step.
+
+    tokenizer --Child (admit channel)--> scheduler --TokenBatch (batch channel)--> tokenizer
+    HTTP / tokenizer --abort_nowait()--> scheduler (a set, never blocks)
+
+The engine is mutated (add, abort) only here and only between steps. The tokenizer <->
+scheduler cycle has one edge that never blocks: the batch channel is written with
+`send_nowait` only after taking a credit that the tokenizer returns once it has processed
+a batch, so at most BATCH_CREDITS batches exist and the channel (of that size) is never
+full. Shutdown needs no sentinel: the admit channel closes when the tokenizer's submit loop
+ends; the scheduler then finishes what the engine holds and closes the batch channel.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from actors.runtime.engine_actor import EngineActor, EngineFailed
+from actors.runtime.metric_events import EngineStats, MetricEvent, SequenceFinished
+from actors.runtime.request import Child, Registry
+
+log = logging.getLogger("server.scheduler")
+
+# Engine steps whose outputs may wait for detokenization at once: one being detokenized
+# while the next runs keeps the engine busy without letting the tokenizer fall behind.
+BATCH_CREDITS = 2
+
+
+class SchedulerActor:
+    def __init__(
+        self,
+        engine: EngineActor,
+        registry: Registry,
+        admit_recv: trio.MemoryReceiveChannel[Child],
+        batch_send: trio.MemorySendChannel[list[Any]],
+        metrics_send: trio.MemorySendChannel[MetricEvent],
+        on_fatal: Callable[[BaseException], None],
+    ) -> None:
+        self._on_fatal = on_fatal
+        self._engine = engine
+        self._registry = registry
+        self._admit_recv = admit_recv
+        self._batch_send = batch_send
+        self._metrics_send = metrics_send
+        self.credits = trio.Semaphore(BATCH_CREDITS)
+        # Admitted children not yet handed to the engine. Bounded by admission capacity:
+        # each holds a slot that is not returned before it retires.
+        self._admitted: list[Child] = []
+        self._aborts: list[Child] = []  # bounded the same way: one entry per live child
+        self._wakeup = trio.Event()
+        self._admit_closed = False
+        self._last_stats: EngineStats | None = None
+        self.metrics_dropped = 0
+
+    # -- called from other actors in the same thread; never blocks ------------------
+    def abort_nowait(self, child: Child) -> None:
+        if child.retired or child.abort_requested:
+            return
+        child.abort_requested = True
+        self._aborts.append(child)
+        self._wakeup.set()
+
+    def _fail_everything(self) -> None:
+        """After an engine failure: fail and retire everything without touching the engine."""
+        for state in list(self._registry.requests.values()):
+            state.outbox.fail(500, "the engine failed while serving this request")
+        for _state, child in list(self._registry.children.values()):
+            child.in_engine = False
+            self._retire(child, "error")
+        for child in self._admitted:
+            self._retire(child, "error")
+        self._admitted.clear()
+
+    # -- the actor -------------------------------------------------------------------
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED):
+        async with self._batch_send, trio.open_nursery() as nursery:
+            nursery.start_soon(self._receive_admits)
+            task_status.started()
+            try:
+                await self._loop()
+            except EngineFailed as exc:
+                log.error("%s; failing every in-flight request", exc)
+                self._fail_everything()
+                self._on_fatal(exc)
+                await trio.sleep_forever()  # the supervisor decides when the process ends
+            nursery.cancel_scope.cancel()
+
+    async def _receive_admits(self) -> None:
+        async with self._admit_recv:
+            async for child in self._admit_recv:
+                self._admitted.append(child)
+                self._wakeup.set()
+        self._admit_closed = True
+        self._wakeup.set()
+
+    async def _loop(self) -> None:
+        engine = self._engine.engine
+        while True:
+            self._apply_aborts(engine)
+            self._apply_admits(engine)
+            self._publish_stats(engine)
+            if not engine.has_unfinished_requests():
+                if self._admit_closed and not self._admitted:
+                    return
+                await self._wakeup.wait()
+                self._wakeup = trio.Event()
+                continue
+            await self.credits.acquire()
+            started = time.monotonic()
+            outputs = await self._engine.step()
+            self._account(outputs, started)
+            self._batch_send.send_nowait(outputs)  # never raises WouldBlock: see credits
+
+    def _apply_admits(self, engine: Any) -> None:
+        admitted, self._admitted = self._admitted, []
+        for child in admitted:
+            if child.abort_requested or child.retired:
+                self._retire(child, child.finish_reason or "abort")
+                continue
+            engine.add_request(
+                child.engine_id,
+                child.prompt_token_ids,
+                child.params.to_engine(),
+                priority=child.params.priority,
+            )
+            child.in_engine = True
+
+    def _apply_aborts(self, engine: Any) -> None:
+        aborts, self._aborts = self._aborts, []
+        for child in aborts:
+            if child.in_engine and not child.retired:
+                engine.abort_request(child.engine_id)
+                child.in_engine = False
+                self._retire(child, child.finish_reason or "abort")
+            # Otherwise its Admit has not arrived yet (it is retired then) or it is gone.
+
+    def _account(self, outputs: list[Any], started: float) -> None:
+        now = time.monotonic()
+        for out in outputs:
+            found = self._registry.children.get(out.request_id)
+            if found is None:
+                continue
+            _state, child = found
+            if child.retired:
+                continue
+            if child.scheduled_at is None:
+                child.scheduled_at = started
+            child.num_cached_tokens = getattr(out, "num_cached_tokens", 0)
+            if out.new_token_ids:
+                if child.first_token_at is None:
+                    child.first_token_at = now
+                elif child.last_token_at is not None:
+                    child.inter_token.append(now - child.last_token_at)
+                child.last_token_at = now
+                child.num_generated += len(out.new_token_ids)
+            if out.finished:
+                child.in_engine = False
+                self._retire(child, out.finish_reason or "stop")
+
+    def _retire(self, child: Child, reason: str) -> None:
+        if child.retired:
+            return
+        child.retired = True
+        if child.finish_reason is None:
+            child.finish_reason = reason
+        state_child = self._registry.children.get(child.engine_id)
+        now = time.monotonic()
+        queue = None if child.scheduled_at is None else child.scheduled_at - child.admitted_at
+        ttft = None if child.first_token_at is None else child.first_token_at - child.admitted_at
+        self._emit(
+            SequenceFinished(
+                finish_reason=child.finish_reason,
+                num_prompt_tokens=len(child.prompt_token_ids),
+                num_generation_tokens=child.num_generated,
+                e2e_seconds=now - child.admitted_at,
+                queue_seconds=queue,
+                ttft_seconds=ttft,
+                inter_token_seconds=tuple(child.inter_token),
+            )
+        )
+        if state_child is not None:
+            state_child[0].note_retired()
+
+    def _publish_stats(self, engine: Any) -> None:
+        s = engine.stats()
+        stats = EngineStats(
+            num_running=int(s.get("num_running", 0)),
+            num_waiting=int(s.get("num_waiting", 0)),
+            kv_usage=float(s.get("kv_usage", 0.0)),
+            prefix_cache_queries=int(s.get("prefix_cache_queries", 0)),
+            prefix_cache_hits=int(s.get("prefix_cache_hits", 0)),
+            num_preemptions=int(s.get("num_preemptions", 0)),
+        )
+        if stats != self._last_stats:
+            self._last_stats = stats
+            self._emit(stats)
+
+    def _emit(self, event: MetricEvent) -> None:
+        try:
+            self._metrics_send.send_nowait(event)
+        except trio.WouldBlock:
+            self.metrics_dropped += 1
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            pass

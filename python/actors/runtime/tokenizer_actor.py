@@ -1,0 +1,196 @@
+"""The tokenizer actor: prompts in, detokenized deltas out.
+
+Two loops share the actor:
+- submissions: render (chat templates) and tokenize prompts in a worker thread, check them
+  against the context, create the request's children and admit them to the scheduler;
+- batches: turn each engine step's token ids into text with each child's incremental
+  detokenizer (stop strings included) and push the result into the request's Outbox.
+
+Channel bounds (capacity = the admission capacity, in engine sequences):
+- submit channel (HTTP -> here), size `capacity`: a request is submitted only while it holds
+  at least one admission slot and is submitted once, so at most `capacity` are in it;
+- admit channel (here -> scheduler), size `capacity`: one message per child, and a child
+  holds a slot until it retires, which happens after the scheduler has read its message.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import trio
+
+from actors.runtime.detokenizer import IncrementalDetokenizer
+from actors.runtime.outbox import ChoiceUpdate, TokenLogprob
+from actors.runtime.request import Child, PromptResult, Registry, RequestError, RequestState
+from actors.runtime.scheduler_actor import SchedulerActor
+
+log = logging.getLogger("server.tokenizer")
+
+
+class TokenizerActor:
+    def __init__(
+        self,
+        tokenizer: Any,
+        registry: Registry,
+        scheduler: SchedulerActor,
+        submit_recv: trio.MemoryReceiveChannel[RequestState],
+        admit_send: trio.MemorySendChannel[Child],
+        batch_recv: trio.MemoryReceiveChannel[list[Any]],
+        *,
+        vocab_size: int,
+    ) -> None:
+        self._tokenizer = tokenizer  # a transformers PreTrainedTokenizerFast
+        self._backend = tokenizer.backend_tokenizer  # the Rust tokenizers.Tokenizer
+        self._registry = registry
+        self._scheduler = scheduler
+        self._submit_recv = submit_recv
+        self._admit_send = admit_send
+        self._batch_recv = batch_recv
+        self._vocab_size = vocab_size
+        self._limiter = trio.CapacityLimiter(1)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._submissions)
+            nursery.start_soon(self._batches)
+            task_status.started()
+
+    # -- submissions -----------------------------------------------------------------
+    async def _submissions(self) -> None:
+        async with self._submit_recv, self._admit_send:
+            async for state in self._submit_recv:
+                await self._admit(state)
+
+    async def _admit(self, state: RequestState) -> None:
+        if state.cancelled:
+            state.fail_before_start(RequestError(499, "client disconnected"))
+            return
+        try:
+            results = await trio.to_thread.run_sync(
+                self._prepare, state, limiter=self._limiter
+            )
+        except RequestError as err:
+            state.fail_before_start(err)
+            return
+        except Exception as exc:
+            status, message = getattr(exc, "status", None), getattr(exc, "message", None)
+            if isinstance(status, int) and 400 <= status < 500 and isinstance(message, str):
+                state.fail_before_start(RequestError(status, message))  # e.g. a template 400
+                return
+            log.exception("preparing the prompt of %s failed", state.request_id)
+            state.fail_before_start(RequestError(500, "internal error while preparing the prompt"))
+            return
+        state.prompt_results = results
+        self._make_children(state)
+        self._registry.add_children(state)
+        state.ready.set()
+        for child in state.children:
+            if state.cancelled or child.abort_requested:
+                child.retired = True
+                continue
+            await self._admit_send.send(child)  # never blocks: see the bound above
+        state.note_retired()
+
+    def _prepare(self, state: RequestState) -> list[PromptResult]:
+        """Runs in a worker thread: render, tokenize and check every prompt."""
+        results = []
+        for prompt in state.prompts:
+            if prompt.token_ids is not None:
+                ids = list(prompt.token_ids)
+                bad = [t for t in ids if not 0 <= t < self._vocab_size]
+                if bad:
+                    raise RequestError(
+                        400, f"Token id {bad[0]} is out of vocabulary", param="prompt"
+                    )
+                text = self._backend.decode(ids, skip_special_tokens=False)
+            else:
+                text = prompt.text if prompt.render is None else prompt.render()
+                ids = self._backend.encode(
+                    text, add_special_tokens=prompt.add_special_tokens
+                ).ids
+            if not ids:
+                raise RequestError(400, "The prompt is empty after tokenization.", "prompt")
+            limit = state.max_model_len
+            if len(ids) >= limit:
+                raise RequestError(
+                    400,
+                    f"This model's maximum context length is {limit} tokens. However, your "
+                    f"prompt contains {len(ids)} input tokens; at least one token must be "
+                    "left for the completion.",
+                    param="prompt",
+                )
+            results.append(PromptResult(ids, text))
+        return results
+
+    def _make_children(self, state: RequestState) -> None:
+        params = state.params
+        for p, result in enumerate(state.prompt_results):
+            room = state.max_model_len - len(result.token_ids)
+            max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
+            for i in range(params.n):
+                index = p * params.n + i
+                child_params = params.for_child(i, max_tokens)
+                child = Child(
+                    engine_id=f"{state.request_id}-{index}",
+                    index=index,
+                    prompt_index=p,
+                    params=child_params,
+                    prompt_token_ids=result.token_ids,
+                    detokenizer=IncrementalDetokenizer(
+                        self._backend,
+                        prompt_token_ids=result.token_ids,
+                        skip_special_tokens=params.skip_special_tokens,
+                        stop=params.stop,
+                        include_stop_str_in_output=params.include_stop_str_in_output,
+                    ),
+                    admitted_at=state.arrival,
+                )
+                state.children.append(child)
+
+    # -- engine output -----------------------------------------------------------------
+    async def _batches(self) -> None:
+        async with self._batch_recv:
+            async for outputs in self._batch_recv:
+                try:
+                    self._deliver(outputs)
+                finally:
+                    self._scheduler.credits.release()
+
+    def _deliver(self, outputs: list[Any]) -> None:
+        for out in outputs:
+            found = self._registry.children.get(out.request_id)
+            if found is None:
+                continue
+            state, child = found
+            if child.abort_requested or child.detokenizer is None:
+                continue
+            new_ids = list(out.new_token_ids)
+            step = child.detokenizer.add(new_ids)
+            update = ChoiceUpdate(
+                index=child.index,
+                text=step.text,
+                token_ids=new_ids,
+                logprobs=_logprobs(new_ids, out),
+            )
+            if step.stop_reason is not None:
+                update.finish_reason = "stop"
+                update.stop_reason = step.stop_reason
+                child.finish_reason = "stop"
+                if not out.finished:
+                    self._scheduler.abort_nowait(child)
+            elif out.finished:
+                update.text += child.detokenizer.flush()
+                update.finish_reason = out.finish_reason or "stop"
+                update.stop_reason = out.stop_reason
+            state.outbox.push(update)
+
+
+def _logprobs(token_ids: list[int], out: Any) -> list[TokenLogprob]:
+    lps = getattr(out, "new_logprobs", None)
+    if not lps:
+        return []
+    return [
+        TokenLogprob(tid, float(lp.logprob), list(zip(lp.top_token_ids, lp.top_logprobs)))
+        for tid, lp in zip(token_ids, lps)
+    ]

@@ -1,0 +1,108 @@
+"""The Quart-Trio application: routes, error envelope, health gate, headers, HTTP metrics."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import Any
+
+from quart import Response, g, request
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+
+from server.auth import APIKeyMiddleware
+from server.errors import APIError, envelope_bytes
+from server.routes import misc
+from server.state import ServerState
+
+log = logging.getLogger("server.http")
+
+# Routes that answer before the model is loaded (and after an engine failure).
+ALWAYS_OPEN = frozenset({"/health", "/ping", "/version", "/metrics"})
+_HTTP_MESSAGES = {
+    404: "Route not found.",
+    405: "Method not allowed for this route.",
+    408: "The request body arrived too slowly.",
+    413: "The request body is too large.",
+    415: "Unsupported media type.",
+}
+
+
+def _error_response(status: int, message: str, param: str | None = None,
+                    headers: dict[str, str] | None = None) -> Response:
+    response = Response(envelope_bytes(status, message, param), status=status,
+                        mimetype="application/json")
+    for k, v in (headers or {}).items():
+        response.headers[k] = v
+    return response
+
+
+def create_app(srv: ServerState) -> Any:
+    """The ASGI callable to serve: the Quart-Trio app behind the API-key check."""
+    app = QuartTrio("server")
+    cfg = srv.config
+    app.config.update(
+        MAX_CONTENT_LENGTH=cfg.max_body_bytes,
+        BODY_TIMEOUT=30,
+        RESPONSE_TIMEOUT=None,  # streams are long; clients and drain decide when they end
+        PROVIDE_AUTOMATIC_OPTIONS=True,
+    )
+    misc.register(app, srv)
+
+    @app.before_request
+    async def gate() -> Response | None:
+        g.started = time.monotonic()
+        path = request.url_rule.rule if request.url_rule is not None else None
+        if path in ALWAYS_OPEN or request.method == "OPTIONS":
+            return None
+        if srv.health.loading:
+            return _error_response(503, "The model is still loading.", headers={"Retry-After": "5"})
+        if srv.health.failed:
+            return _error_response(503, "The engine has failed; the server is shutting down.")
+        return None
+
+    @app.errorhandler(APIError)
+    async def api_error(exc: APIError) -> Response:
+        return _error_response(exc.status, exc.message, exc.param, exc.headers)
+
+    @app.errorhandler(HTTPException)
+    async def http_error(exc: HTTPException) -> Response:
+        status = exc.code or 500
+        message = _HTTP_MESSAGES.get(status, exc.name or "HTTP error")
+        headers = {}
+        if status == 405 and exc.get_headers():
+            headers = {k: v for k, v in exc.get_headers() if k.lower() == "allow"}
+        return _error_response(status, message, headers=headers)
+
+    @app.errorhandler(Exception)
+    async def internal_error(exc: Exception) -> Response:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return _error_response(500, "Internal server error.")
+
+    @app.after_request
+    async def finish(response: Response) -> Response:
+        rule = request.url_rule.rule if request.url_rule is not None else "unmatched"
+        if srv.metrics is not None and rule not in ("/metrics", "/health", "/ping"):
+            srv.metrics.count_http(rule, request.method, response.status_code)
+        if cfg.enable_request_id_headers:
+            response.headers["X-Request-Id"] = (
+                request.headers.get("X-Request-Id", "")[:128] or uuid.uuid4().hex
+            )
+        origin = request.headers.get("Origin")
+        if origin and ("*" in cfg.allowed_origins or origin in cfg.allowed_origins):
+            response.headers["Access-Control-Allow-Origin"] = origin
+            response.headers["Vary"] = "Origin"
+            if request.method == "OPTIONS":
+                response.headers["Access-Control-Allow-Methods"] = "GET, POST, OPTIONS"
+                response.headers["Access-Control-Allow-Headers"] = request.headers.get(
+                    "Access-Control-Request-Headers", "Authorization, Content-Type"
+                )
+        if cfg.enable_log_requests:
+            elapsed = time.monotonic() - getattr(g, "started", time.monotonic())
+            log.info("%s %s %d %.1fms", request.method, rule, response.status_code,
+                     elapsed * 1000)
+        return response
+
+    app.asgi_app = APIKeyMiddleware(app.asgi_app, cfg.api_keys)  # type: ignore[method-assign]
+    return app

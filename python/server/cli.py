@@ -1,0 +1,138 @@
+"""Command line of `python -m server` (flag names follow `vllm serve` where one exists)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+
+from server.config import ServerConfig
+
+KEY_ENV_VARS = ("LLMSERVE_API_KEY", "VLLM_API_KEY")
+
+
+def _size(text: str) -> int:
+    """Bytes, with an optional k/m/g/t suffix (powers of 1024): '2g', '512M', '1048576'."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgtKMGT]?)(?:i?[bB])?\s*", text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r}")
+    scale = 1024 ** " kmgt".index(m.group(2).lower() or " ")
+    return int(float(m.group(1)) * scale)
+
+
+def _tokens(text: str) -> int:
+    """A token count, optionally with k (1000): '2048', '8k', '25.6k'."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kK]?)\s*", text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a token count: {text!r}")
+    return int(float(m.group(1)) * (1000 if m.group(2) else 1))
+
+
+def _json_list(text: str) -> list[str]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        value = [s for s in text.split(",") if s]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise argparse.ArgumentTypeError("expected a JSON list of strings")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m server",
+        description="Serve a model over an OpenAI-compatible HTTP API.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    a = p.add_argument
+    a("--model", default=None, help="model: a GGUF file or Hugging Face directory; "
+      "unset serves the bundled SmolLM2-135M-Instruct GGUF")
+    a("--served-model-name", nargs="+", default=None, help="names clients use for the model "
+      "(aliases); the first is reported in responses and metrics. Default: the model's name")
+    a("--host", default="127.0.0.1", help="interface to bind")
+    a("--port", type=int, default=8000, help="port to bind (0 picks a free one)")
+    a("--api-key", nargs="+", default=None, help="API keys; every route except /health and "
+      f"/ping then needs one. Also read from {' or '.join(KEY_ENV_VARS)}")
+    a("--max-model-len", type=_tokens, default=None,
+      help="context length (prompt + output); default from the model")
+    a("--max-num-seqs", type=int, default=None, help="sequences per engine step (engine default)")
+    a("--max-num-batched-tokens", type=_tokens, default=None,
+      help="tokens per engine step (engine default)")
+    a("--block-size", type=int, default=16, help="tokens per KV cache block")
+    a("--kv-cache-memory", type=_size, default=None,
+      help="bytes of KV cache, e.g. 2g (engine default)")
+    a("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+      help="reuse KV blocks of shared prompt prefixes")
+    a("--dtype", default="auto", choices=["auto", "float32", "float", "bfloat16", "float16", "half"],
+      help="compute dtype")
+    a("--seed", type=int, default=0, help="engine seed for unseeded requests")
+    a("--generation-config", default="auto", help="'auto' takes sampling defaults from the "
+      "model's generation_config; 'vllm' ignores it; or a folder with generation_config.json")
+    a("--chat-template", default=None, help="chat template file or literal Jinja text; "
+      "default: the tokenizer's")
+    a("--chat-template-content-format", default="auto", choices=["auto", "string", "openai"],
+      help="how message content is passed to the template")
+    a("--trust-request-chat-template", action="store_true",
+      help="allow requests to supply their own chat_template")
+    a("--max-logprobs", type=int, default=20, help="largest logprobs/top_logprobs (-1: no cap)")
+    a("--max-queued-requests", type=int, default=None, help="requests (sequences) allowed to "
+      "wait beyond --max-num-seqs before new ones get 503; default 2 x max-num-seqs")
+    a("--max-body-bytes", type=_size, default="4m", help="largest request body (413 above)")
+    a("--drain-timeout", type=float, default=30.0,
+      help="seconds in-flight requests may take to finish after SIGTERM/SIGINT")
+    a("--enable-request-id-headers", action="store_true",
+      help="echo X-Request-Id (or a new id) on every response")
+    a("--allowed-origins", type=_json_list, default=[],
+      help='CORS origins allowed, as a JSON list (e.g. \'["https://a.example"]\')')
+    a("--enable-log-requests", action=argparse.BooleanOptionalAction, default=False,
+      help="log one line per request")
+    a("--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"],
+      help="log level")
+    a("--log-json", action="store_true", help="log as JSON lines")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> ServerConfig:
+    args = build_parser().parse_args(argv)
+    keys = args.api_key or [v for v in (os.environ.get(k) for k in KEY_ENV_VARS) if v][:1]
+    return ServerConfig(
+        model=args.model,
+        served_model_names=args.served_model_name or [],
+        host=args.host,
+        port=args.port,
+        api_keys=list(keys),
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        block_size=args.block_size,
+        kv_cache_memory=args.kv_cache_memory,
+        enable_prefix_caching=args.enable_prefix_caching,
+        dtype=args.dtype,
+        seed=args.seed,
+        generation_config=args.generation_config,
+        chat_template=args.chat_template,
+        chat_template_content_format=args.chat_template_content_format,
+        trust_request_chat_template=args.trust_request_chat_template,
+        max_logprobs=args.max_logprobs,
+        max_queued_requests=args.max_queued_requests,
+        max_body_bytes=args.max_body_bytes,
+        drain_timeout=args.drain_timeout,
+        enable_request_id_headers=args.enable_request_id_headers,
+        allowed_origins=args.allowed_origins,
+        enable_log_requests=args.enable_log_requests,
+        log_level=args.log_level,
+        log_json=args.log_json,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    config = parse_args(argv)
+    from server.supervisor import serve  # heavy imports only once the flags are good
+
+    return serve(config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,39 @@
+"""ServerConfig: every setting of `python -m server`, resolved from the command line."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ServerConfig:
+    model: str | None = None  # None: the bundled default model
+    served_model_names: list[str] = field(default_factory=lambda: ["default"])
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_keys: list[str] = field(default_factory=list)
+    # engine
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    block_size: int = 16
+    kv_cache_memory: int | None = None
+    enable_prefix_caching: bool = True
+    dtype: str = "auto"
+    seed: int = 0
+    generation_config: str = "auto"
+    # chat
+    chat_template: str | None = None
+    chat_template_content_format: str = "auto"
+    trust_request_chat_template: bool = False
+    # limits and admission
+    max_logprobs: int = 20
+    max_queued_requests: int | None = None  # None: 2 x max_num_seqs
+    max_body_bytes: int = 4 * 1024 * 1024
+    drain_timeout: float = 30.0
+    # http
+    enable_request_id_headers: bool = False
+    allowed_origins: list[str] = field(default_factory=list)
+    enable_log_requests: bool = False
+    log_level: str = "info"
+    log_json: bool = False

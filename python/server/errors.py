@@ -1,0 +1,78 @@
+"""API errors and the one envelope every failure is returned in.
+
+    {"error": {"message": str, "type": str, "param": str | null, "code": int}}
+
+Messages are written by us; exception text from libraries is never echoed to a client.
+"""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+from typing import Any
+
+import orjson
+
+# OpenAI-style error types by status.
+_TYPES = {
+    400: "BadRequestError",
+    401: "AuthenticationError",
+    403: "PermissionDeniedError",
+    404: "NotFoundError",
+    405: "MethodNotAllowed",
+    408: "RequestTimeout",
+    413: "RequestTooLarge",
+    415: "UnsupportedMediaType",
+    422: "UnprocessableEntityError",
+    429: "RateLimitError",
+    500: "InternalServerError",
+    501: "NotImplementedError",
+    503: "ServiceUnavailableError",
+}
+
+
+class APIError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return envelope(self.status, self.message, self.param)
+
+
+def error_type(status: int) -> str:
+    if status in _TYPES:
+        return _TYPES[status]
+    try:
+        return HTTPStatus(status).phrase.replace(" ", "")
+    except ValueError:
+        return "Error"
+
+
+def envelope(status: int, message: str, param: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": error_type(status), "param": param, "code": status}}
+
+
+def envelope_bytes(status: int, message: str, param: str | None = None) -> bytes:
+    return orjson.dumps(envelope(status, message, param))
+
+
+def bad_request(message: str, param: str | None = None) -> APIError:
+    return APIError(400, message, param=param)
+
+
+def overloaded(retry_after: int = 1) -> APIError:
+    return APIError(
+        503,
+        "The server is at capacity; retry shortly.",
+        headers={"Retry-After": str(retry_after)},
+    )

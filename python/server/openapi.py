@@ -1,0 +1,92 @@
+"""A small OpenAPI document built from the routes and the request models; /docs works offline."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from quart import Quart
+
+from server import __version__
+from server.protocol.chat import ChatCompletionRequest
+from server.protocol.completions import CompletionRequest
+from server.protocol.tokenize import DetokenizeRequest, TokenizeRequest
+
+BODIES = {
+    "/v1/completions": CompletionRequest,
+    "/v1/chat/completions": ChatCompletionRequest,
+    "/tokenize": TokenizeRequest,
+    "/detokenize": DetokenizeRequest,
+}
+
+_ERROR = {
+    "type": "object",
+    "properties": {
+        "error": {
+            "type": "object",
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": "integer"},
+            },
+        }
+    },
+}
+
+
+def openapi_document(app: Quart) -> dict[str, Any]:
+    paths: dict[str, Any] = {}
+    for rule in app.url_map.iter_rules():
+        if rule.endpoint == "static":
+            continue
+        for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
+            op: dict[str, Any] = {
+                "operationId": f"{rule.endpoint}_{method.lower()}",
+                "responses": {
+                    "200": {"description": "OK"},
+                    "default": {
+                        "description": "Error",
+                        "content": {"application/json": {"schema": _ERROR}},
+                    },
+                },
+            }
+            model = BODIES.get(rule.rule)
+            if model is not None and method == "POST":
+                op["requestBody"] = {
+                    "required": True,
+                    "content": {"application/json": {"schema": model.model_json_schema()}},
+                }
+            paths.setdefault(rule.rule, {})[method.lower()] = op
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "llmserve", "version": __version__},
+        "paths": dict(sorted(paths.items())),
+    }
+
+
+# A self-contained page (no CDN): lists the operations of /openapi.json.
+DOCS_HTML = """<!doctype html>
+<html><head><meta charset="utf-8"><title>llmserve API</title>
+<style>body{font-family:sans-serif;max-width:60em;margin:2em auto}code{background:#eee}
+pre{background:#f6f6f6;padding:1em;overflow:auto}</style></head>
+<body><h1>llmserve API</h1><p>Machine-readable: <a href="openapi.json">/openapi.json</a></p>
+<div id="ops">Loading...</div>
+<script>
+fetch("openapi.json").then(r => r.json()).then(doc => {
+  const root = document.getElementById("ops"); root.textContent = "";
+  for (const [path, ops] of Object.entries(doc.paths)) {
+    for (const [method, op] of Object.entries(ops)) {
+      const h = document.createElement("h3");
+      h.innerHTML = "<code>" + method.toUpperCase() + " " + path + "</code>";
+      root.appendChild(h);
+      if (op.requestBody) {
+        const pre = document.createElement("pre");
+        const schema = op.requestBody.content["application/json"].schema;
+        pre.textContent = Object.keys(schema.properties || {}).join(", ");
+        root.appendChild(pre);
+      }
+    }
+  }
+});
+</script></body></html>
+"""

@@ -1,0 +1,1 @@
+"""Pydantic models of the OpenAI-compatible request bodies (responses are plain dicts)."""

@@ -1,0 +1,48 @@
+"""Fields shared by /v1/completions and /v1/chat/completions.
+
+Unknown fields are accepted and ignored (extra="allow"), as OpenAI clients send vendor
+extensions freely. Types are checked here; ranges that depend on the model (vocabulary,
+context, logprob limit) are checked in server.sampling.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+
+
+class APIModel(BaseModel):
+    model_config = ConfigDict(extra="allow", protected_namespaces=())
+
+
+class StreamOptions(APIModel):
+    include_usage: bool | None = False
+    continuous_usage_stats: bool | None = False
+
+
+class SamplingFields(APIModel):
+    model: str | None = None
+    n: int | None = 1
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    skip_special_tokens: bool | None = None
+    prompt_logprobs: int | None = None
+    priority: int = Field(default=0, ge=INT64_MIN, le=INT64_MAX)
+    request_id: str | None = Field(default=None, max_length=256)
+    user: str | None = None

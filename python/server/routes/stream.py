@@ -1,0 +1,130 @@
+"""Reading a Generation's Outbox into whole responses or SSE chunks (shared by both APIs)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from actors.runtime.outbox import ChoiceUpdate, OutboxFailed, TokenLogprob
+from actors.runtime.detokenizer import token_text
+from server import sse
+from server.errors import APIError
+from server.generation import Generation
+
+# -inf cannot be written in JSON; clients expect a large negative number (as vLLM sends).
+MIN_LOGPROB = -9999.0
+
+
+@dataclass
+class ChoiceResult:
+    index: int
+    text: str = ""
+    num_tokens: int = 0
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+
+async def collect(gen: Generation) -> list[ChoiceResult]:
+    """Read everything (non-streaming). A failure after admission becomes an APIError."""
+    results = [ChoiceResult(i) for i in range(gen.state.num_choices)]
+    outbox = gen.state.outbox
+    while not outbox.done:
+        try:
+            updates = await outbox.get()
+        except OutboxFailed as exc:
+            raise APIError(exc.status, exc.message) from None
+        for u in updates:
+            r = results[u.index]
+            r.text += u.text
+            r.num_tokens += len(u.token_ids)
+            r.token_ids.extend(u.token_ids)
+            r.logprobs.extend(u.logprobs)
+            if u.finish_reason is not None:
+                r.finish_reason, r.stop_reason = u.finish_reason, u.stop_reason
+    return results
+
+
+def usage(gen: Generation, completion_tokens: int) -> dict[str, int]:
+    prompt = sum(len(p.token_ids) for p in gen.state.prompt_results)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt + completion_tokens,
+    }
+
+
+async def sse_stream(
+    gen: Generation,
+    *,
+    first_chunks: Callable[[], list[dict[str, Any]]],
+    chunk_of: Callable[[ChoiceUpdate], dict[str, Any] | None],
+    final_chunk: Callable[[dict[str, int]], dict[str, Any]] | None,
+    continuous_usage: bool,
+) -> AsyncIterator[bytes]:
+    """The SSE body. `finally` retires the request, also when the client disconnects."""
+    generated = [0] * gen.state.num_choices
+    try:
+        for chunk in first_chunks():
+            yield sse.event(chunk)
+        outbox = gen.state.outbox
+        while not outbox.done:
+            try:
+                updates = await outbox.get()
+            except OutboxFailed as exc:
+                yield sse.error_event(exc.status, exc.message)
+                break
+            for u in updates:
+                generated[u.index] += len(u.token_ids)
+                chunk = chunk_of(u)
+                if chunk is None:
+                    continue
+                if continuous_usage:
+                    chunk["usage"] = usage(gen, sum(generated))
+                yield sse.event(chunk)
+        else:
+            if final_chunk is not None:
+                yield sse.event(final_chunk(usage(gen, sum(generated))))
+        yield sse.DONE
+    finally:
+        gen.retire()
+
+
+def completion_logprobs(
+    tokenizer: Any, items: list[TokenLogprob], start_offset: int
+) -> dict[str, Any]:
+    tokens, token_lps, tops, offsets = [], [], [], []
+    offset = start_offset
+    for lp in items:
+        text = token_text(tokenizer, lp.token_id)
+        tokens.append(text)
+        token_lps.append(max(lp.logprob, MIN_LOGPROB))
+        tops.append({token_text(tokenizer, t): max(v, MIN_LOGPROB) for t, v in lp.top} or None)
+        offsets.append(offset)
+        offset += len(text)
+    return {"text_offset": offsets, "token_logprobs": token_lps, "tokens": tokens,
+            "top_logprobs": tops}
+
+
+def chat_logprobs(tokenizer: Any, items: list[TokenLogprob], top_n: int) -> dict[str, Any]:
+    content = []
+    for lp in items:
+        text = token_text(tokenizer, lp.token_id)
+        content.append(
+            {
+                "token": text,
+                "logprob": max(lp.logprob, MIN_LOGPROB),
+                "bytes": list(text.encode("utf-8")),
+                "top_logprobs": [
+                    {
+                        "token": (t := token_text(tokenizer, tid)),
+                        "logprob": max(v, MIN_LOGPROB),
+                        "bytes": list(t.encode("utf-8")),
+                    }
+                    for tid, v in lp.top[:top_n]
+                ],
+            }
+        )
+    return {"content": content}

@@ -1,0 +1,237 @@
+"""From a request body to validated GenerationParams, before any tokenizing or rendering.
+
+Value order for each sampling field: the request's value, else the server default (the
+model's generation_config.json unless --generation-config vllm), else OpenAI's default.
+Limits follow vLLM where vLLM is safe and are tighter where it is not (n, stop strings).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from actors.runtime.params import GenerationParams
+from server.errors import APIError, bad_request
+from server.protocol.common import INT64_MAX, INT64_MIN, SamplingFields
+
+MAX_N = 16
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 256
+MAX_STOP_TOKEN_IDS = 256
+MAX_LOGIT_BIAS = 1024
+MAX_PROMPTS = 64
+GREEDY_EPS = 1e-5
+
+# Generation-config keys that become server defaults, and their request field names.
+DEFAULT_KEYS = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "max_new_tokens": "max_tokens",
+    "skip_special_tokens": "skip_special_tokens",
+}
+OPENAI_DEFAULTS = {
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": 0,
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    vocab_size: int
+    max_model_len: int
+    max_logprobs: int = 20
+
+
+def server_defaults(generation_config: dict[str, Any] | None) -> dict[str, Any]:
+    """The subset of generation_config.json that acts as request defaults."""
+    out: dict[str, Any] = {}
+    for key, field in DEFAULT_KEYS.items():
+        if generation_config and generation_config.get(key) is not None:
+            out[field] = generation_config[key]
+    return out
+
+
+def build_params(
+    req: SamplingFields,
+    *,
+    max_tokens: int | None,
+    logprobs: int | None,
+    defaults: dict[str, Any],
+    limits: Limits,
+) -> GenerationParams:
+    def pick(name: str) -> Any:
+        value = getattr(req, name)
+        if value is not None:
+            return value
+        if name in defaults:
+            return defaults[name]
+        return OPENAI_DEFAULTS[name]
+
+    temperature = _real(pick("temperature"), "temperature", 0.0, 2.0)
+    top_p = _real(pick("top_p"), "top_p", 0.0, 1.0, low_open=True)
+    top_k = _int(pick("top_k"), "top_k", -1, None)
+    min_p = _real(pick("min_p"), "min_p", 0.0, 1.0)
+    presence = _real(pick("presence_penalty"), "presence_penalty", -2.0, 2.0)
+    frequency = _real(pick("frequency_penalty"), "frequency_penalty", -2.0, 2.0)
+    repetition = _real(pick("repetition_penalty"), "repetition_penalty", 0.0, 2.0, low_open=True)
+
+    n = 1 if req.n is None else _int(req.n, "n", 1, MAX_N)
+    if n > 1 and temperature < GREEDY_EPS:
+        raise bad_request("n must be 1 when using greedy sampling", "n")
+
+    if max_tokens is None:
+        max_tokens = defaults.get("max_tokens")
+    if max_tokens is not None:
+        _int(max_tokens, "max_tokens", 1, None)
+        if max_tokens > limits.max_model_len:
+            raise bad_request(
+                f"max_tokens={max_tokens} cannot be greater than "
+                f"max_model_len={limits.max_model_len}",
+                "max_tokens",
+            )
+    min_tokens = _int(req.min_tokens, "min_tokens", 0, None)
+    if max_tokens is not None and min_tokens > max_tokens:
+        raise bad_request(
+            f"min_tokens ({min_tokens}) must be less than or equal to max_tokens ({max_tokens})",
+            "min_tokens",
+        )
+
+    stop = _stop_strings(req.stop)
+    stop_ids = list(req.stop_token_ids or [])
+    if len(stop_ids) > MAX_STOP_TOKEN_IDS:
+        raise bad_request(f"at most {MAX_STOP_TOKEN_IDS} stop_token_ids are allowed", "stop")
+    for t in stop_ids:
+        _token(t, "stop_token_ids", limits.vocab_size)
+
+    if logprobs is not None:
+        _logprobs(logprobs, "logprobs", limits.max_logprobs)
+    prompt_logprobs = req.prompt_logprobs
+    if prompt_logprobs is not None:
+        _logprobs(prompt_logprobs, "prompt_logprobs", limits.max_logprobs)
+        if req.stream:
+            raise bad_request("prompt_logprobs is not supported with stream=true", "prompt_logprobs")
+        raise APIError(
+            400, "prompt_logprobs is not supported by this server", param="prompt_logprobs"
+        )
+
+    seed = req.seed
+    if seed == -1:
+        seed = None
+    skip = req.skip_special_tokens
+    if skip is None:
+        skip = bool(defaults.get("skip_special_tokens", True))
+
+    return GenerationParams(
+        n=n,
+        max_tokens=max_tokens,
+        min_tokens=min_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        min_p=min_p,
+        presence_penalty=presence,
+        frequency_penalty=frequency,
+        repetition_penalty=repetition,
+        seed=seed,
+        stop=stop,
+        stop_token_ids=stop_ids,
+        include_stop_str_in_output=req.include_stop_str_in_output,
+        ignore_eos=req.ignore_eos,
+        skip_special_tokens=skip,
+        logprobs=logprobs,
+        prompt_logprobs=None,
+        logit_bias=_logit_bias(req.logit_bias, limits.vocab_size),
+        priority=req.priority,
+    )
+
+
+def check_stream_options(req: SamplingFields) -> None:
+    opts = req.stream_options
+    if opts is not None and not req.stream and (opts.include_usage or opts.continuous_usage_stats):
+        raise bad_request(
+            "Stream options can only be defined when `stream=True`.", "stream_options"
+        )
+
+
+def _stop_strings(stop: str | list[str] | None) -> list[str]:
+    if stop is None:
+        return []
+    stops = [stop] if isinstance(stop, str) else list(stop)
+    if len(stops) > MAX_STOP_STRINGS:
+        raise bad_request(f"at most {MAX_STOP_STRINGS} stop strings are allowed", "stop")
+    for s in stops:
+        if not s:
+            raise bad_request("stop strings must not be empty", "stop")
+        if len(s) > MAX_STOP_STRING_CHARS:
+            raise bad_request(
+                f"a stop string may have at most {MAX_STOP_STRING_CHARS} characters", "stop"
+            )
+    return stops
+
+
+def _logit_bias(bias: dict[str, float] | None, vocab_size: int) -> dict[int, float]:
+    if not bias:
+        return {}
+    if len(bias) > MAX_LOGIT_BIAS:
+        raise bad_request(f"logit_bias may have at most {MAX_LOGIT_BIAS} entries", "logit_bias")
+    out: dict[int, float] = {}
+    for key, value in bias.items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise bad_request(
+                "logit_bias keys must be token ids written as integers", "logit_bias"
+            ) from None
+        _token(token, "logit_bias", vocab_size)
+        if not math.isfinite(value):
+            raise bad_request("logit_bias values must be finite numbers", "logit_bias")
+        out[token] = min(max(value, -100.0), 100.0)
+    return out
+
+
+def _logprobs(value: int, name: str, limit: int) -> None:
+    if value == -1 and limit == -1:
+        return
+    if value < 0:
+        raise bad_request(f"{name} must be non-negative, got {value}", name)
+    if limit != -1 and value > limit:
+        raise bad_request(f"{name}={value} exceeds the maximum allowed value of {limit}", name)
+
+
+def _token(t: int, name: str, vocab_size: int) -> None:
+    if not 0 <= t < vocab_size:
+        raise bad_request(
+            f"token id {t} in {name} is out of vocabulary (vocab size {vocab_size})", name
+        )
+
+
+def _int(x: Any, name: str, low: int | None, high: int | None) -> int:
+    if isinstance(x, bool) or not isinstance(x, int):
+        raise bad_request(f"{name} must be an integer", name)
+    if (low is not None and x < low) or (high is not None and x > high):
+        lo = "-inf" if low is None else low
+        hi = "inf" if high is None else high
+        raise bad_request(f"{name} must be in [{lo}, {hi}], got {x}", name)
+    if not INT64_MIN <= x <= INT64_MAX:
+        raise bad_request(f"{name} is out of range", name)
+    return x
+
+
+def _real(x: Any, name: str, low: float, high: float, *, low_open: bool = False) -> float:
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+        raise bad_request(f"{name} must be a finite number", name)
+    if (x <= low if low_open else x < low) or x > high:
+        bracket = "(" if low_open else "["
+        raise bad_request(f"{name} must be in {bracket}{low}, {high}], got {x}", name)
+    return float(x)

@@ -1,0 +1,51 @@
+"""What the HTTP routes share: the model's facts, the runtime handles and the health flags."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from actors.runtime.admission import Admission
+from actors.runtime.metrics_actor import MetricsActor
+from actors.runtime.request import Registry, RequestState
+from actors.runtime.scheduler_actor import SchedulerActor
+from server.chat_template import ChatRenderer
+from server.config import ServerConfig
+from server.sampling import Limits
+
+
+@dataclass
+class Health:
+    loading: bool = True
+    draining: bool = False
+    failed: bool = False
+
+    @property
+    def serving(self) -> bool:
+        return not (self.loading or self.draining or self.failed)
+
+
+@dataclass
+class ServerState:
+    config: ServerConfig
+    health: Health = field(default_factory=Health)
+    started_at: float = field(default_factory=time.time)
+    # Set once the actors are up (None while loading).
+    tokenizer: Any = None
+    limits: Limits | None = None
+    defaults: dict[str, Any] = field(default_factory=dict)
+    renderer: ChatRenderer | None = None
+    admission: Admission | None = None
+    registry: Registry | None = None
+    scheduler: SchedulerActor | None = None
+    metrics: MetricsActor | None = None
+    submit_send: trio.MemorySendChannel[RequestState] | None = None
+    reaper: trio.Nursery | None = None
+    model_root: str = ""
+
+    @property
+    def model_name(self) -> str:
+        return self.config.served_model_names[0]

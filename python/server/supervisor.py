@@ -1,0 +1,247 @@
+"""The process: starts the actors in order under one nursery, serves HTTP, drains, exits.
+
+    engine (weights + KV) -> scheduler -> tokenizer -> metrics -> HTTP routes live
+
+The listener binds first so that /health can answer 503 while the model loads; every other
+route answers 503 until all actors have started. Exit codes: 0 after a drain (SIGTERM or
+SIGINT), 1 after an engine failure (every in-flight request gets an error first).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve as hypercorn_serve
+
+from actors.runtime.admission import Admission
+from actors.runtime.engine_actor import EngineActor
+from actors.runtime.metrics_actor import METRICS_CHANNEL_SIZE, MetricsActor
+from actors.runtime.outbox import ChoiceUpdate
+from actors.runtime.request import Child, Registry, RequestState
+from actors.runtime.scheduler_actor import SchedulerActor
+from actors.runtime.tokenizer_actor import TokenizerActor
+from server.app import create_app
+from server.chat_template import ChatRenderer, load_template_arg
+from server.config import ServerConfig
+from server.sampling import Limits, server_defaults
+from server.state import ServerState
+
+log = logging.getLogger("server")
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+FAIL_GRACE = 2.0  # seconds handlers get to send their error after an engine failure
+ABORT_GRACE = 5.0  # seconds aborted requests get to retire after the drain timeout
+
+
+def make_engine_factory(config: ServerConfig) -> Callable[[], Any]:
+    def build() -> Any:
+        from actors.engine import EngineConfig, LLMEngine
+
+        fields = {
+            "model": config.model,
+            "dtype": config.dtype,
+            "max_model_len": config.max_model_len,
+            "max_num_seqs": config.max_num_seqs,
+            "max_num_batched_tokens": config.max_num_batched_tokens,
+            "block_size": config.block_size,
+            "kv_cache_memory": config.kv_cache_memory,
+            "enable_prefix_caching": config.enable_prefix_caching,
+            "seed": config.seed,
+            "generation_config": config.generation_config,
+        }
+        return LLMEngine(EngineConfig(**{k: v for k, v in fields.items() if v is not None}))
+
+    return build
+
+
+class Supervisor:
+    def __init__(self, config: ServerConfig, engine_factory: Callable[[], Any] | None = None):
+        self.config = config
+        self.srv = ServerState(config)
+        self._engine_factory = engine_factory or make_engine_factory(config)
+        self._stop_http = trio.Event()
+        self.exit_code = 0
+        self.bound: list[str] = []
+        self._fatal: BaseException | None = None
+        self._fatal_event = trio.Event()
+
+    async def run(self, *, task_status: trio.TaskStatus[Supervisor] = trio.TASK_STATUS_IGNORED):
+        app = create_app(self.srv)
+        async with trio.open_nursery() as root:
+            self.bound = await root.start(self._serve_http, app)
+            log.info("listening on %s (loading the model)", ", ".join(self.bound))
+            root.start_soon(self._watch_signals, root)
+            async with trio.open_nursery() as actors:
+                self.srv.reaper = actors
+                await self._start_actors(actors)
+                self.srv.health.loading = False
+                log.info("ready: serving %s", self.srv.model_name)
+                task_status.started(self)
+                await self._fatal_event.wait()
+                await self._after_failure()
+                actors.cancel_scope.cancel()
+            root.cancel_scope.cancel()
+
+    async def _serve_http(self, app: Any, *, task_status: trio.TaskStatus[list[str]]) -> None:
+        hc = HypercornConfig()
+        hc.bind = [f"{self.config.host}:{self.config.port}"]
+        hc.graceful_timeout = self.config.drain_timeout + ABORT_GRACE + 5
+        hc.keep_alive_timeout = 5
+        hc.include_server_header = False
+        hc.backlog = 1024
+        hc.h11_max_incomplete_size = 64 * 1024
+        hc.accesslog = None
+        hc.errorlog = logging.getLogger("hypercorn.error")
+        await hypercorn_serve(app, hc, shutdown_trigger=self._stop_http.wait,
+                              task_status=task_status)
+
+    async def _start_actors(self, nursery: trio.Nursery) -> None:
+        srv, cfg = self.srv, self.config
+        engine_actor = await nursery.start(EngineActor(self._engine_factory).run)
+        engine = engine_actor.engine
+        mc = engine.model_config
+        limits = Limits(vocab_size=int(mc.vocab_size), max_model_len=int(mc.max_model_len),
+                        max_logprobs=cfg.max_logprobs)
+        max_seqs = int(getattr(getattr(engine, "config", None), "max_num_seqs", None)
+                       or cfg.max_num_seqs or 64)
+        capacity = max_seqs + (cfg.max_queued_requests if cfg.max_queued_requests is not None
+                               else 2 * max_seqs)
+        registry = Registry()
+        # Bounds: see tokenizer_actor (submit, admit: `capacity` each), scheduler_actor
+        # (batches: BATCH_CREDITS) and metrics_actor (drop when full).
+        submit_send, submit_recv = trio.open_memory_channel[RequestState](capacity)
+        admit_send, admit_recv = trio.open_memory_channel[Child](capacity)
+        batch_send, batch_recv = trio.open_memory_channel[list[Any]](2)
+        metrics_send, metrics_recv = trio.open_memory_channel[Any](METRICS_CHANNEL_SIZE)
+        if not cfg.served_model_names:
+            name = getattr(engine, "model_name", None) or (
+                Path(cfg.model).stem if cfg.model else DEFAULT_MODEL_NAME)
+            cfg.served_model_names = [str(name)]
+        scheduler = SchedulerActor(engine_actor, registry, admit_recv, batch_send, metrics_send,
+                                   on_fatal=self._on_fatal)
+        await nursery.start(scheduler.run)
+        tokenizer = TokenizerActor(engine.tokenizer, registry, scheduler, submit_recv,
+                                   admit_send, batch_recv, vocab_size=limits.vocab_size)
+        await nursery.start(tokenizer.run)
+        metrics = MetricsActor(cfg.served_model_names[0], limits.max_model_len, metrics_recv)
+        await nursery.start(metrics.run)
+        srv.tokenizer = engine.tokenizer
+        srv.limits = limits
+        srv.defaults = self._defaults(engine)
+        srv.renderer = ChatRenderer(
+            engine.tokenizer,
+            template=load_template_arg(cfg.chat_template),
+            content_format=cfg.chat_template_content_format,
+            trust_request_template=cfg.trust_request_chat_template,
+        )
+        srv.admission = Admission(capacity)
+        srv.registry = registry
+        srv.scheduler = scheduler
+        srv.metrics = metrics
+        srv.submit_send = submit_send
+        srv.model_root = cfg.model or DEFAULT_MODEL_NAME
+
+    def _defaults(self, engine: Any) -> dict[str, Any]:
+        mode = self.config.generation_config
+        if mode == "vllm":
+            return {}
+        if mode == "auto":
+            return server_defaults(getattr(engine, "generation_defaults", None) or {})
+        path = Path(mode) / "generation_config.json"
+        return server_defaults(json.loads(path.read_text()))
+
+    # -- failure and shutdown ----------------------------------------------------------
+    def _on_fatal(self, exc: BaseException) -> None:
+        self.srv.health.failed = True
+        self.exit_code = 1
+        self._fatal = exc
+        self._fatal_event.set()
+
+    async def _after_failure(self) -> None:
+        with trio.move_on_after(FAIL_GRACE):
+            while self.srv.registry is not None and len(self.srv.registry):
+                await trio.sleep(0.05)
+        self._stop_http.set()
+
+    async def _watch_signals(self, root: trio.Nursery) -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                if self.srv.health.draining:
+                    log.warning("second signal: stopping now")
+                    root.cancel_scope.cancel()
+                    return
+                log.info("%s: draining (up to %.0f s)", signal.Signals(signum).name,
+                         self.config.drain_timeout)
+                self.srv.health.draining = True
+                # Drain in its own task so a second signal can still interrupt it.
+                root.start_soon(self._drain, root.cancel_scope)
+
+    async def _drain(self, root_scope: trio.CancelScope) -> None:
+        registry = self.srv.registry
+        with trio.move_on_after(self.config.drain_timeout):
+            while registry is not None and len(registry):
+                await trio.sleep(0.05)
+        if registry is not None and len(registry):
+            log.warning("drain timeout: aborting %d requests", len(registry))
+            for state in list(registry.requests.values()):
+                abort_request(self.srv, state)
+            with trio.move_on_after(ABORT_GRACE):
+                while len(registry):
+                    await trio.sleep(0.05)
+        self._stop_http.set()
+        await trio.sleep(0.5)  # let Hypercorn close its listeners and connections
+        root_scope.cancel()
+
+
+def abort_request(srv: ServerState, state: RequestState) -> None:
+    """End every unfinished choice with finish_reason "abort" and stop it in the engine."""
+    for child in state.children:
+        if not state.outbox.is_finished(child.index):
+            state.outbox.push(ChoiceUpdate(child.index, finish_reason="abort"))
+        if srv.scheduler is not None:
+            if child.finish_reason is None:
+                child.finish_reason = "abort"
+            srv.scheduler.abort_nowait(child)
+    if not state.ready.is_set():
+        state.cancelled = True
+
+
+class _JSONFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        out = {"time": round(record.created, 3), "level": record.levelname.lower(),
+               "logger": record.name, "message": record.getMessage()}
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out)
+
+
+def setup_logging(config: ServerConfig) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if config.log_json:
+        handler.setFormatter(_JSONFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(config.log_level.upper())
+
+
+def serve(config: ServerConfig, engine_factory: Callable[[], Any] | None = None) -> int:
+    setup_logging(config)
+    supervisor = Supervisor(config, engine_factory)
+    started = time.monotonic()
+    try:
+        trio.run(supervisor.run)
+    except KeyboardInterrupt:
+        return 130
+    log.info("stopped after %.1f s (exit %d)", time.monotonic() - started, supervisor.exit_code)
+    return supervisor.exit_code
