@@ -73,6 +73,7 @@ class Supervisor:
         self.bound: list[str] = []
         self._fatal: BaseException | None = None
         self._fatal_event = trio.Event()
+        self._http_done = trio.Event()
 
     async def run(self, *, task_status: trio.TaskStatus[Supervisor] = trio.TASK_STATUS_IGNORED):
         app = create_app(self.srv)
@@ -101,8 +102,17 @@ class Supervisor:
         hc.h11_max_incomplete_size = 64 * 1024
         hc.accesslog = None
         hc.errorlog = logging.getLogger("hypercorn.error")
-        await hypercorn_serve(app, hc, shutdown_trigger=self._stop_http.wait,
-                              task_status=task_status)
+        try:
+            await hypercorn_serve(app, hc, shutdown_trigger=self._stop_http.wait,
+                                  task_status=task_status)
+        finally:
+            self._http_done.set()
+
+    async def _stop_serving(self) -> None:
+        """Close the listener and let responses being written finish (bounded)."""
+        self._stop_http.set()
+        with trio.move_on_after(ABORT_GRACE):
+            await self._http_done.wait()
 
     async def _start_actors(self, nursery: trio.Nursery) -> None:
         srv, cfg = self.srv, self.config
@@ -170,7 +180,8 @@ class Supervisor:
         with trio.move_on_after(FAIL_GRACE):
             while self.srv.registry is not None and len(self.srv.registry):
                 await trio.sleep(0.05)
-        self._stop_http.set()
+        await trio.sleep(0.5)  # handlers that just retired are still writing their error
+        await self._stop_serving()
 
     async def _watch_signals(self, root: trio.Nursery) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -197,8 +208,7 @@ class Supervisor:
             with trio.move_on_after(ABORT_GRACE):
                 while len(registry):
                     await trio.sleep(0.05)
-        self._stop_http.set()
-        await trio.sleep(0.5)  # let Hypercorn close its listeners and connections
+        await self._stop_serving()
         root_scope.cancel()
 
 
