@@ -113,9 +113,8 @@ class SamplingParams:
         if not self.logit_bias:
             return ()
         lim = LOGIT_BIAS_LIMIT
-        return tuple(
-            (int(k), min(max(float(v), -lim), lim)) for k, v in sorted(self.logit_bias.items())
-        )
+        items = {int(k): min(max(float(v), -lim), lim) for k, v in self.logit_bias.items()}
+        return tuple(sorted(items.items()))
 
     # ------------------------------------------------------------------ validation
 
