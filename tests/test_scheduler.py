@@ -603,3 +603,14 @@ def test_random_simulation(policy: str, seed: int) -> None:
           f"max wait to first token {max(waits)} steps, "
           f"prefix hits {d.sched.stats().prefix_hit_tokens} tokens")  # fmt: skip
     d.assert_drained()
+
+
+def test_no_token_from_the_sampler_ends_the_sequence() -> None:
+    d = Driver(num_blocks=16)
+    d.add("masked", prompt_of(5), max_tokens=8, n=2)
+    d.planted[("masked", 0, 0)] = -1
+    d.run()
+    assert d.finished[("masked", 0)].finish_reason == "stop"
+    assert d.outputs[("masked", 0)] == []
+    assert d.outputs[("masked", 1)] == d.expected("masked", 1, 8)  # siblings still forked
+    d.assert_drained()

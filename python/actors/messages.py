@@ -187,6 +187,9 @@ class StepPlan:
 
 @dataclass(frozen=True, slots=True)
 class SampledToken:
+    """``token_id`` -1 (LC_NO_TOKEN: every token was masked) ends the sequence with
+    "stop" and no new token."""
+
     seq_id: int
     token_id: int
     logprobs: Logprobs | None = None

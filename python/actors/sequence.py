@@ -62,6 +62,7 @@ class Sequence:
         "max_model_len",
         "max_output_tokens",
         "pending_children",
+        "row_static",
     )
 
     def __init__(
@@ -100,6 +101,7 @@ class Sequence:
         budget = max_model_len - len(self.prompt_token_ids)
         self.max_output_tokens = budget if params.max_tokens is None else params.max_tokens
         self.pending_children = 0  # siblings (n > 1) forked once this one has a first token
+        self.row_static: tuple | None = None  # cached per-request part of its sampling row
 
     def __repr__(self) -> str:
         return (

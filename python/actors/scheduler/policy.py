@@ -167,12 +167,17 @@ class Scheduler:
             tok = sampled.get(seq.seq_id)
             if tok is None:
                 raise RuntimeError(f"step {result.step_id} drew no token for seq {seq.seq_id}")
-            finished = seq.append_token(tok.token_id)
-            if seq.pending_children:
+            if tok.token_id < 0:  # the sampler masked every token: nothing can follow
+                seq.finish(FinishReason.STOP)
+                new: tuple[int, ...] = ()
+            else:
+                seq.append_token(tok.token_id)
+                new = (tok.token_id,)
+            if seq.pending_children:  # before a finished parent gives its blocks back
                 self._fork_children(seq)
-            if finished:
+            if seq.is_finished:
                 self._retire(seq)
-            outputs.append(output_of(seq, (tok.token_id,), _logprobs_of(seq, tok)))
+            outputs.append(output_of(seq, new, _logprobs_of(seq, tok) if new else None))
         if any(s.is_finished for s in self.running):
             self.running = [s for s in self.running if not s.is_finished]
         return outputs

@@ -9,20 +9,28 @@ __all__ = ["new_seq_of", "output_of", "sampling_row_of"]
 
 
 def sampling_row_of(seq: Sequence) -> SamplingRow:
+    static = seq.row_static
+    if static is None:  # the per-request part, computed once per sequence
+        p = seq.params
+        static = seq.row_static = (
+            p.effective_temperature,
+            p.effective_top_k,
+            p.effective_top_p,
+            p.effective_min_p,
+            float(p.presence_penalty),
+            float(p.frequency_penalty),
+            float(p.repetition_penalty),
+            seq.rng_seed,
+        )
     p = seq.params
+    n_out = len(seq.output_token_ids)
+    banned = seq.suppressed_token_ids() if n_out < p.min_tokens else ()
     return SamplingRow(
-        temperature=p.effective_temperature,
-        top_k=p.effective_top_k,
-        top_p=p.effective_top_p,
-        min_p=p.effective_min_p,
-        presence_penalty=float(p.presence_penalty),
-        frequency_penalty=float(p.frequency_penalty),
-        repetition_penalty=float(p.repetition_penalty),
-        seed=seq.rng_seed,
-        position=seq.num_output_tokens,
+        *static,
+        position=n_out,
         num_logprobs=p.logprobs or 0,
         want_logprobs=p.logprobs is not None,
-        banned_token_ids=seq.suppressed_token_ids(),
+        banned_token_ids=banned,
     )
 
 
