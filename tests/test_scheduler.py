@@ -12,6 +12,7 @@ import random
 import subprocess
 import sys
 import zlib
+from pathlib import Path
 
 import pytest
 
@@ -138,7 +139,8 @@ def test_policy_modules_import_without_torch_or_core() -> None:
         "bad = [m for m in ('torch', 'llmcore', 'numpy') if m in sys.modules];"
         "assert not bad, bad"
     )
-    subprocess.run([sys.executable, "-c", code], check=True, env={"PYTHONPATH": "python"})
+    src = str(Path(__file__).resolve().parents[1] / "python")
+    subprocess.run([sys.executable, "-c", code], check=True, env={"PYTHONPATH": src})
 
 
 def test_single_request_prefill_then_decode() -> None:
