@@ -172,12 +172,6 @@ class KVManager:
             usage=self.usage(),
             prefix_queried_tokens=self.prefix_queried_tokens,
             prefix_hit_tokens=self.prefix_hit_tokens,
-            evictions=_get(s, "evictions"),
+            evictions=s.evictions,
         )
 
-
-def _get(stats: object, name: str) -> int:
-    # The binding may return a dict or an object with attributes.
-    if isinstance(stats, dict):
-        return int(stats[name])
-    return int(getattr(stats, name))
