@@ -51,7 +51,8 @@ class Driver:
         self.planted: dict[tuple[str, int, int], int] = {}  # (rid, idx, pos) -> token
 
     def add(self, rid: str, prompt: list[int], t: float = 0.0, **params: object) -> None:
-        self.sched.add_request(Admit(rid, tuple(prompt), SamplingParams(**params), t))  # type: ignore[arg-type]
+        sp = SamplingParams(**params)  # type: ignore[arg-type]
+        self.sched.add_request(Admit(rid, tuple(prompt), sp, t))
 
     def token(self, rid: str, idx: int, pos: int) -> int:
         return self.planted.get((rid, idx, pos), model_token(rid, idx, pos))
@@ -429,17 +430,16 @@ def test_seeded_siblings_get_distinct_sampling_seeds() -> None:
 
 
 def seq_of(max_model_len: int = 100, prompt: int = 4, **params: object) -> Sequence:
-    return Sequence(
-        0, "r", range(prompt), SamplingParams(**params), max_model_len=max_model_len,  # type: ignore[arg-type]
-        eos_token_ids=(EOS,),
-    )  # fmt: skip
+    sp = SamplingParams(**params)  # type: ignore[arg-type]
+    return Sequence(0, "r", range(prompt), sp, max_model_len=max_model_len, eos_token_ids=(EOS,))
 
 
 def test_stop_on_eos_and_ignore_eos() -> None:
     s = seq_of(max_tokens=10)
     assert not s.append_token(5)
     assert s.append_token(EOS)
-    assert (s.finish_reason, s.stop_reason, s.output_token_ids) == (FinishReason.STOP, None, [5, EOS])
+    assert (s.finish_reason, s.stop_reason) == (FinishReason.STOP, None)
+    assert s.output_token_ids == [5, EOS]
     s = seq_of(max_tokens=3, ignore_eos=True)
     assert not s.append_token(EOS) and not s.append_token(EOS)
     assert s.append_token(EOS) and s.finish_reason is FinishReason.LENGTH

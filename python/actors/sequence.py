@@ -163,7 +163,8 @@ class Sequence:
             if not self.params.ignore_eos and token_id in self.eos_token_ids:
                 self.finish(FinishReason.STOP)
                 return True
-        if self.num_output_tokens >= self.max_output_tokens or self.num_tokens >= self.max_model_len:
+        n_out = self.num_output_tokens
+        if n_out >= self.max_output_tokens or self.num_tokens >= self.max_model_len:
             self.finish(FinishReason.LENGTH)
             return True
         return False
