@@ -1,0 +1,203 @@
+"""LLMEngine: the model, the scheduler and the KV manager, stepped synchronously.
+
+The HTTP server drives the same pieces from separate Trio actors (the scheduler in
+one, ``runner.execute`` in a worker thread of another); the offline ``LLM`` API and the
+benchmarks call ``step()`` in a loop.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import llmcore
+from actors.kv_manager import KVManager
+from actors.messages import Admit, RequestOutput
+from actors.runner import ModelRunner, kv_bytes_per_block
+from actors.sampling_params import SamplingParams
+from actors.scheduler.config import SchedulerConfig
+from actors.scheduler.policy import Scheduler
+
+__all__ = ["EngineConfig", "LLMEngine"]
+
+log = logging.getLogger("actors.engine")
+
+GiB = 1 << 30
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    model: str | None = None  # None: the default SmolLM2-135M-Instruct GGUF
+    dtype: str = "auto"  # auto | float32 | bfloat16
+    max_model_len: int | None = None  # None: the model's max_position_embeddings
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int = 2048
+    block_size: int = 16
+    kv_cache_memory: int = 2 * GiB  # bytes for the KV cache of all layers
+    enable_prefix_caching: bool = True
+    seed: int | None = None
+    scheduling_policy: str = "fcfs"  # fcfs | priority
+    generation_config: str = "auto"  # auto (the model's file) | vllm (none) | a directory
+    max_logprobs: int = 20
+    num_threads: int | None = None  # CPU threads for torch and the core; None: all
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        import torch
+
+        from actors.loader import load_model
+
+        self.config = config
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        llmcore.set_num_threads(torch.get_num_threads())
+
+        t0 = time.perf_counter()
+        loaded = load_model(config.model, config.dtype)
+        self.loaded = loaded
+        mc = loaded.config
+        self.model_config = mc
+        self.model_dir: Path = loaded.model_dir
+        self.dtype = loaded.dtype
+        max_model_len = config.max_model_len or mc.max_position_embeddings
+        if max_model_len > mc.max_position_embeddings:
+            raise ValueError(
+                f"max_model_len={max_model_len} exceeds the model's "
+                f"max_position_embeddings={mc.max_position_embeddings}"
+            )
+        self.max_model_len = max_model_len
+        self.tokenizer = _load_tokenizer(self.model_dir)
+        self.eos_token_ids = tuple(mc.eos_token_ids) or (
+            (self.tokenizer.eos_token_id,) if self.tokenizer.eos_token_id is not None else ()
+        )
+        self.vocab_size = mc.vocab_size
+        self.generation_defaults = _generation_defaults(self.model_dir, config.generation_config)
+
+        per_block = kv_bytes_per_block(mc.num_layers, mc.num_kv_heads, mc.head_dim,
+                                       config.block_size, self.dtype)
+        num_blocks = max(1, config.kv_cache_memory // per_block)
+        need = -(-max_model_len // config.block_size)
+        if num_blocks < need:
+            raise ValueError(
+                f"kv_cache_memory={config.kv_cache_memory} bytes holds {num_blocks} blocks of "
+                f"{config.block_size} tokens, fewer than one sequence of max_model_len="
+                f"{max_model_len} needs ({need}); raise it or lower max_model_len"
+            )
+        self.num_blocks = num_blocks
+        log.info(
+            "KV cache: %d blocks x %d tokens = %d tokens (%.2f GiB, %s)",
+            num_blocks, config.block_size, num_blocks * config.block_size,
+            num_blocks * per_block / GiB, str(self.dtype).removeprefix("torch."),
+        )
+
+        pool = llmcore.BlockPool(num_blocks, config.block_size)
+        self.kv = KVManager(pool, enable_prefix_caching=config.enable_prefix_caching)
+        self.scheduler = Scheduler(
+            SchedulerConfig(
+                max_num_seqs=config.max_num_seqs,
+                max_num_batched_tokens=config.max_num_batched_tokens,
+                max_model_len=max_model_len,
+                policy=config.scheduling_policy,
+                enable_prefix_caching=config.enable_prefix_caching,
+                eos_token_ids=self.eos_token_ids,
+                seed=config.seed,
+            ),
+            self.kv,
+        )
+        self.runner = ModelRunner(
+            loaded.model,
+            num_layers=mc.num_layers,
+            num_kv_heads=mc.num_kv_heads,
+            head_size=mc.head_dim,
+            vocab_size=mc.vocab_size,
+            num_blocks=num_blocks,
+            block_size=config.block_size,
+            dtype=self.dtype,
+            sliding_windows=mc.sliding_windows,
+            max_logprobs=config.max_logprobs,
+        )
+        log.info("engine ready in %.1f s", time.perf_counter() - t0)
+
+    # ------------------------------------------------------------------ requests
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    arrival_time: float | None = None, priority: int | None = None) -> None:
+        """Validates and queues a request. Raises ValueError for what cannot run."""
+        params.validate(self.vocab_size, self.config.max_logprobs)
+        for t in prompt_token_ids:
+            if not 0 <= t < self.vocab_size:
+                raise ValueError(f"prompt token id {t} is out of vocabulary")
+        self.scheduler.add_request(Admit(
+            request_id=request_id,
+            prompt_token_ids=tuple(prompt_token_ids),
+            params=params,
+            arrival_time=time.monotonic() if arrival_time is None else arrival_time,
+            priority=priority,
+        ))
+
+    def abort_request(self, request_id: str) -> list[RequestOutput]:
+        return self.scheduler.abort(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> list[RequestOutput]:
+        plan = self.scheduler.schedule()
+        if plan.is_empty:
+            return []
+        result = self.runner.execute(plan)
+        return self.scheduler.update(result)
+
+    def stats(self) -> dict[str, float | int]:
+        s = self.scheduler.stats()
+        return {
+            "num_running": s.num_running,
+            "num_waiting": s.num_waiting,
+            "kv_usage": s.kv_usage,
+            "prefix_cache_queries": s.prefix_queried_tokens,
+            "prefix_cache_hits": s.prefix_hit_tokens,
+            "num_preemptions": s.num_preemptions,
+        }
+
+    def default_sampling_params(self, **overrides: Any) -> SamplingParams:
+        """SamplingParams with the model's generation defaults, then the overrides."""
+        return SamplingParams(**{**self.generation_defaults, **overrides})
+
+
+def _load_tokenizer(model_dir: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir))
+
+
+# generation_config.json key -> SamplingParams field
+_GEN_KEYS = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty",
+    "max_new_tokens": "max_tokens",
+}
+
+
+def _generation_defaults(model_dir: Path, setting: str) -> dict[str, Any]:
+    """Sampling defaults from generation_config.json, as vLLM's --generation-config does."""
+    if setting == "vllm":
+        return {}
+    folder = model_dir if setting == "auto" else Path(setting)
+    path = folder / "generation_config.json"
+    if not path.is_file():
+        if setting != "auto":
+            raise FileNotFoundError(f"no generation_config.json in {folder}")
+        return {}
+    raw = json.loads(path.read_text())
+    if raw.get("do_sample") is False:
+        raw = {k: v for k, v in raw.items() if k not in ("temperature", "top_p", "top_k")}
+    return {ours: raw[theirs] for theirs, ours in _GEN_KEYS.items() if raw.get(theirs) is not None}

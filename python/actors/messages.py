@@ -1,0 +1,203 @@
+"""Typed messages between the tokenizer, the scheduler and the engine.
+
+All are frozen slots dataclasses. Engine-facing ones (StepPlan, StepResult) carry ids
+and numbers only, so the engine can move to another process unchanged.
+
+    Tokenizer --Admit/Abort--> Scheduler --StepPlan--> Engine
+        ^                        |   ^                   |
+        +-------TokenBatch-------+   +----StepResult-----+
+
+Step protocol: ``schedule()`` and ``update()`` alternate strictly; every non-empty
+StepPlan is answered by exactly one StepResult with the same step_id before the next
+plan. The engine applies ``released_seq_ids`` first, then ``new_seqs``, then runs.
+
+Per-sequence state on the engine side. A sequence is keyed by ``seq_id`` (unique
+for the scheduler's lifetime). The plan sends full data once (``NewSeq``: prompt,
+outputs so far, static sampling lists) when a sequence is (re)admitted and only the
+new tokens afterwards; ``released_seq_ids`` says when to drop it. The penalty context
+of a sampling row (prompt and output tokens) is therefore::
+
+    prompt  = NewSeq.prompt_token_ids
+    outputs = NewSeq.output_token_ids + every token the engine sampled for it since
+
+since the scheduler appends every sampled token it gets back (a sequence aborted
+meanwhile is released instead).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from actors.sampling_params import SamplingParams
+
+__all__ = [
+    "Abort",
+    "Admit",
+    "Logprobs",
+    "NewSeq",
+    "RequestOutput",
+    "SampledToken",
+    "SamplingRow",
+    "ScheduledSeq",
+    "StepPlan",
+    "StepResult",
+    "TokenBatch",
+]
+
+# ---------------------------------------------------------------------- tokenizer side
+
+
+@dataclass(frozen=True, slots=True)
+class Admit:
+    """A tokenized request entering the scheduler (params already validated)."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    params: SamplingParams
+    arrival_time: float
+    priority: int | None = None  # None: params.priority
+
+
+@dataclass(frozen=True, slots=True)
+class Abort:
+    """Stop a request at any stage; its blocks are freed at once. Unknown ids are ignored."""
+
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Logprobs:
+    """Logprob of one sampled token and the top alternatives (best first)."""
+
+    logprob: float
+    top_token_ids: tuple[int, ...] = ()
+    top_logprobs: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOutput:
+    """New tokens of one sequence (choice ``index`` of its request) after a step.
+
+    ``finish_reason`` is "stop", "length" or "abort" once finished; ``stop_reason`` is
+    the stop token id that ended it (None for EOS and the other reasons).
+    """
+
+    request_id: str
+    index: int
+    new_token_ids: tuple[int, ...]
+    new_logprobs: tuple[Logprobs, ...] | None
+    finished: bool
+    finish_reason: str | None
+    stop_reason: int | None
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    num_output_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class TokenBatch:
+    """Everything one step produced, sent as one message (per-message cost matters)."""
+
+    outputs: tuple[RequestOutput, ...]
+
+
+# ---------------------------------------------------------------------- engine side
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingRow:
+    """One row of the sampler (mirrors lc_sampling_row plus its per-row lists).
+
+    Already normalised: temperature 0.0 means greedy; top_k 0, top_p 1.0, min_p 0.0
+    and penalties 0/0/1.0 mean off. Draws are keyed by (seed, position).
+    """
+
+    temperature: float
+    top_k: int
+    top_p: float
+    min_p: float
+    presence_penalty: float
+    frequency_penalty: float
+    repetition_penalty: float
+    seed: int  # uint64; resolved by the scheduler when the request gave none
+    position: int  # number of output tokens so far
+    num_logprobs: int  # top logprobs wanted; 0 with want_logprobs: only the sampled one
+    want_logprobs: bool
+    banned_token_ids: tuple[int, ...]  # EOS / stop ids while min_tokens holds
+
+    @property
+    def uses_penalties(self) -> bool:
+        return (
+            self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+            or self.repetition_penalty != 1.0
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class NewSeq:
+    """Full data for a sequence the engine has no state for (new or resumed)."""
+
+    seq_id: int
+    request_id: str
+    index: int
+    prompt_token_ids: tuple[int, ...]
+    output_token_ids: tuple[int, ...]
+    logit_bias: tuple[tuple[int, float], ...]  # (token id, additive bias)
+    allowed_token_ids: tuple[int, ...] | None
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledSeq:
+    """One sequence's slice of the flattened batch.
+
+    Computes ``token_ids`` at positions [start_pos, start_pos + len(token_ids)) and
+    writes their KV into ``block_table`` (its full table, covering those positions).
+    ``sample`` is set iff these tokens reach the end of the known tokens, so the last
+    position's logits draw the next token; a mid-prompt chunk has ``sample`` None.
+    """
+
+    seq_id: int
+    token_ids: tuple[int, ...]
+    start_pos: int  # == num_computed_tokens
+    block_table: tuple[int, ...]
+    sample: SamplingRow | None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    step_id: int
+    seqs: tuple[ScheduledSeq, ...]  # batch order: running first, then newly admitted
+    new_seqs: tuple[NewSeq, ...]
+    released_seq_ids: tuple[int, ...]  # finished, aborted or preempted since last plan
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(len(s.token_ids) for s in self.seqs)
+
+    @property
+    def is_empty(self) -> bool:
+        """An empty plan runs nothing and is answered by no StepResult."""
+        return not self.seqs
+
+
+@dataclass(frozen=True, slots=True)
+class SampledToken:
+    """``token_id`` -1 (LC_NO_TOKEN: every token was masked) ends the sequence with
+    "stop" and no new token."""
+
+    seq_id: int
+    token_id: int
+    logprobs: Logprobs | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """One SampledToken per ScheduledSeq whose ``sample`` was set, any order."""
+
+    step_id: int
+    sampled: tuple[SampledToken, ...]

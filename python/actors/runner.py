@@ -1,0 +1,231 @@
+"""ModelRunner: executes a StepPlan on the model and the core, returns a StepResult.
+
+The runner owns what the engine side keeps per sequence (prompt and output tokens for
+penalties, logit bias, allowed tokens) and the paged KV caches. One step:
+
+    StepPlan --flatten--> input_ids [T], positions [T], AttentionPlan (once per step)
+             --model-->   logits for the rows that sample
+             --sampler--> one token per sampling sequence --> StepResult
+
+The flattened batch of a step (T tokens in all):
+
+    rows:   | seq 0 new tokens | seq 1 new tokens | ... |
+    query_start[s] .. query_start[s+1]  = the rows of sequence s
+    seq_lens[s] = start_pos + number of new tokens (its whole context)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+import llmcore
+from actors.messages import Logprobs, NewSeq, SampledToken, StepPlan, StepResult
+
+__all__ = ["ModelRunner", "kv_bytes_per_block"]
+
+
+def kv_bytes_per_block(num_layers: int, num_kv_heads: int, head_size: int, block_size: int,
+                       dtype: torch.dtype) -> int:
+    """Bytes one block takes across all layers, K and V."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    return 2 * num_layers * num_kv_heads * head_size * block_size * elem
+
+
+@dataclass(slots=True)
+class _SeqState:
+    """What the engine side remembers of one sequence between steps."""
+
+    prompt: np.ndarray  # int32
+    outputs: list[int]
+    logit_bias: tuple[tuple[int, float], ...]
+    allowed_mask: np.ndarray | None  # int32 bitmask row, or None
+    output_array: np.ndarray | None = field(default=None)  # cache of outputs as int32
+
+    def outputs_i32(self) -> np.ndarray:
+        if self.output_array is None or len(self.output_array) != len(self.outputs):
+            self.output_array = np.asarray(self.outputs, dtype=np.int32)
+        return self.output_array
+
+
+class _PagedAttention:
+    """The model's attention seam for one step: store new K/V, attend over the cache."""
+
+    __slots__ = ("plan", "k_caches", "v_caches", "scale", "windows")
+
+    def __init__(self, plan, k_caches, v_caches, scale: float, windows: list[int]) -> None:
+        self.plan = plan
+        self.k_caches = k_caches
+        self.v_caches = v_caches
+        self.scale = scale
+        self.windows = windows
+
+    def attn(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        kc, vc = self.k_caches[layer], self.v_caches[layer]
+        llmcore.kv_store(self.plan, k, v, kc, vc)
+        out = torch.empty_like(q)
+        llmcore.paged_attention(self.plan, q, kc, vc, out, self.scale,
+                                sliding_window=self.windows[layer])
+        return out
+
+
+class ModelRunner:
+    def __init__(self, model, num_layers: int, num_kv_heads: int, head_size: int,
+                 vocab_size: int, num_blocks: int, block_size: int, dtype: torch.dtype,
+                 sliding_windows: tuple[int | None, ...] = (), max_logprobs: int = 20) -> None:
+        self.model = model
+        self.vocab_size = vocab_size
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.scale = 1.0 / math.sqrt(head_size)
+        # Per layer; 0 = full causal attention.
+        self.windows = [int(w or 0) for w in sliding_windows] or [0] * num_layers
+        self.max_logprobs = max_logprobs
+        shape = (num_blocks, num_kv_heads, block_size, head_size)
+        self.k_caches = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
+        self.v_caches = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
+        self._seqs: dict[int, _SeqState] = {}
+        self._bitmask_words = (vocab_size + 31) // 32
+
+    # ------------------------------------------------------------------ sequences
+
+    def _add(self, ns: NewSeq) -> None:
+        mask = None
+        if ns.allowed_token_ids is not None:
+            mask = np.zeros(self._bitmask_words, dtype=np.uint32)
+            ids = np.asarray(ns.allowed_token_ids, dtype=np.int64)
+            np.bitwise_or.at(mask, ids // 32, (np.uint32(1) << (ids % 32).astype(np.uint32)))
+            mask = mask.view(np.int32)
+        self._seqs[ns.seq_id] = _SeqState(
+            prompt=np.asarray(ns.prompt_token_ids, dtype=np.int32),
+            outputs=list(ns.output_token_ids),
+            logit_bias=ns.logit_bias,
+            allowed_mask=mask,
+        )
+
+    def num_sequences(self) -> int:
+        return len(self._seqs)
+
+    # ------------------------------------------------------------------ one step
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        for sid in plan.released_seq_ids:
+            self._seqs.pop(sid, None)
+        for ns in plan.new_seqs:
+            self._add(ns)
+        if not plan.seqs:
+            return StepResult(step_id=plan.step_id, sampled=())
+
+        bs = self.block_size
+        num_seqs = len(plan.seqs)
+        max_blocks = max(len(s.block_table) for s in plan.seqs)
+        block_tables = np.zeros((num_seqs, max_blocks), dtype=np.int32)
+        query_start = np.zeros(num_seqs + 1, dtype=np.int32)
+        seq_lens = np.empty(num_seqs, dtype=np.int32)
+        token_ids: list[int] = []
+        positions: list[np.ndarray] = []
+        sampling: list[int] = []  # batch indices of sequences that sample
+        for i, s in enumerate(plan.seqs):
+            n = len(s.token_ids)
+            token_ids.extend(s.token_ids)
+            positions.append(np.arange(s.start_pos, s.start_pos + n, dtype=np.int64))
+            query_start[i + 1] = query_start[i] + n
+            seq_lens[i] = s.start_pos + n
+            block_tables[i, : len(s.block_table)] = s.block_table
+            if s.sample is not None:
+                sampling.append(i)
+        pos = np.concatenate(positions)
+        owner = np.repeat(np.arange(num_seqs), np.diff(query_start))
+        slot_mapping = block_tables[owner, pos // bs].astype(np.int64) * bs + pos % bs
+
+        attn_plan = llmcore.AttentionPlan(query_start, seq_lens, block_tables, slot_mapping,
+                                          num_blocks=self.num_blocks)
+        seam = _PagedAttention(attn_plan, self.k_caches, self.v_caches, self.scale,
+                               self.windows)
+        logits_rows = torch.from_numpy(query_start[1:][sampling].astype(np.int64) - 1)
+        with torch.inference_mode():
+            logits = self.model.forward(
+                torch.tensor(token_ids, dtype=torch.long), torch.from_numpy(pos), seam,
+                logits_indices=logits_rows,
+            )
+        if not sampling:
+            return StepResult(step_id=plan.step_id, sampled=())
+        return self._sample(plan, sampling, logits)
+
+    def _sample(self, plan: StepPlan, sampling: list[int], logits: torch.Tensor) -> StepResult:
+        rows = [plan.seqs[i].sample for i in sampling]
+        seq_ids = [plan.seqs[i].seq_id for i in sampling]
+        states = [self._seqs[sid] for sid in seq_ids]
+        n = len(rows)
+        f32 = np.float32
+        temperature = np.fromiter((r.temperature for r in rows), f32, n)
+        top_k = np.fromiter((r.top_k for r in rows), np.int32, n)
+        top_p = np.fromiter((r.top_p for r in rows), f32, n)
+        min_p = np.fromiter((r.min_p for r in rows), f32, n)
+        rep = np.fromiter((r.repetition_penalty for r in rows), f32, n)
+        pres = np.fromiter((r.presence_penalty for r in rows), f32, n)
+        freq = np.fromiter((r.frequency_penalty for r in rows), f32, n)
+        seed = np.fromiter((r.seed for r in rows), np.uint64, n)
+        position = np.fromiter((r.position for r in rows), np.int64, n)
+
+        kwargs = {}
+        if any(r.uses_penalties for r in rows):
+            kwargs["prompt_tokens"] = _csr([st.prompt if r.repetition_penalty != 1.0 else None
+                                            for r, st in zip(rows, states)])
+            kwargs["output_tokens"] = _csr([st.outputs_i32() if r.uses_penalties else None
+                                            for r, st in zip(rows, states)])
+        if any(st.logit_bias for st in states):
+            kwargs["logit_bias"] = _csr_bias([st.logit_bias for st in states])
+        if any(r.banned_token_ids for r in rows):
+            kwargs["banned_tokens"] = _csr([np.asarray(r.banned_token_ids, dtype=np.int32)
+                                            for r in rows])
+        if any(st.allowed_mask is not None for st in states):
+            mask = np.zeros((n, self._bitmask_words), dtype=np.int32)
+            use = np.zeros(n, dtype=np.int32)
+            for j, st in enumerate(states):
+                if st.allowed_mask is not None:
+                    mask[j] = st.allowed_mask
+                    use[j] = 1
+            kwargs["allowed_bitmask"] = mask
+            kwargs["use_bitmask"] = use
+        num_top = max((r.num_logprobs for r in rows if r.want_logprobs), default=0)
+        num_top = min(num_top, self.max_logprobs)
+
+        res = llmcore.sample(logits, temperature, top_k, top_p, min_p, rep, pres, freq, seed,
+                             position, num_top_logprobs=num_top, **kwargs)
+        tokens, logprobs, _ranks, top_tokens, top_logprobs = res
+        sampled = []
+        for j, (sid, r, st) in enumerate(zip(seq_ids, rows, states)):
+            tok = int(tokens[j])
+            st.outputs.append(tok)
+            lp = None
+            if r.want_logprobs:
+                k = r.num_logprobs
+                lp = Logprobs(
+                    logprob=float(logprobs[j]),
+                    top_token_ids=tuple(int(t) for t in top_tokens[j, :k]),
+                    top_logprobs=tuple(float(x) for x in top_logprobs[j, :k]),
+                )
+            sampled.append(SampledToken(seq_id=sid, token_id=tok, logprobs=lp))
+        return StepResult(step_id=plan.step_id, sampled=tuple(sampled))
+
+
+def _csr(lists: list[np.ndarray | None]) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets, tokens) for per-row int32 token lists; None is an empty row."""
+    lengths = np.fromiter((0 if x is None else len(x) for x in lists), np.int32, len(lists))
+    offsets = np.zeros(len(lists) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    parts = [x for x in lists if x is not None and len(x)]
+    tokens = np.concatenate(parts).astype(np.int32) if parts else np.zeros(0, dtype=np.int32)
+    return offsets, tokens
+
+
+def _csr_bias(biases: list[tuple[tuple[int, float], ...]]):
+    offsets = np.zeros(len(biases) + 1, dtype=np.int32)
+    np.cumsum([len(b) for b in biases], out=offsets[1:])
+    toks = np.fromiter((t for b in biases for t, _ in b), np.int32)
+    vals = np.fromiter((v for b in biases for _, v in b), np.float32)
+    return offsets, toks, vals

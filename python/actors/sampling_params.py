@@ -1,0 +1,254 @@
+"""SamplingParams: how one request wants its tokens drawn and when it stops.
+
+Fields and defaults follow vLLM's ``SamplingParams`` where a field exists there. The
+object is frozen: the scheduler shares one instance between the ``n`` sequences of a
+request, and the engine may receive it in another process.
+
+``validate`` raises ``SamplingParamsError`` (a ``ValueError``) whose ``param`` names
+the offending field, so the HTTP edge can answer 400 with ``param`` set. The limits
+are those of docs "Request-parameter limits" (vLLM's ranges, tightened where vLLM is
+loose: ``n`` <= 16, ``repetition_penalty`` <= 2, stop strings <= 16 x 256 chars).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+__all__ = ["GREEDY_EPS", "SamplingParams", "SamplingParamsError"]
+
+# temperature below this is greedy (argmax); vLLM's _SAMPLING_EPS.
+GREEDY_EPS = 1e-5
+# (0, MIN_TEMPERATURE) is clamped up: tiny temperatures overflow exp() in fp32 logits.
+MIN_TEMPERATURE = 0.01
+
+MAX_N = 16
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 256
+MAX_LOGIT_BIAS_ENTRIES = 1024
+LOGIT_BIAS_LIMIT = 100.0
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+
+
+class SamplingParamsError(ValueError):
+    """An out-of-range request parameter; ``param`` names the field."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    n: int = 1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: off
+    min_p: float = 0.0
+    seed: int | None = None  # -1 is normalised to None
+    stop: tuple[str, ...] = ()  # matched by the detokenizer, not the scheduler
+    stop_token_ids: tuple[int, ...] = ()
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    max_tokens: int | None = 16  # None: until the model's context is full
+    min_tokens: int = 0
+    logprobs: int | None = None  # top logprobs per output token; None: none
+    prompt_logprobs: int | None = None
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: tuple[int, ...] | None = None
+    priority: int = 0  # lower is served first under the priority policy
+
+    def __post_init__(self) -> None:
+        # Shape normalisation only: nothing here can fail; validate() judges values.
+        set_ = object.__setattr__
+        if isinstance(self.stop, str):
+            set_(self, "stop", (self.stop,))
+        elif self.stop is None:
+            set_(self, "stop", ())
+        elif not isinstance(self.stop, tuple):
+            set_(self, "stop", tuple(self.stop))
+        if self.stop_token_ids is None:
+            set_(self, "stop_token_ids", ())
+        elif not isinstance(self.stop_token_ids, tuple):
+            set_(self, "stop_token_ids", tuple(self.stop_token_ids))
+        if self.allowed_token_ids is not None and not isinstance(self.allowed_token_ids, tuple):
+            set_(self, "allowed_token_ids", tuple(self.allowed_token_ids))
+        if self.seed == -1:
+            set_(self, "seed", None)
+
+    # ------------------------------------------------------------------ derived values
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature < GREEDY_EPS
+
+    @property
+    def effective_temperature(self) -> float:
+        """0.0 for greedy; otherwise the temperature clamped up to MIN_TEMPERATURE."""
+        if self.is_greedy:
+            return 0.0
+        return max(float(self.temperature), MIN_TEMPERATURE)
+
+    @property
+    def effective_top_k(self) -> int:
+        return 0 if self.is_greedy or self.top_k <= 0 else int(self.top_k)
+
+    @property
+    def effective_top_p(self) -> float:
+        return 1.0 if self.is_greedy else float(self.top_p)
+
+    @property
+    def effective_min_p(self) -> float:
+        return 0.0 if self.is_greedy else float(self.min_p)
+
+    def logit_bias_items(self) -> tuple[tuple[int, float], ...]:
+        """(token id, bias) pairs, keys as ints, values clamped to [-100, 100]."""
+        if not self.logit_bias:
+            return ()
+        lim = LOGIT_BIAS_LIMIT
+        items = {int(k): min(max(float(v), -lim), lim) for k, v in self.logit_bias.items()}
+        return tuple(sorted(items.items()))
+
+    # ------------------------------------------------------------------ validation
+
+    def validate(self, vocab_size: int, max_logprobs: int = 20, *, max_n: int = MAX_N) -> None:
+        """Raises SamplingParamsError for the first out-of-range field.
+
+        max_logprobs == -1 lets ``logprobs=-1`` (the whole vocabulary) through.
+        """
+        _int_in(self.n, "n", 1, max_n)
+        if self.n > 1 and _is_real(self.temperature) and self.temperature < GREEDY_EPS:
+            raise SamplingParamsError("n must be 1 when using greedy sampling", "n")
+        _real_in(self.temperature, "temperature", 0.0, 2.0)
+        _real_in(self.top_p, "top_p", 0.0, 1.0, low_open=True)
+        _int_in(self.top_k, "top_k", -1, None)
+        _real_in(self.min_p, "min_p", 0.0, 1.0)
+        _real_in(self.presence_penalty, "presence_penalty", -2.0, 2.0)
+        _real_in(self.frequency_penalty, "frequency_penalty", -2.0, 2.0)
+        _real_in(self.repetition_penalty, "repetition_penalty", 0.0, 2.0, low_open=True)
+        if self.seed is not None:
+            _int_in(self.seed, "seed", INT64_MIN, INT64_MAX)
+        _int_in(self.priority, "priority", INT64_MIN, INT64_MAX)
+        if self.max_tokens is not None:
+            _int_in(self.max_tokens, "max_tokens", 1, None)
+        _int_in(self.min_tokens, "min_tokens", 0, self.max_tokens)
+        self._validate_stop(vocab_size)
+        self._validate_logprobs(self.logprobs, "logprobs", max_logprobs)
+        self._validate_logprobs(self.prompt_logprobs, "prompt_logprobs", max_logprobs)
+        self._validate_logit_bias(vocab_size)
+        if self.allowed_token_ids is not None:
+            if len(self.allowed_token_ids) == 0:
+                raise SamplingParamsError(
+                    "allowed_token_ids must not be empty", "allowed_token_ids"
+                )
+            for t in self.allowed_token_ids:
+                _token_id(t, "allowed_token_ids", vocab_size)
+
+    def _validate_stop(self, vocab_size: int) -> None:
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise SamplingParamsError(
+                f"at most {MAX_STOP_STRINGS} stop strings are allowed, got {len(self.stop)}",
+                "stop",
+            )
+        for s in self.stop:
+            if not isinstance(s, str):
+                raise SamplingParamsError("stop must be a string or a list of strings", "stop")
+            if not s:
+                raise SamplingParamsError("stop strings must not be empty", "stop")
+            if len(s) > MAX_STOP_STRING_CHARS:
+                raise SamplingParamsError(
+                    f"a stop string may have at most {MAX_STOP_STRING_CHARS} characters", "stop"
+                )
+        for t in self.stop_token_ids:
+            _token_id(t, "stop_token_ids", vocab_size)
+
+    @staticmethod
+    def _validate_logprobs(value: int | None, name: str, max_logprobs: int) -> None:
+        if value is None:
+            return
+        if not _is_int(value):
+            raise SamplingParamsError(f"{name} must be an integer, got {value!r}", name)
+        if value == -1 and max_logprobs == -1:
+            return
+        if value < 0:
+            raise SamplingParamsError(f"{name} must be non-negative, got {value}", name)
+        if max_logprobs != -1 and value > max_logprobs:
+            raise SamplingParamsError(
+                f"{name}={value} exceeds the maximum allowed value of {max_logprobs}", name
+            )
+
+    def _validate_logit_bias(self, vocab_size: int) -> None:
+        if not self.logit_bias:
+            return
+        if len(self.logit_bias) > MAX_LOGIT_BIAS_ENTRIES:
+            raise SamplingParamsError(
+                f"logit_bias may have at most {MAX_LOGIT_BIAS_ENTRIES} entries", "logit_bias"
+            )
+        bad = []
+        for key, value in self.logit_bias.items():
+            try:
+                token = int(key)
+            except (TypeError, ValueError):
+                bad.append(key)
+                continue
+            if isinstance(key, float) and key != token:
+                bad.append(key)
+                continue
+            if not 0 <= token < vocab_size:
+                raise SamplingParamsError(
+                    f"token_id {token} in logit_bias is out of vocabulary "
+                    f"(vocab size {vocab_size})",
+                    "logit_bias",
+                )
+            if not _is_real(value) or not math.isfinite(value):
+                raise SamplingParamsError(
+                    f"logit_bias values must be finite numbers, got {value!r}", "logit_bias"
+                )
+        if bad:
+            raise SamplingParamsError(
+                f"logit_bias keys must be token ids (integers); invalid keys: {bad}", "logit_bias"
+            )
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_real(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _int_in(x: object, name: str, low: int | None, high: int | None) -> None:
+    if not _is_int(x):
+        raise SamplingParamsError(f"{name} must be an integer, got {x!r}", name)
+    assert isinstance(x, int)
+    if low is not None and x < low:
+        raise SamplingParamsError(f"{name} must be at least {low}, got {x}", name)
+    if high is not None and x > high:
+        raise SamplingParamsError(f"{name} must be at most {high}, got {x}", name)
+
+
+def _real_in(x: object, name: str, low: float, high: float, *, low_open: bool = False) -> None:
+    if not _is_real(x) or not math.isfinite(x):  # type: ignore[arg-type]
+        raise SamplingParamsError(f"{name} must be a finite number, got {x!r}", name)
+    assert isinstance(x, (int, float))
+    if (x <= low if low_open else x < low) or x > high:
+        lo = "(" if low_open else "["
+        raise SamplingParamsError(f"{name} must be in {lo}{low}, {high}], got {x}", name)
+
+
+def _token_id(t: object, name: str, vocab_size: int) -> None:
+    if not _is_int(t):
+        raise SamplingParamsError(f"{name} must hold integer token ids, got {t!r}", name)
+    assert isinstance(t, int)
+    if not 0 <= t < vocab_size:
+        raise SamplingParamsError(
+            f"token id {t} in {name} is out of vocabulary (vocab size {vocab_size})", name
+        )

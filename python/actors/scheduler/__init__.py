@@ -1,0 +1,8 @@
+"""The scheduling policy: who computes which tokens each step."""
+
+from __future__ import annotations
+
+from actors.scheduler.config import SchedulerConfig, SchedulerStats
+from actors.scheduler.policy import Scheduler
+
+__all__ = ["Scheduler", "SchedulerConfig", "SchedulerStats"]

@@ -1,0 +1,67 @@
+"""Message views of a Sequence: what the engine and the tokenizer side get to see."""
+
+from __future__ import annotations
+
+from actors.messages import Logprobs, NewSeq, RequestOutput, SamplingRow
+from actors.sequence import Sequence
+
+__all__ = ["new_seq_of", "output_of", "sampling_row_of"]
+
+
+def sampling_row_of(seq: Sequence) -> SamplingRow:
+    static = seq.row_static
+    if static is None:  # the per-request part, computed once per sequence
+        p = seq.params
+        static = seq.row_static = (
+            p.effective_temperature,
+            p.effective_top_k,
+            p.effective_top_p,
+            p.effective_min_p,
+            float(p.presence_penalty),
+            float(p.frequency_penalty),
+            float(p.repetition_penalty),
+            seq.rng_seed,
+        )
+    p = seq.params
+    n_out = len(seq.output_token_ids)
+    banned = seq.suppressed_token_ids() if n_out < p.min_tokens else ()
+    return SamplingRow(
+        *static,
+        position=n_out,
+        num_logprobs=p.logprobs or 0,
+        want_logprobs=p.logprobs is not None,
+        banned_token_ids=banned,
+    )
+
+
+def new_seq_of(seq: Sequence) -> NewSeq:
+    p = seq.params
+    return NewSeq(
+        seq_id=seq.seq_id,
+        request_id=seq.request_id,
+        index=seq.index,
+        prompt_token_ids=seq.prompt_token_ids,
+        output_token_ids=tuple(seq.output_token_ids),
+        logit_bias=p.logit_bias_items(),
+        allowed_token_ids=p.allowed_token_ids,
+    )
+
+
+def output_of(
+    seq: Sequence,
+    new_token_ids: tuple[int, ...] = (),
+    new_logprobs: tuple[Logprobs, ...] | None = None,
+) -> RequestOutput:
+    reason = seq.finish_reason
+    return RequestOutput(
+        request_id=seq.request_id,
+        index=seq.index,
+        new_token_ids=new_token_ids,
+        new_logprobs=new_logprobs,
+        finished=seq.is_finished,
+        finish_reason=None if reason is None else reason.value,
+        stop_reason=seq.stop_reason,
+        num_prompt_tokens=seq.num_prompt_tokens,
+        num_cached_tokens=seq.num_cached_tokens,
+        num_output_tokens=seq.num_output_tokens,
+    )

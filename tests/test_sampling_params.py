@@ -1,0 +1,148 @@
+"""SamplingParams: vLLM-compatible defaults, normalisation and the validation ranges."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from actors.sampling_params import SamplingParams, SamplingParamsError
+
+VOCAB = 1000
+
+
+def check(**kwargs: object) -> None:
+    SamplingParams(**kwargs).validate(VOCAB, 20)  # type: ignore[arg-type]
+
+
+def rejects(param: str, **kwargs: object) -> SamplingParamsError:
+    with pytest.raises(SamplingParamsError) as info:
+        check(**kwargs)
+    assert info.value.param == param, info.value
+    assert isinstance(info.value, ValueError)
+    assert str(info.value) == info.value.message
+    return info.value
+
+
+def test_defaults_follow_vllm() -> None:
+    p = SamplingParams()
+    assert (p.n, p.temperature, p.top_p, p.top_k, p.min_p) == (1, 1.0, 1.0, 0, 0.0)
+    assert (p.presence_penalty, p.frequency_penalty, p.repetition_penalty) == (0.0, 0.0, 1.0)
+    assert p.max_tokens == 16 and p.min_tokens == 0 and p.seed is None
+    assert p.stop == () and p.stop_token_ids == () and not p.ignore_eos
+    assert p.logprobs is None and p.prompt_logprobs is None and p.skip_special_tokens
+    p.validate(VOCAB, 20)
+
+
+def test_normalisation() -> None:
+    p = SamplingParams(stop="###", stop_token_ids=[5, 6], seed=-1, allowed_token_ids=[1, 2])
+    assert p.stop == ("###",) and p.stop_token_ids == (5, 6) and p.seed is None
+    assert p.allowed_token_ids == (1, 2)
+    assert SamplingParams(stop=["a", "b"]).stop == ("a", "b")
+    assert SamplingParams(stop=None, stop_token_ids=None).stop == ()
+    with pytest.raises(AttributeError):
+        p.temperature = 0.5  # type: ignore[misc]
+
+
+def test_greedy_notion() -> None:
+    assert SamplingParams(temperature=0.0).is_greedy
+    assert SamplingParams(temperature=9e-6).is_greedy
+    assert not SamplingParams(temperature=1e-5).is_greedy
+    g = SamplingParams(temperature=0.0, top_p=0.5, top_k=5, min_p=0.2)
+    assert (g.effective_temperature, g.effective_top_k, g.effective_top_p, g.effective_min_p) == (
+        0.0,
+        0,
+        1.0,
+        0.0,
+    )
+    assert SamplingParams(temperature=0.001).effective_temperature == 0.01  # clamped up
+    assert SamplingParams(temperature=0.7, top_k=-1).effective_top_k == 0
+
+
+@pytest.mark.parametrize("t", [0.0, 0.5, 2.0])
+def test_temperature_accepted(t: float) -> None:
+    check(temperature=t)
+
+
+@pytest.mark.parametrize("t", [-0.1, 2.01, math.inf, math.nan, "1", None])
+def test_temperature_rejected(t: object) -> None:
+    rejects("temperature", temperature=t)
+
+
+def test_ranges() -> None:
+    check(top_p=1.0, top_k=-1, min_p=1.0, presence_penalty=-2.0, frequency_penalty=2.0)
+    check(repetition_penalty=2.0, top_k=50, min_p=0.0, top_p=1e-3)
+    rejects("top_p", top_p=0.0)
+    rejects("top_p", top_p=1.01)
+    rejects("top_k", top_k=-2)
+    rejects("top_k", top_k=1.5)
+    rejects("min_p", min_p=-0.01)
+    rejects("min_p", min_p=1.5)
+    rejects("presence_penalty", presence_penalty=2.5)
+    rejects("frequency_penalty", frequency_penalty=-2.5)
+    rejects("repetition_penalty", repetition_penalty=0.0)
+    rejects("repetition_penalty", repetition_penalty=math.inf)
+    rejects("repetition_penalty", repetition_penalty=2.5)
+
+
+def test_n() -> None:
+    check(n=16, temperature=1.0)
+    rejects("n", n=0)
+    rejects("n", n=17)
+    rejects("n", n=True)
+    e = rejects("n", n=2, temperature=0.0)
+    assert "greedy" in e.message
+    SamplingParams(n=64).validate(VOCAB, 20, max_n=64)
+
+
+def test_tokens_and_lengths() -> None:
+    check(max_tokens=None, min_tokens=5)
+    check(max_tokens=1, min_tokens=1)
+    rejects("max_tokens", max_tokens=0)
+    rejects("min_tokens", min_tokens=-1)
+    rejects("min_tokens", max_tokens=4, min_tokens=5)
+
+
+def test_seed_and_priority_int64() -> None:
+    check(seed=2**63 - 1, priority=-(2**63))
+    rejects("seed", seed=2**63)
+    rejects("seed", seed=1.5)
+    rejects("priority", priority=2**63)
+
+
+def test_stop_strings_and_ids() -> None:
+    check(stop=["a"] * 16, stop_token_ids=[0, VOCAB - 1])
+    rejects("stop", stop=["a"] * 17)
+    rejects("stop", stop=[""])
+    rejects("stop", stop=["x" * 257])
+    rejects("stop", stop=[1])
+    rejects("stop_token_ids", stop_token_ids=[VOCAB])
+    rejects("stop_token_ids", stop_token_ids=[-1])
+
+
+def test_logprobs() -> None:
+    check(logprobs=0, prompt_logprobs=20)
+    check(logprobs=20)
+    rejects("logprobs", logprobs=21)
+    rejects("logprobs", logprobs=-1)
+    rejects("logprobs", logprobs=2.0)
+    rejects("prompt_logprobs", prompt_logprobs=-2)
+    SamplingParams(logprobs=-1).validate(VOCAB, -1)  # whole vocabulary, operator opt-in
+    SamplingParams(logprobs=500).validate(VOCAB, -1)
+
+
+def test_logit_bias_and_allowed_ids() -> None:
+    check(logit_bias={"5": 3.0, 7: -100.0})
+    e = rejects("logit_bias", logit_bias={"x": 1.0, "5": 1.0})
+    assert "'x'" in e.message
+    e = rejects("logit_bias", logit_bias={VOCAB: 1.0})
+    assert str(VOCAB) in e.message
+    rejects("logit_bias", logit_bias={1: math.nan})
+    rejects("logit_bias", logit_bias={i: 1.0 for i in range(1025)})
+    assert SamplingParams(logit_bias={"9": 250.0, 3: -1e9}).logit_bias_items() == (
+        (3, -100.0),
+        (9, 100.0),
+    )
+    check(allowed_token_ids=[0, 1])
+    rejects("allowed_token_ids", allowed_token_ids=[])
+    rejects("allowed_token_ids", allowed_token_ids=[VOCAB])
