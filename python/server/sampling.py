@@ -57,8 +57,9 @@ def server_defaults(generation_config: dict[str, Any] | None) -> dict[str, Any]:
     """The subset of generation_config.json that acts as request defaults."""
     out: dict[str, Any] = {}
     for key, field in DEFAULT_KEYS.items():
-        if generation_config and generation_config.get(key) is not None:
-            out[field] = generation_config[key]
+        for name in (key, field):  # raw file keys or already-renamed ones
+            if generation_config and generation_config.get(name) is not None:
+                out[field] = generation_config[name]
     return out
 
 

@@ -119,7 +119,9 @@ class Supervisor:
         engine_actor = await nursery.start(EngineActor(self._engine_factory).run)
         engine = engine_actor.engine
         mc = engine.model_config
-        limits = Limits(vocab_size=int(mc.vocab_size), max_model_len=int(mc.max_model_len),
+        max_model_len = getattr(engine, "max_model_len", None) or mc.max_model_len
+        vocab_size = getattr(engine, "vocab_size", None) or mc.vocab_size
+        limits = Limits(vocab_size=int(vocab_size), max_model_len=int(max_model_len),
                         max_logprobs=cfg.max_logprobs)
         max_seqs = int(getattr(getattr(engine, "config", None), "max_num_seqs", None)
                        or cfg.max_num_seqs or 64)
@@ -161,13 +163,8 @@ class Supervisor:
         srv.model_root = cfg.model or DEFAULT_MODEL_NAME
 
     def _defaults(self, engine: Any) -> dict[str, Any]:
-        mode = self.config.generation_config
-        if mode == "vllm":
-            return {}
-        if mode == "auto":
-            return server_defaults(getattr(engine, "generation_defaults", None) or {})
-        path = Path(mode) / "generation_config.json"
-        return server_defaults(json.loads(path.read_text()))
+        """The engine read generation_config per --generation-config; keep the known keys."""
+        return server_defaults(getattr(engine, "generation_defaults", None) or {})
 
     # -- failure and shutdown ----------------------------------------------------------
     def _on_fatal(self, exc: BaseException) -> None:

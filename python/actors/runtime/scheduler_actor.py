@@ -122,12 +122,20 @@ class SchedulerActor:
             if child.abort_requested or child.retired:
                 self._retire(child, child.finish_reason or "abort")
                 continue
-            engine.add_request(
-                child.engine_id,
-                child.prompt_token_ids,
-                child.params.to_engine(),
-                priority=child.params.priority,
-            )
+            try:
+                engine.add_request(
+                    child.engine_id,
+                    child.prompt_token_ids,
+                    child.params.to_engine(),
+                    priority=child.params.priority,
+                )
+            except ValueError as exc:  # the engine's own checks; the edge should catch these
+                log.warning("engine refused %s: %s", child.engine_id, exc)
+                found = self._registry.children.get(child.engine_id)
+                if found is not None:
+                    found[0].outbox.fail(400, "the request was refused by the engine")
+                self._retire(child, "error")
+                continue
             child.in_engine = True
 
     def _apply_aborts(self, engine: Any) -> None:

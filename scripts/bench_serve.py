@@ -1,0 +1,135 @@
+"""Load generator for any OpenAI-compatible server: streaming /v1/completions.
+
+    python scripts/bench_serve.py --url http://127.0.0.1:8000 --concurrency 1 8 32 \
+        --requests 64 --max-tokens 64 [--api-key K] [--offline]
+
+For each concurrency level, `requests` streaming completions with ignore_eos run with that
+many in flight; the result is JSON with TTFT and inter-token latency (p50/p99, seconds)
+and output tokens per second. --offline also runs the same work on the in-process engine
+(actors.llm) and reports served/offline throughput.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import httpx
+import trio
+
+PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
+
+
+def pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * (len(values) - 1) + 0.5))]
+
+
+async def one(client: httpx.AsyncClient, args, ttfts, itls, counts, errors) -> None:
+    body = {"model": args.model, "prompt": PROMPT, "max_tokens": args.max_tokens,
+            "stream": True, "ignore_eos": True, "temperature": 0.0,
+            "stream_options": {"include_usage": True}}
+    start = time.perf_counter()
+    last = None
+    try:
+        async with client.stream("POST", "/v1/completions", json=body) as r:
+            if r.status_code != 200:
+                errors.append(r.status_code)
+                await r.aread()
+                return
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("usage"):
+                    counts.append(chunk["usage"]["completion_tokens"])
+                if not chunk.get("choices") or not chunk["choices"][0].get("text"):
+                    continue
+                now = time.perf_counter()
+                if last is None:
+                    ttfts.append(now - start)
+                else:
+                    itls.append(now - last)
+                last = now
+    except httpx.HTTPError as exc:
+        errors.append(type(exc).__name__)
+
+
+async def level(args, concurrency: int) -> dict:
+    ttfts: list[float] = []
+    itls: list[float] = []
+    counts: list[int] = []
+    errors: list = []
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    limits = httpx.Limits(max_connections=concurrency + 4)
+    async with httpx.AsyncClient(base_url=args.url, headers=headers, timeout=600,
+                                 limits=limits) as client:
+        sem = trio.Semaphore(concurrency)
+
+        async def guarded():
+            async with sem:
+                await one(client, args, ttfts, itls, counts, errors)
+
+        start = time.perf_counter()
+        async with trio.open_nursery() as n:
+            for _ in range(args.requests):
+                n.start_soon(guarded)
+        elapsed = time.perf_counter() - start
+    return {
+        "concurrency": concurrency, "requests": args.requests, "errors": len(errors),
+        "output_tokens": sum(counts), "seconds": round(elapsed, 3),
+        "output_tokens_per_s": round(sum(counts) / elapsed, 2),
+        "ttft_p50": pct(ttfts, 0.5), "ttft_p99": pct(ttfts, 0.99),
+        "itl_p50": pct(itls, 0.5), "itl_p99": pct(itls, 0.99),
+        "itl_mean": statistics.fmean(itls) if itls else None,
+    }
+
+
+def offline(args, concurrency: int) -> dict:
+    from actors.engine import EngineConfig, LLMEngine
+    from actors.sampling_params import SamplingParams
+
+    engine = LLMEngine(EngineConfig(max_num_seqs=concurrency))
+    ids = engine.tokenizer.encode(PROMPT)
+    params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True, temperature=0.0)
+    start = time.perf_counter()
+    for i in range(args.requests):
+        engine.add_request(f"r{i}", ids, params)
+    tokens = 0
+    while engine.has_unfinished_requests():
+        tokens += sum(len(o.new_token_ids) for o in engine.step())
+    elapsed = time.perf_counter() - start
+    return {"concurrency": concurrency, "output_tokens": tokens,
+            "output_tokens_per_s": round(tokens / elapsed, 2)}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--url", default="http://127.0.0.1:8000")
+    p.add_argument("--model", default=None)
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    p.add_argument("--requests", type=int, default=64)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--offline", action="store_true")
+    args = p.parse_args()
+    results = {"served": [trio.run(level, args, c) for c in args.concurrency]}
+    if args.offline:
+        results["offline"] = [offline(args, c) for c in args.concurrency]
+        results["served_over_offline"] = [
+            round(s["output_tokens_per_s"] / o["output_tokens_per_s"], 3)
+            for s, o in zip(results["served"], results["offline"])
+        ]
+    json.dump(results, sys.stdout, indent=2)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""API keys: every route but /health and /ping; no path trick slips past."""
+
+from __future__ import annotations
+
+import httpx
+import trio
+
+from server.auth import normalise_path
+from server.config import ServerConfig
+from server.supervisor import Supervisor
+from server_helpers import ToyEngine, default_tokenizer
+
+
+def test_normalise_path():
+    def n(raw: bytes, path: str | None = None) -> str:
+        return normalise_path({"raw_path": raw, "path": path or raw.decode()})
+
+    assert n(b"//v1//models") == "/v1/models"
+    assert n(b"/v1/%6dodels") == "/v1/models"
+    assert n(b"/health/../v1/models") == "/v1/models"
+    assert n(b"/%2576%31/models") == "/v1/models"
+    assert n(b"http://evil/v1/models") == "/v1/models"
+
+
+async def _raw(port: int, request: bytes) -> int:
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with stream:
+        await stream.send_all(request)
+        data = b""
+        while b"\r\n" not in data:
+            data += await stream.receive_some(4096)
+    return int(data.split(b" ", 2)[1])
+
+
+async def test_api_key_everywhere(nursery):
+    default_tokenizer()
+    cfg = ServerConfig(port=0, served_model_names=["toy"], api_keys=["sekret"])
+    sup = Supervisor(cfg, engine_factory=lambda: ToyEngine())
+    await nursery.start(sup.run)
+    host, port = sup.bound[0].removeprefix("http://").rsplit(":", 1)
+    async with httpx.AsyncClient(base_url=f"http://{host}:{port}") as c:
+        assert (await c.get("/health")).status_code == 200
+        assert (await c.get("/ping")).status_code == 200
+        for method, path in [("GET", "/v1/models"), ("POST", "/v1/completions"),
+                             ("POST", "/v1/chat/completions"), ("POST", "/invocations"),
+                             ("POST", "/tokenize"), ("POST", "/detokenize"),
+                             ("GET", "/metrics"), ("GET", "/server_info"), ("GET", "/load"),
+                             ("GET", "/tokenizer_info"), ("GET", "/openapi.json"),
+                             ("GET", "/nonexistent")]:
+            r = await c.request(method, path, json={})
+            assert r.status_code == 401, path
+            assert r.json()["error"]["code"] == 401
+            r = await c.request(method, path, headers={"Authorization": "Bearer wrong"})
+            assert r.status_code == 401, path
+        good = {"Authorization": "Bearer sekret"}
+        assert (await c.get("/v1/models", headers=good)).status_code == 200
+        r = await c.post("/v1/completions", headers=good, json={"prompt": "Hi", "max_tokens": 2})
+        assert r.status_code == 200
+    p = int(port)
+    # Tricks that rebuilt-URL checks fall for: Host header, double slash, encoded, dot segments.
+    for req in [b"GET /v1/models HTTP/1.1\r\nHost: x/?\r\n\r\n",
+                b"GET //v1/models HTTP/1.1\r\nHost: x\r\n\r\n",
+                b"GET /v1/%6dodels HTTP/1.1\r\nHost: x\r\n\r\n",
+                b"GET /health/../v1/models HTTP/1.1\r\nHost: x\r\n\r\n",
+                b"GET /health/%2e%2e/v1/models HTTP/1.1\r\nHost: x\r\n\r\n"]:
+        assert await _raw(p, req) == 401, req
+    assert await _raw(p, b"GET /v1/models HTTP/1.1\r\nHost: x/?\r\n\r\n") == 401
