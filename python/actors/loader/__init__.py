@@ -1,0 +1,75 @@
+"""Model loading: a Hugging Face directory or a GGUF file -> our torch model.
+
+    load_model(None)              the default model (SmolLM2-135M-Instruct GGUF)
+    load_model("dir/")            config.json + safetensors
+    load_model("x.gguf")          converted once into the cache, then loaded as a directory
+
+The returned ``model_dir`` is always a Hugging Face-style directory with the tokenizer
+files (and chat template), so the tokenizer is loaded the same way for both sources.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from actors.loader.default_model import INSTALL_HINT, DefaultModelMissing, default_model_path
+from actors.loader.dtype import DTYPE_CHOICES, resolve_dtype
+
+if TYPE_CHECKING:
+    import torch
+
+    from actors.models.config import ModelConfig
+    from actors.models.llama import LlamaForCausalLM
+
+__all__ = [
+    "DTYPE_CHOICES",
+    "INSTALL_HINT",
+    "DefaultModelMissing",
+    "LoadedModel",
+    "default_model_path",
+    "load_model",
+    "prepare_model_dir",
+    "resolve_dtype",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedModel:
+    model: LlamaForCausalLM
+    config: ModelConfig
+    dtype: torch.dtype
+    model_dir: Path  # HF-style: config.json, tokenizer files, generation_config.json
+    source: Path  # what the caller named (a directory or a .gguf file)
+    cache_hit: bool | None  # None for a plain directory; else whether conversion was skipped
+
+
+def prepare_model_dir(source: str | Path | None) -> tuple[Path, Path, bool | None]:
+    """Returns (source, HF-style directory, cache hit) without building the model."""
+    from actors.loader.progress import stage
+
+    src = default_model_path() if source is None else Path(source).expanduser()
+    if not src.exists():
+        raise FileNotFoundError(f"model path {src} does not exist")
+    if src.is_dir():
+        return src, src, None
+    if src.suffix != ".gguf":
+        raise ValueError(f"{src} is neither a model directory nor a .gguf file")
+    from actors.loader import cache
+    from actors.loader.gguf import CONVERTER_VERSION, convert_gguf
+
+    with stage(f"preparing {src.name}"):
+        entry, hit = cache.get_or_create(src, CONVERTER_VERSION, lambda d: convert_gguf(src, d))
+    return src, entry, hit
+
+
+def load_model(
+    source: str | Path | None = None, dtype: str = "auto", max_positions: int | None = None
+) -> LoadedModel:
+    from actors.loader.hf import load_hf_dir
+
+    src, model_dir, hit = prepare_model_dir(source)
+    torch_dtype = resolve_dtype(dtype)
+    model, cfg = load_hf_dir(model_dir, torch_dtype, max_positions)
+    return LoadedModel(model, cfg, torch_dtype, model_dir, src, hit)

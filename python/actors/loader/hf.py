@@ -1,0 +1,56 @@
+"""Loading a Hugging Face model directory: config.json + *.safetensors (one file, or shards
+listed in model.safetensors.index.json)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from actors.loader.progress import ProgressBar, stage
+from actors.models.config import ModelConfig
+from actors.models.llama import LlamaForCausalLM
+from actors.models.registry import build_model
+
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def safetensors_files(model_dir: Path) -> list[Path]:
+    index = model_dir / INDEX_FILE
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        files = [model_dir / f for f in sorted(set(weight_map.values()))]
+    else:
+        files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {model_dir} (only safetensors is loaded)")
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise FileNotFoundError(f"{INDEX_FILE} names missing shards: {', '.join(missing)}")
+    return files
+
+
+def iter_weights(files: list[Path], dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors import safe_open
+
+    for f in files:
+        with safe_open(str(f), framework="pt") as st:
+            keys = list(st.keys())
+            bar = ProgressBar(f"loading {f.name}", len(keys))
+            for name in keys:
+                yield name, st.get_tensor(name).to(dtype)
+                bar.advance()
+
+
+def load_hf_dir(
+    model_dir: Path, dtype: torch.dtype, max_positions: int | None = None
+) -> tuple[LlamaForCausalLM, ModelConfig]:
+    cfg = ModelConfig.from_dir(model_dir)
+    files = safetensors_files(model_dir)
+    with stage(f"building {cfg.model_type} model ({cfg.num_layers} layers, {dtype})"):
+        model = build_model(cfg, dtype=dtype, max_positions=max_positions)
+    with stage(f"loading weights from {len(files)} safetensors file(s)"):
+        model.load_weights(iter_weights(files, dtype))
+    return model, cfg

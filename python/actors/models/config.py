@@ -1,0 +1,140 @@
+"""ModelConfig: the architecture facts our model code needs, read from a HF config.json.
+
+Plain data, no torch: the scheduler and KV manager read head counts and sizes from it
+without importing the model code.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# model_type -> whether q/k/v projections carry a bias. Everything here is a Llama-shaped
+# decoder (RMSNorm, SiLU-gated MLP, RoPE with rotate-half); the differences are these flags.
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+SUPPORTED_ROPE_TYPES = ("default", "llama3")
+
+
+class UnsupportedModelError(ValueError):
+    """The checkpoint describes an architecture or option this engine does not implement."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    # Per-layer sliding window (None = full causal attention). A query at position p sees
+    # keys at positions p - window + 1 .. p, as transformers' sliding_window_overlay does.
+    sliding_windows: tuple[int | None, ...] = ()
+    # {"rope_type": "llama3", "factor": ..., ...} or None for plain RoPE.
+    rope_scaling: dict[str, Any] | None = None
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path) -> ModelConfig:
+        path = Path(model_dir) / "config.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} not found: a model directory needs a config.json")
+        return cls.from_hf_dict(json.loads(path.read_text()))
+
+    @classmethod
+    def from_hf_dict(cls, hf: dict[str, Any]) -> ModelConfig:
+        model_type = hf.get("model_type", "")
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise UnsupportedModelError(
+                f"model_type {model_type!r} is not supported (supported: "
+                f"{', '.join(SUPPORTED_MODEL_TYPES)})"
+            )
+        act = hf.get("hidden_act", "silu")
+        if act != "silu":
+            raise UnsupportedModelError(f"hidden_act {act!r} is not supported (only silu)")
+        if hf.get("mlp_bias"):
+            raise UnsupportedModelError("mlp_bias=true is not supported")
+        num_heads = int(hf["num_attention_heads"])
+        hidden = int(hf["hidden_size"])
+        num_layers = int(hf["num_hidden_layers"])
+        head_dim = hf.get("head_dim") or hidden // num_heads
+        rope_theta, rope_scaling = _rope_from_hf(hf)
+        eos = hf.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+        return cls(
+            model_type=model_type,
+            vocab_size=int(hf["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(hf["intermediate_size"]),
+            num_layers=num_layers,
+            num_heads=num_heads,
+            num_kv_heads=int(hf.get("num_key_value_heads") or num_heads),
+            head_dim=int(head_dim),
+            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            rope_theta=rope_theta,
+            max_position_embeddings=int(hf.get("max_position_embeddings", 2048)),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            qkv_bias=model_type == "qwen2" or bool(hf.get("attention_bias", False)),
+            sliding_windows=_sliding_windows(hf, model_type, num_layers),
+            rope_scaling=rope_scaling,
+            bos_token_id=hf.get("bos_token_id"),
+            eos_token_ids=eos_ids,
+        )
+
+
+def _rope_from_hf(hf: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
+    # transformers >= 5 writes "rope_parameters" (theta inside); older files write
+    # "rope_theta" + "rope_scaling" (with "type" in very old ones).
+    params = hf.get("rope_parameters") or {}
+    scaling = hf.get("rope_scaling") or {}
+    theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    merged = {**scaling, **params}
+    rope_type = merged.get("rope_type", merged.get("type", "default"))
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise UnsupportedModelError(
+            f"rope scaling type {rope_type!r} is not supported (supported: "
+            f"{', '.join(SUPPORTED_ROPE_TYPES)})"
+        )
+    if merged.get("partial_rotary_factor", 1.0) != 1.0:
+        raise UnsupportedModelError("partial_rotary_factor != 1 is not supported")
+    if rope_type == "default":
+        return theta, None
+    keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+    missing = [k for k in keys if k not in merged]
+    if missing:
+        raise UnsupportedModelError(f"llama3 rope scaling lacks {', '.join(missing)}")
+    return theta, {"rope_type": "llama3", **{k: merged[k] for k in keys}}
+
+
+def _sliding_windows(hf: dict[str, Any], model_type: str, num_layers: int) -> tuple[int | None, ...]:
+    window = hf.get("sliding_window")
+    if model_type == "qwen2" and not hf.get("use_sliding_window", False):
+        window = None
+    if window is None:
+        return (None,) * num_layers
+    layer_types = hf.get("layer_types")
+    if layer_types is None and model_type == "qwen2":
+        first = int(hf.get("max_window_layers", num_layers))
+        layer_types = ["sliding_attention" if i >= first else "full" for i in range(num_layers)]
+    if layer_types is None:
+        return (int(window),) * num_layers
+    return tuple(int(window) if t == "sliding_attention" else None for t in layer_types)

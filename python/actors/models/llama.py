@@ -1,0 +1,243 @@
+"""LlamaForCausalLM: the Llama-family decoder (Llama 2/3, Mistral, Qwen2, SmolLM) over a
+flattened batch.
+
+Every scheduled token of every sequence is one row: input_ids [T], positions [T],
+hidden [T, hidden_size]. Attention is the only operation that needs sequence boundaries,
+and it is delegated to an AttentionBackend (see attention.py).
+
+Weights are stored fused: q/k/v as one [q+2kv, hidden] matrix and gate/up as one
+[2*inter, hidden] matrix, so each layer runs three projections' worth of matmuls as two.
+``load_weights`` takes Hugging Face tensor names and fills the fused slices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from actors.models.attention import AttentionBackend, LayerAttentionSpec
+from actors.models.config import ModelConfig
+from actors.models.rope import RotaryEmbedding
+
+
+def _param(*shape: int, dtype: torch.dtype) -> nn.Parameter:
+    # Uninitialised on purpose: every parameter is overwritten by load_weights, and a
+    # random init of a large model would cost seconds.
+    return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
+
+
+class Linear(nn.Module):
+    """y = x W^T (+ b), with parameters left for load_weights to fill."""
+
+    def __init__(self, in_size: int, out_size: int, bias: bool, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = _param(out_size, in_size, dtype=dtype)
+        self.bias = _param(out_size, dtype=dtype) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = _param(size, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Statistics in float32 whatever the activation dtype, as transformers does.
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_size, self.kv_size = cfg.q_size, cfg.kv_size
+        qkv_size = cfg.q_size + 2 * cfg.kv_size
+        self.qkv_proj = Linear(cfg.hidden_size, qkv_size, cfg.qkv_bias, dtype)
+        self.o_proj = Linear(cfg.q_size, cfg.hidden_size, False, dtype)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        rope: RotaryEmbedding,
+        backend: AttentionBackend,
+    ) -> torch.Tensor:
+        t = x.shape[0]
+        qkv = self.qkv_proj(x)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        # Contiguous per-head views: the backend may hand them to native code.
+        q = q.reshape(t, self.num_heads, self.head_dim).contiguous()
+        k = k.reshape(t, self.num_kv_heads, self.head_dim).contiguous()
+        v = v.reshape(t, self.num_kv_heads, self.head_dim).contiguous()
+        rope(positions, q, k)
+        out = backend.attn(self.layer_idx, q, k, v)
+        return self.o_proj(out.reshape(t, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.inter = cfg.intermediate_size
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, False, dtype)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, False, dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class Embedding(nn.Module):
+    def __init__(self, vocab_size: int, hidden_size: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = _param(vocab_size, hidden_size, dtype=dtype)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+        self.self_attn = Attention(cfg, layer_idx, dtype)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+        self.mlp = MLP(cfg, dtype)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        rope: RotaryEmbedding,
+        backend: AttentionBackend,
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), positions, rope, backend)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, dtype)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, dtype) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+
+
+class LlamaForCausalLM(nn.Module):
+    # HF name fragment -> (our fused parameter fragment, shard index within it)
+    _FUSED = {
+        ".q_proj.": (".qkv_proj.", 0),
+        ".k_proj.": (".qkv_proj.", 1),
+        ".v_proj.": (".qkv_proj.", 2),
+        ".gate_proj.": (".gate_up_proj.", 0),
+        ".up_proj.": (".gate_up_proj.", 1),
+    }
+
+    def __init__(
+        self, cfg: ModelConfig, dtype: torch.dtype = torch.float32, max_positions: int | None = None
+    ) -> None:
+        super().__init__()
+        self.config = cfg
+        self.dtype = dtype
+        self.model = LlamaModel(cfg, dtype)
+        # Tied checkpoints have no lm_head: logits reuse the embedding matrix.
+        self.lm_head = (
+            None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, False, dtype)
+        )
+        self.rope = RotaryEmbedding(
+            cfg.head_dim, max_positions or cfg.max_position_embeddings, cfg.rope_theta,
+            cfg.rope_scaling,
+        )
+
+    def attention_specs(self) -> list[LayerAttentionSpec]:
+        c = self.config
+        return [
+            LayerAttentionSpec(c.num_heads, c.num_kv_heads, c.head_dim, c.head_dim**-0.5, w)
+            for w in c.sliding_windows
+        ]
+
+    def hidden_states(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend
+    ) -> torch.Tensor:
+        """Final-norm hidden states [T, hidden_size] for the flattened batch."""
+        x = F.embedding(input_ids, self.model.embed_tokens.weight)
+        for layer in self.model.layers:
+            x = layer(x, positions, self.rope, attn)
+        return self.model.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        head = self.model.embed_tokens if self.lm_head is None else self.lm_head
+        return F.linear(hidden, head.weight)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attn: AttentionBackend,
+        logits_indices: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Logits [len(logits_indices) or T, vocab] for the selected rows of the batch."""
+        hidden = self.hidden_states(input_ids, positions, attn)
+        if logits_indices is not None:
+            hidden = hidden.index_select(0, logits_indices)
+        return self.compute_logits(hidden)
+
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copies HF-named tensors into our (possibly fused) parameters.
+
+        Raises if a tensor has no home or a parameter was never written, so a checkpoint
+        that does not fit the config fails loudly instead of running on garbage.
+        """
+        params = dict(self.named_parameters(remove_duplicate=False))
+        written: set[str] = set()
+        c = self.config
+        for hf_name, tensor in weights:
+            if "rotary_emb.inv_freq" in hf_name:
+                continue
+            if hf_name == "lm_head.weight" and c.tie_word_embeddings:
+                continue  # some checkpoints store the tied copy as well
+            name, shard = hf_name, None
+            for frag, (fused, idx) in self._FUSED.items():
+                if frag in hf_name:
+                    name, shard = hf_name.replace(frag, fused), idx
+                    break
+            if name not in params:
+                raise KeyError(f"checkpoint tensor {hf_name!r} has no matching parameter")
+            dst = params[name]
+            if shard is not None:
+                dst = dst.narrow(0, *self._shard_range(name, shard))
+            if tuple(dst.shape) != tuple(tensor.shape):
+                raise ValueError(
+                    f"{hf_name}: checkpoint shape {tuple(tensor.shape)} != expected {tuple(dst.shape)}"
+                )
+            dst.copy_(tensor)
+            written.add(name if shard is None else f"{name}#{shard}")
+        self._check_complete(written)
+
+    def _shard_range(self, name: str, shard: int) -> tuple[int, int]:
+        c = self.config
+        if ".qkv_proj." in name:
+            sizes = [c.q_size, c.kv_size, c.kv_size]
+        else:
+            sizes = [c.intermediate_size, c.intermediate_size]
+        return sum(sizes[:shard]), sizes[shard]
+
+    def _check_complete(self, written: set[str]) -> None:
+        missing = []
+        for name, _ in self.named_parameters():
+            if ".qkv_proj." in name:
+                parts = [f"{name}#{i}" for i in range(3)]
+            elif ".gate_up_proj." in name:
+                parts = [f"{name}#{i}" for i in range(2)]
+            else:
+                parts = [name]
+            missing += [p for p in parts if p not in written]
+        if missing:
+            shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
+            raise ValueError(f"checkpoint lacks {len(missing)} tensors: {shown}")

@@ -1,0 +1,24 @@
+"""build_model: ModelConfig -> an empty model of the right class, ready for load_weights."""
+
+from __future__ import annotations
+
+import torch
+
+from actors.models.config import ModelConfig, UnsupportedModelError
+from actors.models.llama import LlamaForCausalLM
+
+# Mistral and Qwen2 differ from Llama only by config flags (sliding window, qkv bias).
+_ARCHITECTURES: dict[str, type[LlamaForCausalLM]] = {
+    "llama": LlamaForCausalLM,
+    "mistral": LlamaForCausalLM,
+    "qwen2": LlamaForCausalLM,
+}
+
+
+def build_model(
+    cfg: ModelConfig, dtype: torch.dtype = torch.float32, max_positions: int | None = None
+) -> LlamaForCausalLM:
+    cls = _ARCHITECTURES.get(cfg.model_type)
+    if cls is None:
+        raise UnsupportedModelError(f"no model class for model_type {cfg.model_type!r}")
+    return cls(cfg, dtype=dtype, max_positions=max_positions).eval()
