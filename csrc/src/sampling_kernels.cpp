@@ -13,8 +13,10 @@
 
 namespace lc::sampling::isa_portable {
 #define LC_KERNELS_ISA_NAME "portable"
+#define LC_KERNELS_VBYTES 16
 #include "sampling_kernels_impl.h"
 #undef LC_KERNELS_ISA_NAME
+#undef LC_KERNELS_VBYTES
 }  // namespace lc::sampling::isa_portable
 
 namespace lc::sampling {

@@ -17,6 +17,9 @@ namespace lc::sampling {
 constexpr int kNumBuckets = 1024;
 constexpr float kBucketsPerNat = 16.0f;
 
+// Tokens per block in the block maxima that let selection skip most of a row.
+constexpr int64_t kBlockSize = 64;
+
 struct RaceResult {
     int64_t token;  // -1 when no token passed the predicate
     float key;
@@ -24,11 +27,13 @@ struct RaceResult {
 
 struct Kernels {
     const char* isa;
-    // dst = sanitize(src); returns max(dst) (-inf when n == 0).
-    float (*load_f32)(const float* src, float* dst, int64_t n);
-    float (*load_bf16)(const uint16_t* src, float* dst, int64_t n);
-    // x = sanitize(x / temperature) in place (temperature 1: sanitize only); returns max(x).
-    float (*scale_max)(float* x, int64_t n, float temperature);
+    // dst = sanitize(src); returns max(dst) (-inf when n == 0). block_max (may be
+    // null) receives the max of each block of kBlockSize values.
+    float (*load_f32)(const float* src, float* dst, int64_t n, float* block_max);
+    float (*load_bf16)(const uint16_t* src, float* dst, int64_t n, float* block_max);
+    // x = sanitize(x / temperature) in place (temperature 1: sanitize only); returns
+    // max(x); block_max as above.
+    float (*scale_max)(float* x, int64_t n, float temperature, float* block_max);
     // sum of exp(x - m) with exp(-inf) = 0. m = max(x), finite.
     float (*sum_exp)(const float* x, int64_t n, float m);
     // number of i with x[i] > v.

@@ -4,6 +4,7 @@
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define LC_KERNELS_NS isa_avx512
 #define LC_KERNELS_ISA_NAME "avx512"
+#define LC_KERNELS_VBYTES 64
 #define LC_KERNELS_TARGET "avx512f,avx512dq,avx512vl,avx512bw,avx2,fma"
 #include "sampling_kernels_isa.h"
 

@@ -31,7 +31,7 @@ namespace {
 constexpr float kInf = INFINITY;
 
 struct Scratch {
-    std::vector<float> x, raw;
+    std::vector<float> x, raw, x_max, raw_max;  // values and their block maxima
     std::vector<uint32_t> stamp;  // stamp[t] == epoch: t already penalized this row
     uint32_t epoch = 0;
     std::vector<int32_t> counts;  // output-token counts, all zero between rows
@@ -43,6 +43,8 @@ struct Scratch {
         if (x.size() < v) {
             x.resize(v);
             raw.resize(v);
+            x_max.resize(v / kBlockSize + 1);
+            raw_max.resize(v / kBlockSize + 1);
             stamp.assign(v, 0u);
             counts.assign(v, 0);
             epoch = 0;
@@ -88,12 +90,6 @@ void apply_penalties(float* x, const lc_sampling_row& p, Span prompt, Span outpu
     }
 }
 
-int64_t argmax_first(const float* x, int64_t n, float m) {
-    for (int64_t i = 0; i < n; ++i)
-        if (x[i] == m) return i;
-    return -1;
-}
-
 float race_key(float w, uint64_t seed, int64_t position, int32_t token) {
     const float u = rng::uniform(seed, position, uint32_t(token));
     const float e = u > 0.0f ? -std::log(u) : kInf;
@@ -126,7 +122,7 @@ int64_t draw(const Kernels& k, const float* s, int64_t n, float m, const lc_samp
     const bool use_top_p = p.top_p < 1.0f;
 
     if (use_top_k) {
-        select_top_k(s, n, p.top_k, lo, sc.cand);
+        select_top_k(s, sc.x_max.data(), n, p.top_k, lo, sc.cand);
         size_t kept = sc.cand.size();
         if (use_top_p) {
             std::sort(sc.cand.begin(), sc.cand.end(), better);
@@ -164,6 +160,7 @@ int64_t draw(const Kernels& k, const float* s, int64_t n, float m, const lc_samp
 // The mode's distribution: values d with max dm; logprob(i) = d[i] - dm - lse.
 struct Dist {
     const float* d;
+    const float* block_max;
     float dm;
     float lse;
     float logprob(int64_t i) const { return dm > -kInf ? (d[i] - dm) - lse : -kInf; }
@@ -175,7 +172,7 @@ void write_logprobs(const Kernels& k, const Dist& dist, int64_t n, int64_t token
     if (out.ranks)
         out.ranks[r] = token >= 0 ? int32_t(1 + k.count_greater(dist.d, n, dist.d[token])) : 0;
     if (num_top > 0) {
-        select_best(dist.d, n, num_top, -FLT_MAX, sc.best);
+        select_best(dist.d, dist.block_max, n, num_top, -FLT_MAX, sc.best);
         int32_t* tt = out.top_tokens + r * num_top;
         float* tl = out.top_logprobs + r * num_top;
         for (int32_t j = 0; j < num_top; ++j) {
@@ -197,13 +194,16 @@ void sample_row(const Kernels& k, const lc_tensor& logits, const lc_sampling_bat
     float* x = sc.x.data();
 
     const int64_t offset = r * logits.strides[0];
-    const float raw_max =
-        logits.dtype == LC_DTYPE_F32
-            ? k.load_f32(static_cast<const float*>(logits.data) + offset, x, n)
-            : k.load_bf16(static_cast<const uint16_t*>(logits.data) + offset, x, n);
     const bool want_logprobs = out.logprobs || out.ranks || b.num_top_logprobs > 0;
     const bool raw_mode = b.logprobs_mode == LC_LOGPROBS_RAW;
-    if (want_logprobs && raw_mode) std::memcpy(sc.raw.data(), x, size_t(n) * sizeof(float));
+    // Raw values (and their block maxima) are kept only when logprobs report them.
+    float* raw_block_max = want_logprobs && raw_mode ? sc.raw_max.data() : nullptr;
+    const float raw_max =
+        logits.dtype == LC_DTYPE_F32
+            ? k.load_f32(static_cast<const float*>(logits.data) + offset, x, n, raw_block_max)
+            : k.load_bf16(static_cast<const uint16_t*>(logits.data) + offset, x, n,
+                          raw_block_max);
+    if (raw_block_max) std::memcpy(sc.raw.data(), x, size_t(n) * sizeof(float));
 
     for (Span s = row_span(b.bias_offsets, b.bias_tokens, r); s.begin != s.end; ++s.begin)
         x[*s.begin] += b.bias_values[s.begin - b.bias_tokens];
@@ -214,13 +214,14 @@ void sample_row(const Kernels& k, const lc_tensor& logits, const lc_sampling_bat
                     row_span(b.output_offsets, b.output_tokens, r), sc);
 
     const bool greedy = !(p.temperature > 0.0f);
-    const float m = k.scale_max(x, n, greedy ? 1.0f : p.temperature);
+    const float m = k.scale_max(x, n, greedy ? 1.0f : p.temperature, sc.x_max.data());
     int64_t token = LC_NO_TOKEN;
-    if (m > -kInf) token = greedy ? argmax_first(x, n, m) : draw(k, x, n, m, p, sc);
+    if (m > -kInf) token = greedy ? argmax_first(x, sc.x_max.data(), n, m) : draw(k, x, n, m, p, sc);
     out.tokens[r] = int32_t(token);
 
     if (!want_logprobs) return;
-    Dist dist{raw_mode ? sc.raw.data() : x, raw_mode ? raw_max : m, 0.0f};
+    Dist dist{raw_mode ? sc.raw.data() : x, raw_mode ? sc.raw_max.data() : sc.x_max.data(),
+              raw_mode ? raw_max : m, 0.0f};
     if (dist.dm > -kInf) dist.lse = std::log(k.sum_exp(dist.d, n, dist.dm));
     write_logprobs(k, dist, n, token, r, b.num_top_logprobs, out, sc);
 }

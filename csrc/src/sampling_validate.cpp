@@ -57,8 +57,8 @@ void validate(const lc_tensor* logits, const lc_sampling_batch* b, const lc_samp
                 std::to_string(b->num_rows));
     const int64_t vocab = logits->shape[1];
     require(vocab >= 1 && vocab <= INT32_MAX, "logits vocab size must be in [1, 2^31)");
-    require(b->num_rows == 1 || logits->strides[0] >= vocab || b->num_rows == 0,
-            "logits rows must not overlap (row stride < vocab)");
+    // Any row stride works, 0 included (one row broadcast to many draws):
+    // logits are only read.
     require(b->num_rows == 0 || b->rows != nullptr, "batch rows is NULL");
     require(out->tokens != nullptr || b->num_rows == 0, "out tokens is NULL");
     require(b->num_top_logprobs >= 0 && b->num_top_logprobs <= LC_MAX_TOP_LOGPROBS,

@@ -93,7 +93,7 @@ static void test_kernels_agree() {
                                              lc::sampling::kernels_avx512()};
     const lc::sampling::Kernels& ref = lc::sampling::kernels_portable();
     std::vector<float> a(n), b(n);
-    const float ma = ref.load_f32(src.data(), a.data(), n);
+    const float ma = ref.load_f32(src.data(), a.data(), n, nullptr);
     CHECK(a[5] == -INFINITY && a[6] == -INFINITY);
     // Scalar reference race with libm: must pick the same token.
     int64_t expect = -1;
@@ -110,7 +110,7 @@ static void test_kernels_agree() {
         const std::string isa = k->isa, chosen = lc::sampling::kernels().isa;
         if (!(isa == "portable" || isa == chosen || (isa == "avx2" && chosen == "avx512")))
             continue;
-        const float mb = k->load_f32(src.data(), b.data(), n);
+        const float mb = k->load_f32(src.data(), b.data(), n, nullptr);
         CHECK(mb == ma);
         const float za = ref.sum_exp(a.data(), n, ma), zb = k->sum_exp(b.data(), n, mb);
         CHECK(std::fabs(za - zb) <= 1e-5f * za);
