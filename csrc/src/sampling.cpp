@@ -20,7 +20,8 @@ lc_status lc_sample(const lc_tensor* logits, const lc_sampling_batch* batch, voi
             lc::cuda::sample(*logits, *batch, stream, *out);
             return;
 #else
-            lc::fail(LC_ERR_UNSUPPORTED, "lc_sample: CUDA logits, but llmcore was built without CUDA");
+            lc::fail(LC_ERR_UNSUPPORTED,
+                     "lc_sample: CUDA logits, but llmcore was built without CUDA");
 #endif
         }
         const lc::sampling::Kernels& k = lc::sampling::kernels();

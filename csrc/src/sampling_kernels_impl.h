@@ -164,7 +164,9 @@ LC_VINLINE float map_max(Get get, float* dst, int64_t n, float* block_max) {
 
 float load_f32(const float* src, float* dst, int64_t n, float* block_max) {
     return map_max(
-        [src](int64_t i, int cnt) { return cnt == kW ? loadu(src + i) : load_part(src + i, cnt, -kInf); },
+        [src](int64_t i, int cnt) {
+            return cnt == kW ? loadu(src + i) : load_part(src + i, cnt, -kInf);
+        },
         dst, n, block_max);
 }
 

@@ -14,7 +14,8 @@
 #define LC_KERNELS_PRAGMA(x) _Pragma(LC_KERNELS_STR2(x))
 
 #if defined(__clang__)
-LC_KERNELS_PRAGMA(clang attribute push(__attribute__((target(LC_KERNELS_TARGET))), apply_to = function))
+LC_KERNELS_PRAGMA(clang attribute push(__attribute__((target(LC_KERNELS_TARGET))), \
+                                        apply_to = function))
 #else
 #pragma GCC push_options
 LC_KERNELS_PRAGMA(GCC target(LC_KERNELS_TARGET))

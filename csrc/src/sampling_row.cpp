@@ -9,6 +9,15 @@
 // as w_i / sum_j w_j over the kept tokens, needs no normalization and no sort,
 // and each token's key depends only on its own id: batch-invariant.
 //
+// The exact recipe (what a second implementation must follow to draw the
+// same tokens): s_i = sanitize(x_i / T) in fp32, m = max_i s_i;
+//   min-p keeps s_i >= m + log(min_p);
+//   top-k keeps s_i >= the k-th largest surviving s (all ties at it kept);
+//   top-p orders the survivors by (s desc, id asc) and keeps token j while the
+//     mass exp(s - m) of the tokens before it is < top_p * their total mass;
+//   winner = argmax over kept i of exp(s_i - m) / -log(u_i) (u_i = 0 -> key 0),
+//     ties -> lowest id, u_i = lc_rng_uniform(seed, position, i).
+//
 // Logprobs: RAW = log_softmax of the logits as given (sanitized);
 // PROCESSED = log_softmax after bias, masks, penalties and temperature (greedy
 // rows: temperature 1), before min-p/top-k/top-p.
@@ -216,7 +225,8 @@ void sample_row(const Kernels& k, const lc_tensor& logits, const lc_sampling_bat
     const bool greedy = !(p.temperature > 0.0f);
     const float m = k.scale_max(x, n, greedy ? 1.0f : p.temperature, sc.x_max.data());
     int64_t token = LC_NO_TOKEN;
-    if (m > -kInf) token = greedy ? argmax_first(x, sc.x_max.data(), n, m) : draw(k, x, n, m, p, sc);
+    if (m > -kInf)
+        token = greedy ? argmax_first(x, sc.x_max.data(), n, m) : draw(k, x, n, m, p, sc);
     out.tokens[r] = int32_t(token);
 
     if (!want_logprobs) return;

@@ -75,7 +75,8 @@ void validate(const lc_tensor* logits, const lc_sampling_batch* b, const lc_samp
         any_bitmask |= b->rows[r].use_bitmask != 0;
     }
     if (any_bitmask) {
-        require(b->allowed_bitmask != nullptr, "a row sets use_bitmask but allowed_bitmask is NULL");
+        require(b->allowed_bitmask != nullptr,
+                "a row sets use_bitmask but allowed_bitmask is NULL");
         require(int64_t(b->bitmask_words) * 32 >= vocab,
                 "bitmask_words " + std::to_string(b->bitmask_words) + " is too small for vocab " +
                     std::to_string(vocab) + " (needs ceil(vocab / 32))");
