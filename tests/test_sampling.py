@@ -319,6 +319,12 @@ def test_invalid_arguments_raise_value_error(case: int) -> None:
         sample(torch.zeros(2, 10), **cols, **extra)
 
 
+def test_empty_batch() -> None:
+    tokens, lps, ranks, top_t, top_l = sample(torch.zeros(0, 10), **_defaults(0),
+                                              num_top_logprobs=2)
+    assert tokens.shape == (0,) and top_t.shape == (0, 2)
+
+
 def test_float16_logits_are_rejected() -> None:
     with pytest.raises(ValueError, match="float32 or bfloat16"):
         sample(torch.zeros(1, 10, dtype=torch.float16), **_defaults(1))

@@ -14,6 +14,10 @@ extern "C" {
 lc_status lc_sample(const lc_tensor* logits, const lc_sampling_batch* batch, void* stream,
                     lc_sample_output* out) {
     return lc::guard([&] {
+        // An empty batch is valid even when its (empty) logits have no storage.
+        if (batch && out && logits && batch->num_rows == 0 && logits->ndim == 2 &&
+            logits->shape[0] == 0)
+            return;
         lc::sampling::validate(logits, batch, out);
         if (logits->device == LC_DEVICE_CUDA) {
 #if defined(LLMCORE_WITH_CUDA)

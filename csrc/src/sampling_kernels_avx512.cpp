@@ -2,6 +2,8 @@
 #include "sampling_kernels.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// GCC 12's _mm512_mul_epu32 passes an undefined vector as its mask source.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #define LC_KERNELS_NS isa_avx512
 #define LC_KERNELS_ISA_NAME "avx512"
 #define LC_KERNELS_VBYTES 64

@@ -8,8 +8,9 @@
 // Tails are padded to a full vector, so every element goes through the same
 // arithmetic.
 //
-// The includer defines LC_KERNELS_ISA_NAME (a string) and LC_KERNELS_VBYTES, includes <algorithm>,
-// <cfloat>, <cmath>, <cstring>, rng.h and sampling_kernels.h first, and
+// The includer defines LC_KERNELS_ISA_NAME (a string) and LC_KERNELS_VBYTES,
+// includes <algorithm>, <cfloat>, <cmath>, <cstring>, <immintrin.h> (x86-64),
+// rng.h and sampling_kernels.h first, and
 // includes this file inside its own namespace. No include guard on purpose.
 
 namespace {
@@ -44,8 +45,23 @@ LC_VINLINE vu iota() {
 // hi/lo 32 bits of a * m per lane: even and odd lanes as 64-bit products.
 LC_VINLINE void mulhilo(vu a, uint32_t m, vu& hi, vu& lo) {
     const vu64 mm = vu64{} + uint64_t(m);
+#if defined(__x86_64__)
+    // pmuludq: 32 x 32 -> 64 on the even lanes (the generic multiply below
+    // would emulate a full 64 x 64 product).
+#if LC_KERNELS_VBYTES == 64
+    const vu64 even = (vu64)_mm512_mul_epu32((__m512i)a, (__m512i)mm);
+    const vu64 odd = (vu64)_mm512_mul_epu32((__m512i)((vu64)a >> 32), (__m512i)mm);
+#elif LC_KERNELS_VBYTES == 32
+    const vu64 even = (vu64)_mm256_mul_epu32((__m256i)a, (__m256i)mm);
+    const vu64 odd = (vu64)_mm256_mul_epu32((__m256i)((vu64)a >> 32), (__m256i)mm);
+#else
+    const vu64 even = (vu64)_mm_mul_epu32((__m128i)a, (__m128i)mm);
+    const vu64 odd = (vu64)_mm_mul_epu32((__m128i)((vu64)a >> 32), (__m128i)mm);
+#endif
+#else
     const vu64 even = ((vu64)a & 0xffffffffull) * mm;
     const vu64 odd = ((vu64)a >> 32) * mm;
+#endif
     lo = (vu)((even & 0xffffffffull) | (odd << 32));
     hi = (vu)((even >> 32) | (odd & 0xffffffff00000000ull));
 }
