@@ -25,6 +25,9 @@ class Borrowed {
    public:
     Borrowed() = default;
     explicit Borrowed(const py::handle& obj, const char* name);
+    // Adopts a DLPack capsule the caller already exported (e.g. with
+    // torch._C._to_dlpack, much cheaper than Tensor.__dlpack__).
+    static Borrowed from_capsule(const py::object& capsule, const char* name);
     Borrowed(Borrowed&&) noexcept;
     Borrowed& operator=(Borrowed&&) noexcept;
     Borrowed(const Borrowed&) = delete;
@@ -34,6 +37,8 @@ class Borrowed {
     lc_tensor& tensor() { return t_; }
 
    private:
+    void adopt(const py::object& capsule, const char* name);
+
     void* managed_ = nullptr;  // DLManagedTensor*
     int versioned_ = 0;
     lc_tensor t_{};

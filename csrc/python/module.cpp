@@ -72,6 +72,16 @@ Borrowed::Borrowed(const py::handle& obj, const char* name) {
     } catch (py::error_already_set&) {
         cap = obj.attr("__dlpack__")();
     }
+    adopt(cap, name);
+}
+
+Borrowed Borrowed::from_capsule(const py::object& capsule, const char* name) {
+    Borrowed b;
+    b.adopt(capsule, name);
+    return b;
+}
+
+void Borrowed::adopt(const py::object& cap, const char* name) {
     PyObject* c = cap.ptr();
     DLTensor* dl = nullptr;
     if (PyCapsule_IsValid(c, "dltensor_versioned")) {

@@ -2,6 +2,7 @@
 // that every layer's kv_store / paged_attention call reads.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -20,6 +21,14 @@ struct lc_attn_plan {
     std::vector<int32_t> block_tables;  // [num_seqs * max_blocks_per_seq]
     std::vector<int64_t> slot_mapping;  // [num_tokens]
     std::vector<int32_t> token_seq;     // [num_tokens]: the sequence owning each query row
+    bool has_slot_mapping = false;      // false: the host passed no slot_mapping (no kv_store)
+    int64_t max_slot = -1;              // largest slot in slot_mapping (-1: none stored)
+    int32_t max_block_id = -1;          // largest id in block_tables
+
+    // Cache geometry (block_size << 32 | num_blocks) whose block-table check
+    // passed last; a step's layers share one geometry, so the O(blocks)
+    // check runs once per plan. 0 = none yet.
+    mutable std::atomic<uint64_t> checked_geometry{0};
 
     // Device copies (CUDA plans only), owned by the plan; one allocation.
     void* device_buffer = nullptr;

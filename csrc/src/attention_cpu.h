@@ -1,0 +1,77 @@
+// The CPU paged-attention kernel: how a call is cut into work items and the
+// per-instruction-set entry points that run them.
+//
+// A work item is one sequence x one KV head x a block of its query tokens
+// (x, for a long context with few items, one slice of the context: split-K).
+// Its rows are (token, query head of the KV head's group) pairs, so every K/V
+// row loaded from the cache serves all query heads that share it.
+//
+//   rows of an item:  r = t * head_count + h      (t: token, h: head in group)
+//   context:          [ctx_begin, ctx_end) of the sequence's positions
+#pragma once
+
+#include <cstdint>
+
+#include "attn_plan.h"
+#include "llmcore/llmcore.h"
+
+namespace lc::attn {
+
+constexpr int kMaxRows = 32;  // query rows per work item (bounds the scratch on the stack)
+constexpr int kTile = 64;     // context positions per online-softmax step
+
+struct WorkItem {
+    int32_t seq = 0;
+    int32_t kv_head = 0;
+    int32_t head_begin = 0;  // first query head of the group (within the group)
+    int32_t head_count = 0;
+    int32_t tok_begin = 0;   // first query token, counted within the sequence's queries
+    int32_t tok_count = 0;
+    int32_t ctx_begin = 0;
+    int32_t ctx_end = 0;
+    int64_t partial = -1;    // float offset of this item's partial results; -1 = write out
+};
+
+// Partial results of a split row: [m, l, acc[head_size]] (max logit, sum of
+// exp, unnormalized output).
+inline int64_t partial_row_floats(int32_t head_size) { return int64_t(head_size) + 2; }
+
+struct Job {
+    const lc_attn_plan* plan = nullptr;
+    const WorkItem* items = nullptr;
+    const void* q = nullptr;
+    int64_t q_stride_t = 0, q_stride_h = 0;
+    int32_t q_dtype = LC_DTYPE_F32;
+    void* out = nullptr;
+    int64_t out_stride_t = 0, out_stride_h = 0;
+    int32_t out_dtype = LC_DTYPE_F32;
+    const void* k_cache = nullptr;
+    const void* v_cache = nullptr;
+    int32_t cache_dtype = LC_DTYPE_F32;
+    int32_t num_heads = 0, num_kv_heads = 0, head_size = 0, block_size = 0;
+    float scale = 1.0f;
+    int32_t sliding_window = 0;
+    float softcap = 0.0f;
+    float* partials = nullptr;
+};
+
+// Runs one work item. One definition per instruction set; each is compiled
+// for its own target and chosen at run time.
+void run_item_scalar(const Job& job, const WorkItem& item);
+void run_item_avx2(const Job& job, const WorkItem& item);
+void run_item_avx512(const Job& job, const WorkItem& item);
+
+enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+// The best instruction set this CPU runs (and the build compiled).
+Isa best_isa();
+// Caps the instruction set used from now on (tests run every variant);
+// returns the one in effect, which is min(requested, best_isa()).
+Isa set_isa(Isa isa);
+const char* isa_name(Isa isa);
+
+// Runs paged attention on the CPU; arguments are validated.
+void paged_attention_cpu(const lc_attn_plan& plan, const lc_tensor& q, const lc_tensor& k_cache,
+                         const lc_tensor& v_cache, const lc_tensor& out,
+                         const lc_attn_params& params);
+
+}  // namespace lc::attn

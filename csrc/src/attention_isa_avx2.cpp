@@ -1,0 +1,115 @@
+// The paged-attention kernel compiled for AVX2 + FMA (selected at run time;
+// the rest of the build assumes no more than the baseline x86-64 ISA).
+#include <cstdint>
+
+#include "attention_cpu.h"
+#include "internal.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+#endif
+
+namespace lc::attn {
+namespace {
+
+struct Avx2Ops {
+    using V = __m256;
+    static constexpr int W = 8;
+    static constexpr int kQkAcc = 8;   // dot-product accumulators kept in registers
+    static constexpr int kPvRows = 4;  // rows x column-vectors accumulated in registers
+    static constexpr int kPvCols = 2;
+
+    static V zero() { return _mm256_setzero_ps(); }
+    static V set1(float x) { return _mm256_set1_ps(x); }
+    static V load(const float* p) { return _mm256_loadu_ps(p); }
+    // bf16 bits -> fp32: widen to 32 bits and shift into the high half.
+    static V load(const uint16_t* p) {
+        const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+    static void store(float* p, V x) { _mm256_storeu_ps(p, x); }
+    static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+    static V add(V a, V b) { return _mm256_add_ps(a, b); }
+    static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
+    static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+    static V div(V a, V b) { return _mm256_div_ps(a, b); }
+    static V max(V a, V b) { return _mm256_max_ps(a, b); }
+
+    static float hsum4(__m128 x) {
+        x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+        x = _mm_add_ss(x, _mm_movehdup_ps(x));
+        return _mm_cvtss_f32(x);
+    }
+    static float hsum(V x) {
+        return hsum4(_mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1)));
+    }
+    static float hmax(V x) {
+        __m128 y = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+        y = _mm_max_ps(y, _mm_movehl_ps(y, y));
+        y = _mm_max_ss(y, _mm_movehdup_ps(y));
+        return _mm_cvtss_f32(y);
+    }
+    // dst[i] = sum of the lanes of a[i], i < 8, by a transposing hadd tree.
+    static void hsum8(const V* a, float* dst) {
+        const V t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+        const V t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+        const V u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+        _mm256_storeu_ps(dst, _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
+                                            _mm256_permute2f128_ps(u0, u1, 0x31)));
+    }
+    // exp(x) = 2^n e^r, n = round(x log2 e) (Cephes expf polynomial, ~1 ulp);
+    // exactly 0 below -87.3 (so -inf masks become 0).
+    static V exp(V x) {
+        const V dead = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_LT_OQ);
+        x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+        const V n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        V r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+        r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+        V p = _mm256_set1_ps(1.9875691500e-4f);
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+        p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+        const __m256i e = _mm256_slli_epi32(
+            _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+        return _mm256_andnot_ps(dead, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+    }
+};
+
+}  // namespace
+}  // namespace lc::attn
+
+#include "attention_kernel.h"
+
+namespace lc::attn {
+
+void run_item_avx2(const Job& job, const WorkItem& item) {
+    kernel::run_item_any<Avx2Ops>(job, item);
+}
+
+}  // namespace lc::attn
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+#else  // not x86: never selected (best_isa() reports scalar)
+
+namespace lc::attn {
+void run_item_avx2(const Job&, const WorkItem&) {
+    fail(LC_ERR_INTERNAL, "AVX2 kernel called on a non-x86 build");
+}
+}  // namespace lc::attn
+
+#endif
