@@ -1,9 +1,28 @@
 """actors: the engine side of the server (scheduler, KV manager, runner, models, loader).
 
 Importing this package must stay cheap: no torch, no transformers. Heavy modules
-(``actors.models``, ``actors.loader``) are imported by the code that needs them.
+(``actors.models``, ``actors.loader``, ``actors.llm``) load on first use, so
+``from actors import LLM, SamplingParams`` works without paying for them up front.
 """
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from typing import Any
+
+__all__ = ["LLM", "EngineConfig", "LLMEngine", "SamplingParams"]
+
+_LAZY = {
+    "LLM": "actors.llm",
+    "EngineConfig": "actors.engine",
+    "LLMEngine": "actors.engine",
+    "SamplingParams": "actors.sampling_params",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'actors' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
