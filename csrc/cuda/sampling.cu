@@ -373,17 +373,23 @@ void sample(const lc_tensor& logits, const lc_sampling_batch& b, void* stream,
     // ---- inputs ----
     Packer in;
     const size_t off_rows = in.add(b.rows, size_t(rows));
+    // CSR lists are rebased to start at 0: only ids[offsets[0] .. offsets[rows])
+    // are known to be readable.
+    std::vector<int32_t> rebased(size_t(rows) + 1);
     auto csr = [&](const int32_t* offsets, const int32_t* ids, size_t& off_o, size_t& off_i) {
-        if (!offsets) return false;
-        off_o = in.add(offsets, size_t(rows) + 1);
-        off_i = in.add(ids, size_t(offsets[rows]));
+        if (!offsets || offsets[rows] == offsets[0]) return false;  // empty for every row
+        for (int64_t r = 0; r <= rows; ++r) rebased[size_t(r)] = offsets[r] - offsets[0];
+        off_o = in.add(rebased.data(), rebased.size());
+        off_i = in.add(ids + offsets[0], size_t(offsets[rows] - offsets[0]));
         return true;
     };
     size_t po = 0, pi = 0, oo = 0, oi = 0, bo = 0, bi = 0, bv = 0, no = 0, ni = 0, mw = 0;
     const bool has_prompt = csr(b.prompt_offsets, b.prompt_tokens, po, pi);
     const bool has_output = csr(b.output_offsets, b.output_tokens, oo, oi);
     const bool has_bias = csr(b.bias_offsets, b.bias_tokens, bo, bi);
-    if (has_bias) bv = in.add(b.bias_values, size_t(b.bias_offsets[rows]));
+    if (has_bias)
+        bv = in.add(b.bias_values + b.bias_offsets[0],
+                    size_t(b.bias_offsets[rows] - b.bias_offsets[0]));
     const bool has_banned = csr(b.banned_offsets, b.banned_tokens, no, ni);
     bool any_bitmask = false, any_penalty = false;
     for (int64_t r = 0; r < rows; ++r) {
