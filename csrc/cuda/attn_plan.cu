@@ -72,7 +72,8 @@ void plan_release(lc_attn_plan* plan) {
     int prev = -1, owner = -1;
     cudaPointerAttributes attr{};
     if (cudaPointerGetAttributes(&attr, plan->device_buffer) == cudaSuccess) owner = attr.device;
-    if (owner >= 0 && cudaGetDevice(&prev) == cudaSuccess && prev != owner) (void)cudaSetDevice(owner);
+    if (owner >= 0 && cudaGetDevice(&prev) == cudaSuccess && prev != owner)
+        (void)cudaSetDevice(owner);
     (void)cudaFree(plan->device_buffer);
     if (owner >= 0 && prev >= 0 && prev != owner) (void)cudaSetDevice(prev);
     (void)cudaGetLastError();

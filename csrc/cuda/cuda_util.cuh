@@ -80,10 +80,6 @@ class StreamBuffer {
 // Number of SMs of a device, cached per ordinal (an immutable property).
 int sm_count(int device);
 
-// The device that owns a device pointer (cudaPointerGetAttributes); -1 for
-// host or unregistered memory.
-int pointer_device(const void* ptr);
-
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 

@@ -23,11 +23,4 @@ int sm_count(int device) {
     return n;
 }
 
-int pointer_device(const void* ptr) {
-    cudaPointerAttributes attr{};
-    LC_CUDA_CHECK(cudaPointerGetAttributes(&attr, ptr));
-    if (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged) return attr.device;
-    return -1;
-}
-
 }  // namespace lc::cuda

@@ -38,8 +38,10 @@ __global__ void __launch_bounds__(kStoreThreads) kv_store_kernel(const StoreArgs
     const int n = a.num_kv_heads * a.head_size;
     for (int i = threadIdx.x; i < n; i += kStoreThreads) {
         const int h = i / a.head_size, d = i % a.head_size;
-        kc[h * a.kc_sh + d] = from_float<CacheT>(load_any(a.k, a.k_dtype, t * a.k_st + h * a.k_sh + d));
-        vc[h * a.vc_sh + d] = from_float<CacheT>(load_any(a.v, a.v_dtype, t * a.v_st + h * a.v_sh + d));
+        const float kx = load_any(a.k, a.k_dtype, t * a.k_st + h * a.k_sh + d);
+        const float vx = load_any(a.v, a.v_dtype, t * a.v_st + h * a.v_sh + d);
+        kc[h * a.kc_sh + d] = from_float<CacheT>(kx);
+        vc[h * a.vc_sh + d] = from_float<CacheT>(vx);
     }
 }
 

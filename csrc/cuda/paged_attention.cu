@@ -11,6 +11,7 @@
 // unnormalized partial output with its max and sum, and a second kernel
 // merges the partitions. Accumulation is fp32 throughout; summation orders
 // are fixed, so results are deterministic run to run.
+#include <algorithm>
 #include <cmath>
 
 #include "attn_plan.h"
@@ -306,10 +307,11 @@ void launch_head(const AttnArgs& a, int32_t cache_dtype, dim3 grid, cudaStream_t
 
 void check_cache_layout(const lc_tensor& c, const char* what) {
     // Vector loads need 16-byte aligned rows: the base pointer and every
-    // stride (in bytes) must be multiples of 16.
+    // stride (in bytes) must be multiples of 16. The stride of a size-1 dim
+    // is never used (its index is always 0), whatever the host reports.
     const int64_t elems16 = int64_t(16 / dtype_size(c.dtype));
-    bool ok = aligned16(c.data) && c.strides[3] == 1;
-    for (int i = 0; i < 3; ++i) ok = ok && c.strides[i] % elems16 == 0;
+    bool ok = aligned16(c.data) && (c.strides[3] == 1 || c.shape[3] == 1);
+    for (int i = 0; i < 3; ++i) ok = ok && (c.shape[i] == 1 || c.strides[i] % elems16 == 0);
     require(ok, std::string("paged_attention: ") + what +
                     " must be 16-byte aligned with 16-byte multiple strides on CUDA");
 }
@@ -357,8 +359,9 @@ void paged_attention(const lc_attn_plan& plan, const lc_tensor& q, const lc_tens
 
     // Partitions: enough blocks to fill the device (~4 per SM), none shorter
     // than kMinPartLen keys. Large batches get one partition (no scratch).
-    const int64_t max_visible =
-        std::max<int64_t>(1, a.window > 0 ? std::min(plan.max_seq_len, a.window) : plan.max_seq_len);
+    const int32_t visible_len =
+        a.window > 0 ? std::min(plan.max_seq_len, a.window) : plan.max_seq_len;
+    const int64_t max_visible = std::max<int64_t>(1, visible_len);
     const int64_t work = int64_t(plan.num_tokens) * num_kv_heads * a.head_chunks;
     const int64_t want = ceil_div(4 * int64_t(sm_count(q.device_id)), work);
     const int64_t max_parts = std::min<int64_t>(ceil_div(max_visible, kMinPartLen), 65535);
@@ -386,8 +389,8 @@ void paged_attention(const lc_attn_plan& plan, const lc_tensor& q, const lc_tens
         default: fail(LC_ERR_UNSUPPORTED, "paged_attention: head size must be 64, 80, 96 or 128");
     }
     if (parts > 1) {
-        merge_partitions_kernel<<<dim3(unsigned(plan.num_tokens), unsigned(num_heads)), head_size, 0,
-                                  s>>>(a, head_size);
+        const dim3 merge_grid(unsigned(plan.num_tokens), unsigned(num_heads));
+        merge_partitions_kernel<<<merge_grid, head_size, 0, s>>>(a, head_size);
         LC_CUDA_CHECK_LAUNCH("merge_partitions_kernel");
     }
 }
