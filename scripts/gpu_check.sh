@@ -97,8 +97,9 @@ def bench(batch: int, ctx: int) -> dict[str, object]:
     num_blocks = batch * blocks_per_seq
     table = torch.randperm(num_blocks).to(torch.int32).reshape(batch, blocks_per_seq).numpy()
     plan = llmcore.AttentionPlan(
-        np.arange(batch + 1, dtype=np.int32), np.full(batch, ctx, np.int32), table.reshape(-1),
-        (table[:, -1].astype(np.int64) * BS + BS - 1), device="cuda", num_blocks=num_blocks)
+        np.arange(batch + 1, dtype=np.int32), np.full(batch, ctx, np.int32), table,
+        (table[:, -1].astype(np.int64) * BS + BS - 1), device="cuda", num_blocks=num_blocks,
+        stream=stream)
     kc = torch.randn(num_blocks, KV, BS, D, device=dev, dtype=torch.bfloat16)
     vc = torch.randn_like(kc)
     q = torch.randn(batch, HEADS, D, device=dev, dtype=torch.bfloat16)

@@ -52,12 +52,13 @@ class Batch:
         self.num_tokens = int(self.query_start[-1])
 
     def plan(self, device: str) -> object:
+        stream = _stream() if device == "cuda" else 0
         return llmcore.AttentionPlan(
-            self.query_start, self.seq_lens, self.block_tables.reshape(-1), self.slot_mapping,
-            device=device, num_blocks=self.num_blocks,
+            self.query_start, self.seq_lens, self.block_tables, self.slot_mapping,
+            device=device, num_blocks=self.num_blocks, stream=stream,
         )
 
-    def context_slots(self, i: int) -> torch.Tensor:
+    def context_slots(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         pos = torch.arange(int(self.seq_lens[i]))
         blocks = torch.from_numpy(self.block_tables[i]).long()[pos // BLOCK_SIZE]
         return blocks, pos % BLOCK_SIZE
