@@ -31,8 +31,7 @@ Borrowed borrow(const py::handle& obj, const char* name) {
             // A torch without the C exporter: Tensor.__dlpack__ still works.
         }
     }
-    if (tensor_type &&
-        PyObject_TypeCheck(obj.ptr(), reinterpret_cast<PyTypeObject*>(tensor_type)))
+    if (tensor_type && PyObject_TypeCheck(obj.ptr(), reinterpret_cast<PyTypeObject*>(tensor_type)))
         return Borrowed::from_capsule(py::reinterpret_borrow<py::object>(to_dlpack)(obj), name);
     return Borrowed(obj, name);
 }
@@ -53,8 +52,8 @@ class AttentionPlan {
             throw py::value_error("seq_lens has " + std::to_string(sl.size()) +
                                   " entries but query_start describes " + std::to_string(ns) +
                                   " sequences");
-        auto bt = py::array_t<int32_t, py::array::c_style | py::array::forcecast>::ensure(
-            block_tables);
+        auto bt =
+            py::array_t<int32_t, py::array::c_style | py::array::forcecast>::ensure(block_tables);
         if (!bt) throw py::type_error("block_tables must be an integer array");
         if (bt.ndim() != 2 || bt.shape(0) != ns)
             throw py::value_error("block_tables must be a 2-D array [num_seqs=" +
@@ -63,8 +62,13 @@ class AttentionPlan {
         if (!slot_mapping.is_none() && slots.size() != nt)
             throw py::value_error("slot_mapping has " + std::to_string(slots.size()) +
                                   " entries but the batch has " + std::to_string(nt) + " tokens");
-        lc_attn_metadata md = {int32_t(ns),     nt, qs.data(), sl.data(), bt.data(),
-                               int32_t(bt.shape(1)), slot_mapping.is_none() ? nullptr : slots.data()};
+        lc_attn_metadata md = {int32_t(ns),
+                               nt,
+                               qs.data(),
+                               sl.data(),
+                               bt.data(),
+                               int32_t(bt.shape(1)),
+                               slot_mapping.is_none() ? nullptr : slots.data()};
         lc_status st;
         {
             py::gil_scoped_release nogil;
@@ -129,7 +133,14 @@ void paged_attention(const AttentionPlan& plan, const py::handle& q, const py::h
 
 void bind_attention(py::module_& m) {
     py::class_<AttentionPlan>(m, "AttentionPlan",
-                              "Validated attention metadata of one step, shared by all layers.")
+                              R"doc(Validated attention metadata of one step, shared by all layers.
+
+query_start: int32 [num_seqs + 1], non-decreasing from 0 to num_tokens;
+seq_lens: int32 [num_seqs], each >= its query count; block_tables: int32
+[num_seqs, max_blocks_per_seq] (negative entries are padding and must not be
+read); slot_mapping: int64 [num_tokens] (negative = do not store) or None.
+num_blocks > 0 bounds the block ids. device: "cpu" or "cuda" (the plan is
+then uploaded on stream).)doc")
         .def(py::init<const py::object&, const py::object&, const py::object&, const py::object&,
                       const py::object&, int32_t, uintptr_t>(),
              py::arg("query_start"), py::arg("seq_lens"), py::arg("block_tables"),
@@ -145,11 +156,25 @@ void bind_attention(py::module_& m) {
         });
     m.def("kv_store", &kv_store, py::arg("plan"), py::arg("k"), py::arg("v"), py::arg("k_cache"),
           py::arg("v_cache"), py::arg("stream") = 0,
-          "Writes k/v rows [num_tokens, num_kv_heads, head_size] into their plan slots.");
+          R"doc(Write the step's new K/V rows into their slots of the paged caches.
+
+k/v are [num_tokens, num_kv_heads, head_size] (any strides with a unit last
+stride, fp32 or bf16, converted to the cache dtype); row t goes to
+slot_mapping[t], and rows with a negative slot are skipped. stream is a
+cudaStream_t as an integer for CUDA tensors (0: the default stream); CPU calls
+ignore it. Raises ValueError for inconsistent shapes, dtypes, devices or slots.)doc");
     m.def("paged_attention", &paged_attention, py::arg("plan"), py::arg("q"), py::arg("k_cache"),
           py::arg("v_cache"), py::arg("out"), py::arg("scale"), py::arg("sliding_window") = 0,
           py::arg("softcap") = 0.0f, py::arg("stream") = 0,
-          "out = causal paged attention of q over the cached K/V of each sequence.");
+          R"doc(Causal attention of q over each sequence's cached K/V, written into out.
+
+q/out: [num_tokens, num_heads, head_size] (fp32 or bf16, unit last stride);
+caches: [num_blocks, num_kv_heads, block_size, head_size] (contiguous, fp32 or
+bf16, head_size 64, 80, 96 or 128). Query head h reads KV head
+h // (num_heads // num_kv_heads) (grouped-query attention). sliding_window > 0
+limits a query at position p to positions > p - sliding_window; softcap > 0
+maps logits to softcap * tanh(logits / softcap). Store the step's K/V first.
+Raises ValueError for inconsistent shapes, dtypes, devices or block ids.)doc");
 }
 
 }  // namespace lcpy

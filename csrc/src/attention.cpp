@@ -7,9 +7,9 @@
 
 extern "C" {
 
-lc_status lc_paged_attention(const lc_attn_plan* plan, const lc_tensor* q,
-                             const lc_tensor* k_cache, const lc_tensor* v_cache,
-                             const lc_tensor* out, const lc_attn_params* params, void* stream) {
+lc_status lc_paged_attention(const lc_attn_plan* plan, const lc_tensor* q, const lc_tensor* k_cache,
+                             const lc_tensor* v_cache, const lc_tensor* out,
+                             const lc_attn_params* params, void* stream) {
     return lc::guard([&] {
         lc::attn::check_paged_attention(plan, q, k_cache, v_cache, out, params);
         if (plan->device == LC_DEVICE_CUDA) {

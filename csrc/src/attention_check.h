@@ -11,9 +11,9 @@
 // Like lc::require, but builds the message only when the check fails: these
 // checks run on every call, and formatting costs more than the kernel of a
 // small decode step.
-#define LC_CHECK_ARG(cond, msg)                                              \
-    do {                                                                     \
-        if (!(cond)) ::lc::fail(LC_ERR_INVALID_ARGUMENT, (msg));             \
+#define LC_CHECK_ARG(cond, msg)                                  \
+    do {                                                         \
+        if (!(cond)) ::lc::fail(LC_ERR_INVALID_ARGUMENT, (msg)); \
     } while (0)
 
 namespace lc::attn {

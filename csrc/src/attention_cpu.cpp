@@ -1,5 +1,7 @@
 // CPU paged attention: cuts a call into work items, runs them on the worker
 // pool with the best instruction set, and merges split-K partial results.
+#include "attention_cpu.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -8,7 +10,6 @@
 #include <numeric>
 #include <vector>
 
-#include "attention_cpu.h"
 #include "internal.h"
 
 namespace lc::attn {
@@ -36,8 +37,10 @@ Isa detect_isa() {
 Isa initial_isa() {
     Isa isa = detect_isa();
     if (const char* env = std::getenv("LLMCORE_ISA")) {
-        if (!std::strcmp(env, "scalar")) isa = Isa::kScalar;
-        else if (!std::strcmp(env, "avx2")) isa = std::min(isa, Isa::kAvx2);
+        if (!std::strcmp(env, "scalar"))
+            isa = Isa::kScalar;
+        else if (!std::strcmp(env, "avx2"))
+            isa = std::min(isa, Isa::kAvx2);
     }
     return isa;
 }
@@ -51,9 +54,12 @@ using RunItem = void (*)(const Job&, const WorkItem&);
 
 RunItem kernel_for(Isa isa) {
     switch (isa) {
-        case Isa::kAvx512: return run_item_avx512;
-        case Isa::kAvx2: return run_item_avx2;
-        default: return run_item_scalar;
+        case Isa::kAvx512:
+            return run_item_avx512;
+        case Isa::kAvx2:
+            return run_item_avx2;
+        default:
+            return run_item_scalar;
     }
 }
 
@@ -100,9 +106,8 @@ std::vector<WorkItem> make_items(const lc_attn_plan& plan, int32_t num_kv_heads,
 
 // Split the context of long items when there are too few items to keep
 // every thread busy (e.g. one sequence decoding a long context).
-std::vector<WorkItem> split_items(const std::vector<WorkItem>& base, int threads,
-                                  int32_t head_size, std::vector<SplitGroup>& groups,
-                                  int64_t& partial_floats) {
+std::vector<WorkItem> split_items(const std::vector<WorkItem>& base, int threads, int32_t head_size,
+                                  std::vector<SplitGroup>& groups, int64_t& partial_floats) {
     const int64_t target = 8 * int64_t(threads);
     const int64_t want = (target + int64_t(base.size()) - 1) / int64_t(base.size());
     std::vector<WorkItem> items;
@@ -182,9 +187,12 @@ Isa set_isa(Isa isa) {
 
 const char* isa_name(Isa isa) {
     switch (isa) {
-        case Isa::kAvx512: return "avx512";
-        case Isa::kAvx2: return "avx2";
-        default: return "scalar";
+        case Isa::kAvx512:
+            return "avx512";
+        case Isa::kAvx2:
+            return "avx2";
+        default:
+            return "scalar";
     }
 }
 
@@ -214,9 +222,8 @@ void paged_attention_cpu(const lc_attn_plan& plan, const lc_tensor& q, const lc_
     job.softcap = params.softcap;
     const RunItem run = kernel_for(Isa(current_isa().load(std::memory_order_relaxed)));
 
-    std::vector<WorkItem> items = make_items(plan, job.num_kv_heads,
-                                             job.num_heads / job.num_kv_heads,
-                                             params.sliding_window);
+    std::vector<WorkItem> items =
+        make_items(plan, job.num_kv_heads, job.num_heads / job.num_kv_heads, params.sliding_window);
     int64_t macs = 0;
     for (const WorkItem& it : items) macs += item_cost(it);
     macs *= job.head_size;

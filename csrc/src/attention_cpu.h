@@ -25,11 +25,11 @@ struct WorkItem {
     int32_t kv_head = 0;
     int32_t head_begin = 0;  // first query head of the group (within the group)
     int32_t head_count = 0;
-    int32_t tok_begin = 0;   // first query token, counted within the sequence's queries
+    int32_t tok_begin = 0;  // first query token, counted within the sequence's queries
     int32_t tok_count = 0;
     int32_t ctx_begin = 0;
     int32_t ctx_end = 0;
-    int64_t partial = -1;    // float offset of this item's partial results; -1 = write out
+    int64_t partial = -1;  // float offset of this item's partial results; -1 = write out
 };
 
 // Partial results of a split row: [m, l, acc[head_size]] (max logit, sum of

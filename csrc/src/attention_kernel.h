@@ -19,9 +19,7 @@ namespace lc::attn::kernel {
 constexpr int kLd = kTile + 16;  // logits row stride: a segment's last 8-group may spill
 constexpr float kNegInf = -__builtin_inff();
 
-static constexpr int qk_jb(int rb, int acc) {
-    return acc / rb >= 4 ? 4 : acc / rb >= 2 ? 2 : 1;
-}
+static constexpr int qk_jb(int rb, int acc) { return acc / rb >= 4 ? 4 : acc / rb >= 2 ? 2 : 1; }
 
 // res[r][jj + b] = lane-wise partial dot products of q row r with k row jj + b.
 template <class Ops, int D, int RB, int JB, class KT>
@@ -68,10 +66,17 @@ inline void qk_all(const float* q, int rows, const KT* k, int n, float* s) {
     int r0 = 0;
     for (; r0 + RB <= rows; r0 += RB) qk_rows<Ops, D, RB>(q + r0 * D, k, n, s + r0 * kLd);
     switch (rows - r0) {
-        case 1: qk_rows<Ops, D, 1>(q + r0 * D, k, n, s + r0 * kLd); break;
-        case 2: qk_rows<Ops, D, 2>(q + r0 * D, k, n, s + r0 * kLd); break;
-        case 3: qk_rows<Ops, D, 3>(q + r0 * D, k, n, s + r0 * kLd); break;
-        default: break;
+        case 1:
+            qk_rows<Ops, D, 1>(q + r0 * D, k, n, s + r0 * kLd);
+            break;
+        case 2:
+            qk_rows<Ops, D, 2>(q + r0 * D, k, n, s + r0 * kLd);
+            break;
+        case 3:
+            qk_rows<Ops, D, 3>(q + r0 * D, k, n, s + r0 * kLd);
+            break;
+        default:
+            break;
     }
 }
 
@@ -183,7 +188,8 @@ void run_item(const Job& job, const WorkItem& it) {
         const int t = r / hc;
         const int h = it.kv_head * group + it.head_begin + r % hc;
         const int64_t base = int64_t(q0 + it.tok_begin + t) * job.q_stride_t + h * job.q_stride_h;
-        for (int d = 0; d < D; ++d) q[r * D + d] = load_elem(job.q, job.q_dtype, base + d) * job.scale;
+        for (int d = 0; d < D; ++d)
+            q[r * D + d] = load_elem(job.q, job.q_dtype, base + d) * job.scale;
         for (int d = 0; d < D; ++d) acc[r * D + d] = 0.0f;
         hi[r] = first_pos + t;
         lo[r] = job.sliding_window > 0 ? hi[r] - job.sliding_window + 1 : 0;
@@ -256,18 +262,29 @@ void run_item(const Job& job, const WorkItem& it) {
 template <class Ops, class KT>
 void run_item_kt(const Job& job, const WorkItem& it) {
     switch (job.head_size) {
-        case 64: run_item<Ops, 64, KT>(job, it); break;
-        case 80: run_item<Ops, 80, KT>(job, it); break;
-        case 96: run_item<Ops, 96, KT>(job, it); break;
-        case 128: run_item<Ops, 128, KT>(job, it); break;
-        default: break;  // rejected by the boundary check
+        case 64:
+            run_item<Ops, 64, KT>(job, it);
+            break;
+        case 80:
+            run_item<Ops, 80, KT>(job, it);
+            break;
+        case 96:
+            run_item<Ops, 96, KT>(job, it);
+            break;
+        case 128:
+            run_item<Ops, 128, KT>(job, it);
+            break;
+        default:
+            break;  // rejected by the boundary check
     }
 }
 
 template <class Ops>
 void run_item_any(const Job& job, const WorkItem& it) {
-    if (job.cache_dtype == LC_DTYPE_BF16) run_item_kt<Ops, uint16_t>(job, it);
-    else run_item_kt<Ops, float>(job, it);
+    if (job.cache_dtype == LC_DTYPE_BF16)
+        run_item_kt<Ops, uint16_t>(job, it);
+    else
+        run_item_kt<Ops, float>(job, it);
 }
 
 }  // namespace lc::attn::kernel

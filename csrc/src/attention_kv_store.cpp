@@ -61,7 +61,8 @@ lc_status lc_kv_store(const lc_attn_plan* plan, const lc_tensor* k, const lc_ten
         const int64_t n = plan->num_tokens;
         // Rows are independent (distinct valid slots); small stores stay on
         // the calling thread.
-        const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / (int64_t(g.num_kv_heads) * g.head_size));
+        const int64_t grain =
+            std::max<int64_t>(1, (int64_t(1) << 15) / (int64_t(g.num_kv_heads) * g.head_size));
         lc::parallel_for(n, grain, [&](int64_t b, int64_t e) {
             store_rows(*plan, *k, *k_cache, g, b, e);
             store_rows(*plan, *v, *v_cache, g, b, e);

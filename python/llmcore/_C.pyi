@@ -75,7 +75,40 @@ def block_hash(parent: int, tokens: _Ints) -> int: ...
 #
 #
 # ---------------------------------------------------------------- attention
-# (stubs for the attention bindings go here)
+class AttentionPlan:
+    """Validated attention metadata of one step, shared by every layer's calls."""
+
+    def __init__(
+        self,
+        query_start: Any,
+        seq_lens: Any,
+        block_tables: Any,
+        slot_mapping: Any | None,
+        device: str = "cpu",
+        num_blocks: int = 0,
+        stream: int = 0,
+    ) -> None: ...
+    @property
+    def num_seqs(self) -> int: ...
+    @property
+    def num_tokens(self) -> int: ...
+    @property
+    def device(self) -> str: ...
+
+def kv_store(
+    plan: AttentionPlan, k: Any, v: Any, k_cache: Any, v_cache: Any, stream: int = 0
+) -> None: ...
+def paged_attention(
+    plan: AttentionPlan,
+    q: Any,
+    k_cache: Any,
+    v_cache: Any,
+    out: Any,
+    scale: float,
+    sliding_window: int = 0,
+    softcap: float = 0.0,
+    stream: int = 0,
+) -> None: ...
 
 #
 #

@@ -17,14 +17,14 @@ namespace {
 
 int g_failures = 0;
 
-#define CHECK(cond, ...)                                           \
-    do {                                                           \
-        if (!(cond)) {                                             \
+#define CHECK(cond, ...)                                                                  \
+    do {                                                                                  \
+        if (!(cond)) {                                                                    \
             std::fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond); \
-            std::fprintf(stderr, __VA_ARGS__);                     \
-            std::fprintf(stderr, "\n");                            \
-            ++g_failures;                                          \
-        }                                                          \
+            std::fprintf(stderr, __VA_ARGS__);                                            \
+            std::fprintf(stderr, "\n");                                                   \
+            ++g_failures;                                                                 \
+        }                                                                                 \
     } while (0)
 
 lc_tensor make_tensor(void* data, int32_t dtype, std::vector<int64_t> shape) {
@@ -111,7 +111,8 @@ void run_case(const Case& c, std::mt19937& rng) {
     std::normal_distribution<float> normal(0.0f, 1.0f);
     auto gen = [&](size_t n) {
         std::vector<float> x(n);
-        for (float& v : x) v = c.cache_dtype == LC_DTYPE_BF16 ? round_bf16(normal(rng)) : normal(rng);
+        for (float& v : x)
+            v = c.cache_dtype == LC_DTYPE_BF16 ? round_bf16(normal(rng)) : normal(rng);
         return x;
     };
     // Contiguous per-sequence K/V, then scattered into the shuffled blocks.
@@ -125,7 +126,8 @@ void run_case(const Case& c, std::mt19937& rng) {
         const int32_t sl = c.seq_lens[size_t(s)];
         ks.push_back(gen(size_t(sl) * nkv * d));
         vs.push_back(gen(size_t(sl) * nkv * d));
-        for (int32_t b = 0; b < (sl + bs - 1) / bs; ++b) bt[size_t(s) * max_blocks + b] = ids[size_t(next++)];
+        for (int32_t b = 0; b < (sl + bs - 1) / bs; ++b)
+            bt[size_t(s) * max_blocks + b] = ids[size_t(next++)];
         for (int32_t j = 0; j < sl; ++j)
             for (int32_t h = 0; h < nkv; ++h)
                 for (int32_t k = 0; k < d; ++k) {
@@ -149,23 +151,27 @@ void run_case(const Case& c, std::mt19937& rng) {
 
     lc_attn_metadata md = {ns, nt, qs.data(), c.seq_lens.data(), bt.data(), max_blocks, nullptr};
     lc_attn_plan* plan = nullptr;
-    CHECK(lc_attn_plan_create(&md, LC_DEVICE_CPU, nb, nullptr, &plan) == LC_OK, "%s", lc_last_error());
+    CHECK(lc_attn_plan_create(&md, LC_DEVICE_CPU, nb, nullptr, &plan) == LC_OK, "%s",
+          lc_last_error());
     lc_tensor tq = make_tensor(q.data(), LC_DTYPE_F32, {nt, c.num_heads, d});
     lc_tensor tout = make_tensor(got.data(), LC_DTYPE_F32, {nt, c.num_heads, d});
     lc_tensor tk = make_tensor(kc.data(), c.cache_dtype, {nb, nkv, bs, d});
     lc_tensor tv = make_tensor(vc.data(), c.cache_dtype, {nb, nkv, bs, d});
     lc_attn_params p = {scale, c.window, c.softcap};
-    const lc::attn::Isa isas[] = {lc::attn::Isa::kScalar, lc::attn::Isa::kAvx2, lc::attn::Isa::kAvx512};
+    const lc::attn::Isa isas[] = {lc::attn::Isa::kScalar, lc::attn::Isa::kAvx2,
+                                  lc::attn::Isa::kAvx512};
     for (lc::attn::Isa want : isas) {
         if (want > lc::attn::best_isa()) continue;
         lc::attn::set_isa(want);
         for (int threads : {1, 2}) {
             lc_set_num_threads(threads);
             std::fill(got.begin(), got.end(), NAN);
-            CHECK(lc_paged_attention(plan, &tq, &tk, &tv, &tout, &p, nullptr) == LC_OK, "%s", lc_last_error());
+            CHECK(lc_paged_attention(plan, &tq, &tk, &tv, &tout, &p, nullptr) == LC_OK, "%s",
+                  lc_last_error());
             double worst = 0;
             for (size_t i = 0; i < got.size(); ++i)
-                worst = std::max(worst, std::isnan(got[i]) ? INFINITY : double(std::fabs(got[i] - expect[i])));
+                worst = std::max(
+                    worst, std::isnan(got[i]) ? INFINITY : double(std::fabs(got[i] - expect[i])));
             CHECK(worst < 2e-5, "%s [%s, %d threads]: max error %g", c.name,
                   lc::attn::isa_name(want), threads, worst);
         }
@@ -181,7 +187,8 @@ void test_kv_store() {
     int64_t slots[nt] = {2 * bs + 5, -1, 3 * bs + 15};
     lc_attn_metadata md = {1, nt, qs, sl, bt, 1, slots};
     lc_attn_plan* plan = nullptr;
-    CHECK(lc_attn_plan_create(&md, LC_DEVICE_CPU, nb, nullptr, &plan) == LC_OK, "%s", lc_last_error());
+    CHECK(lc_attn_plan_create(&md, LC_DEVICE_CPU, nb, nullptr, &plan) == LC_OK, "%s",
+          lc_last_error());
     std::vector<float> k(size_t(nt) * nkv * d), v(k.size());
     for (size_t i = 0; i < k.size(); ++i) k[i] = float(i) * 0.5f, v[i] = -float(i);
     std::vector<uint16_t> kc(size_t(nb) * nkv * bs * d, 0), vc(kc.size(), 0);
@@ -200,8 +207,10 @@ void test_kv_store() {
 
     int64_t bad_slots[nt] = {0, 1, int64_t(nb) * bs};
     md.slot_mapping = bad_slots;
-    CHECK(lc_attn_plan_create(&md, LC_DEVICE_CPU, nb, nullptr, &plan) == LC_OK, "%s", lc_last_error());
-    CHECK(lc_kv_store(plan, &tk, &tv, &tkc, &tvc, nullptr) == LC_ERR_INVALID_ARGUMENT, "slot bound");
+    CHECK(lc_attn_plan_create(&md, LC_DEVICE_CPU, nb, nullptr, &plan) == LC_OK, "%s",
+          lc_last_error());
+    CHECK(lc_kv_store(plan, &tk, &tv, &tkc, &tvc, nullptr) == LC_ERR_INVALID_ARGUMENT,
+          "slot bound");
     CHECK(std::strstr(lc_last_error(), "slot 64") != nullptr, "message: %s", lc_last_error());
     lc_attn_plan_destroy(plan);
 }
@@ -222,7 +231,8 @@ void test_plan_errors() {
     bt[1] = 9;
     CHECK(lc_attn_plan_create(&md, LC_DEVICE_CPU, 8, nullptr, &plan) == LC_ERR_INVALID_ARGUMENT,
           "block id out of range");
-    CHECK(lc_attn_plan_create(&md, LC_DEVICE_CPU, 10, nullptr, &plan) == LC_OK, "%s", lc_last_error());
+    CHECK(lc_attn_plan_create(&md, LC_DEVICE_CPU, 10, nullptr, &plan) == LC_OK, "%s",
+          lc_last_error());
     lc_attn_plan_destroy(plan);
 #if !defined(LLMCORE_WITH_CUDA)
     CHECK(lc_attn_plan_create(&md, LC_DEVICE_CUDA, 10, nullptr, &plan) == LC_ERR_UNSUPPORTED,
