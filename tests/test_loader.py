@@ -145,12 +145,7 @@ def test_cache_entries_are_built_once_and_atomically(
 
 
 def test_unpermute_inverts_llama_cpp_permute() -> None:
-    # llama.cpp convert_hf_to_gguf.py: LlamaModel.permute
-    def permute(w: np.ndarray, n_head: int) -> np.ndarray:
-        return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(
-            w.shape
-        )
-
+    permute = llama_cpp_permute
     rng = np.random.default_rng(0)
     for n_head, rows in ((9, 576), (3, 192), (2, 8)):
         w = rng.standard_normal((rows, 5)).astype(np.float32)
@@ -168,6 +163,89 @@ def test_gguf_tensor_names() -> None:
 
     with pytest.raises(UnsupportedModelError, match="ffn_gate_exps"):
         hf_tensor_name("blk.0.ffn_gate_exps.weight")
+
+
+def write_gguf(model_dir: Path, out: Path, arch: str) -> None:
+    """Writes a transformers checkpoint as llama.cpp would (names, and for "llama" the
+    Q/K row permutation), in F32 so the round trip is exact."""
+    import gguf
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    c = model.config
+    globals_ = ("token_embd.weight", "output_norm.weight", "output.weight")
+    to_gguf = {hf_tensor_name(g): g for g in globals_}
+    layer_parts = (
+        "attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
+        "ffn_norm", "ffn_gate", "ffn_up", "ffn_down",
+    )
+    for i in range(c.num_hidden_layers):
+        for part in layer_parts:
+            for kind in ("weight", "bias"):
+                g = f"blk.{i}.{part}.{kind}"
+                to_gguf[hf_tensor_name(g)] = g
+    w = gguf.GGUFWriter(str(out), arch)
+    w.add_name(f"tiny {arch}")
+    w.add_block_count(c.num_hidden_layers)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_rope_freq_base(c.rope_parameters["rope_theta"])
+    w.add_rope_dimension_count(c.hidden_size // c.num_attention_heads)
+    w.add_vocab_size(c.vocab_size)
+    for name, t in model.state_dict().items():
+        if name == "lm_head.weight" and c.tie_word_embeddings:
+            continue
+        data = t.numpy().copy()
+        if arch == "llama" and ".q_proj." in name:
+            data = llama_cpp_permute(data, c.num_attention_heads)
+        elif arch == "llama" and ".k_proj." in name:
+            data = llama_cpp_permute(data, c.num_key_value_heads)
+        w.add_tensor(to_gguf[name], data)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    # llama.cpp convert_hf_to_gguf.py: LlamaModel.permute
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(
+        w.shape
+    )
+
+
+@pytest.mark.parametrize(
+    ("arch", "overrides"), [("llama", {"tie_word_embeddings": True}), ("qwen2", {})]
+)
+def test_tiny_gguf_round_trip_matches_transformers(
+    arch: str,
+    overrides: dict[str, Any],
+    make_tiny_model: Callable[..., Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("LLMSERVE_CACHE_DIR", str(tmp_path / "cache"))
+    model_dir = make_tiny_model(arch, **overrides)
+    gguf_path = tmp_path / f"tiny-{arch}.gguf"
+    write_gguf(model_dir, gguf_path, arch)
+    loaded = load_model(gguf_path, dtype="float32")
+    assert loaded.cache_hit is False and loaded.config.model_type == arch
+    from transformers import AutoModelForCausalLM
+
+    ref = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, loaded.config.vocab_size, (33,), generator=gen)
+    from actors.models import DenseCausalAttention
+
+    attn = DenseCausalAttention(loaded.model.attention_specs(), [33])
+    with torch.inference_mode():
+        ours = loaded.model(ids, torch.arange(33), attn)
+        want = ref(ids[None]).logits[0]
+    assert (ours - want).abs().max().item() <= 1e-4
 
 
 # --- HF directories -------------------------------------------------------------------------
