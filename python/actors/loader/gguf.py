@@ -169,4 +169,4 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
                 str(gguf_path.parent), gguf_file=gguf_path.name, local_files_only=True
             )
             tok.save_pretrained(str(out_dir))
-    log.info("converted %s -> %s", gguf_path, out_dir)
+    log.info("converted %s (%d tensors, %s)", gguf_path, len(reader.tensors), cfg["model_type"])
