@@ -94,6 +94,7 @@ def test_default_gguf_logits_match_transformers(default_model: tuple[Any, float]
         want = run_transformers(ref, prompt)
         per_position = (got - want).abs().amax(dim=-1)
         assert per_position.shape[0] == len(prompt)
+        print(f"default model parity: {len(prompt)} tokens, max |diff| {per_position.max():.2e}")
         assert per_position.max().item() <= 1e-3, (len(prompt), per_position.max().item())
     # The model says something sensible, not merely the same noise as the reference.
     answer = tok.decode(ours[0][-1].argmax().item())
@@ -140,6 +141,7 @@ def test_tiny_models_match_transformers(case: str, make_tiny_model: Callable[...
         want = run_transformers(ref, prompt)
         worst = max(worst, (got - want).abs().max().item())
         assert want.abs().max().item() > 0.5  # logits large enough for the check to bite
+    print(f"{case}: max |diff| {worst:.2e}")
     assert worst <= 1e-4, worst
 
 
@@ -229,7 +231,8 @@ def test_pooling(tiny_llama_dir: Path) -> None:
     ids = torch.tensor([t for p in prompts for t in p])
     positions = torch.cat([torch.arange(n) for n in lens])
     with torch.inference_mode():
-        hidden = model.hidden_states(ids, positions, DenseCausalAttention(model.attention_specs(), lens))
+        attn = DenseCausalAttention(model.attention_specs(), lens)
+        hidden = model.hidden_states(ids, positions, attn)
     chunks = hidden.split(lens)
     last = pool(hidden, lens, "last")
     mean = pool(hidden, lens, "mean", normalize=True)
@@ -242,7 +245,9 @@ def test_pooling(tiny_llama_dir: Path) -> None:
         pool(hidden, [1, 2])
 
 
-@pytest.mark.parametrize("rope", [{"rope_type": "yarn", "factor": 4.0}, {"type": "linear", "factor": 2.0}])
+@pytest.mark.parametrize(
+    "rope", [{"rope_type": "yarn", "factor": 4.0}, {"type": "linear", "factor": 2.0}]
+)
 def test_unsupported_rope_scaling_is_rejected(rope: dict[str, Any]) -> None:
     hf = {
         "model_type": "llama", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
