@@ -20,6 +20,8 @@ def get_num_threads() -> int: ...
 #
 #
 # ---------------------------------------------------------------- attention
+# (stubs for the attention bindings go here)
+
 class AttentionPlan:
     """Validated attention metadata of one step, shared by every layer's calls."""
 
