@@ -11,6 +11,7 @@ import torch
 
 from actors.loader import load_model
 from actors.models import DenseCausalAttention, ModelConfig, UnsupportedModelError, pool
+from hf_reference import gguf_reference
 
 
 def run_ours(model: Any, prompts: Sequence[Sequence[int]]) -> list[torch.Tensor]:
@@ -35,22 +36,6 @@ def load_reference(model_dir: Path) -> Any:
 
 
 # --- the default model (SmolLM2-135M-Instruct, Q4_1 GGUF) -----------------------------------
-
-
-def gguf_reference(path: Path) -> Any:
-    """transformers' own GGUF path: its config reader, tensor-name map, Q/K un-permutation
-    and dequantization (load_gguf_checkpoint). from_pretrained(gguf_file=...) wraps the same
-    functions but additionally insists on the accelerate package, which we do not need."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-
-    cfg = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
-    ref = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
-    tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=ref)["tensors"]
-    missing, unexpected = ref.load_state_dict(tensors, strict=False)
-    assert unexpected == [] and set(missing) <= {"lm_head.weight"}  # lm_head is tied
-    ref.tie_weights()
-    return ref
 
 
 def default_prompts(tok: Any) -> list[list[int]]:
