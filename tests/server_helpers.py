@@ -127,3 +127,18 @@ def offline_greedy(prompt_token_ids: list[int], max_tokens: int) -> tuple[list[i
     out = llm.generate([prompt_token_ids], SamplingParams(max_tokens=max_tokens,
                                                           temperature=0.0))[0].outputs[0]
     return out.token_ids, out.text
+
+
+_tokenizer: Any = None
+
+
+def default_tokenizer() -> Any:
+    """The default model's tokenizer, from the same converted directory the engine loads."""
+    global _tokenizer
+    if _tokenizer is None:
+        from transformers import AutoTokenizer
+
+        from actors.loader import prepare_model_dir
+
+        _tokenizer = AutoTokenizer.from_pretrained(str(prepare_model_dir(None)[1]))
+    return _tokenizer
