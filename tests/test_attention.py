@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import ctypes
+import json
 import math
+import os
 import random
+import subprocess
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import llmcore
 import numpy as np
@@ -419,3 +424,28 @@ def test_cuda_plan_needs_cuda(small: Batch) -> None:
             None,
             device="cuda",
         )
+
+
+def test_attention_isa_is_reported() -> None:
+    assert llmcore.attention_isa() in {"avx512", "avx2", "scalar"}
+
+
+def test_bench_kernels_quick_prints_one_json_document() -> None:
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root / "python")}
+    done = subprocess.run(
+        [sys.executable, str(root / "scripts" / "bench_kernels.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=True,
+    )
+    report = json.loads(done.stdout)
+    cases = report["attention"]["decode"]
+    assert {c["dtype"] for c in cases} == {"float32", "bfloat16"}
+    for case in cases:
+        assert case["ours_us"] > 0 and case["sdpa_us"] > 0
+        tol = FP32_TOL if case["dtype"] == "float32" else BF16_TOL
+        assert case["max_abs_diff_vs_sdpa"] <= tol
+    assert report["attention"]["memcpy"]["gb_per_s"] > 0

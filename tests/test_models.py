@@ -11,6 +11,7 @@ import torch
 
 from actors.loader import load_model
 from actors.models import DenseCausalAttention, ModelConfig, UnsupportedModelError, pool
+from hf_reference import gguf_reference
 
 
 def run_ours(model: Any, prompts: Sequence[Sequence[int]]) -> list[torch.Tensor]:
@@ -35,22 +36,6 @@ def load_reference(model_dir: Path) -> Any:
 
 
 # --- the default model (SmolLM2-135M-Instruct, Q4_1 GGUF) -----------------------------------
-
-
-def gguf_reference(path: Path) -> Any:
-    """transformers' own GGUF path: its config reader, tensor-name map, Q/K un-permutation
-    and dequantization (load_gguf_checkpoint). from_pretrained(gguf_file=...) wraps the same
-    functions but additionally insists on the accelerate package, which we do not need."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-
-    cfg = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
-    ref = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
-    tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=ref)["tensors"]
-    missing, unexpected = ref.load_state_dict(tensors, strict=False)
-    assert unexpected == [] and set(missing) <= {"lm_head.weight"}  # lm_head is tied
-    ref.tie_weights()
-    return ref
 
 
 def default_prompts(tok: Any) -> list[list[int]]:
@@ -94,6 +79,7 @@ def test_default_gguf_logits_match_transformers(default_model: tuple[Any, float]
         want = run_transformers(ref, prompt)
         per_position = (got - want).abs().amax(dim=-1)
         assert per_position.shape[0] == len(prompt)
+        print(f"default model parity: {len(prompt)} tokens, max |diff| {per_position.max():.2e}")
         assert per_position.max().item() <= 1e-3, (len(prompt), per_position.max().item())
     # The model says something sensible, not merely the same noise as the reference.
     answer = tok.decode(ours[0][-1].argmax().item())
@@ -140,6 +126,7 @@ def test_tiny_models_match_transformers(case: str, make_tiny_model: Callable[...
         want = run_transformers(ref, prompt)
         worst = max(worst, (got - want).abs().max().item())
         assert want.abs().max().item() > 0.5  # logits large enough for the check to bite
+    print(f"{case}: max |diff| {worst:.2e}")
     assert worst <= 1e-4, worst
 
 
@@ -229,7 +216,8 @@ def test_pooling(tiny_llama_dir: Path) -> None:
     ids = torch.tensor([t for p in prompts for t in p])
     positions = torch.cat([torch.arange(n) for n in lens])
     with torch.inference_mode():
-        hidden = model.hidden_states(ids, positions, DenseCausalAttention(model.attention_specs(), lens))
+        attn = DenseCausalAttention(model.attention_specs(), lens)
+        hidden = model.hidden_states(ids, positions, attn)
     chunks = hidden.split(lens)
     last = pool(hidden, lens, "last")
     mean = pool(hidden, lens, "mean", normalize=True)
@@ -242,7 +230,9 @@ def test_pooling(tiny_llama_dir: Path) -> None:
         pool(hidden, [1, 2])
 
 
-@pytest.mark.parametrize("rope", [{"rope_type": "yarn", "factor": 4.0}, {"type": "linear", "factor": 2.0}])
+@pytest.mark.parametrize(
+    "rope", [{"rope_type": "yarn", "factor": 4.0}, {"type": "linear", "factor": 2.0}]
+)
 def test_unsupported_rope_scaling_is_rejected(rope: dict[str, Any]) -> None:
     hf = {
         "model_type": "llama", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string>
 
+#include "attention_cpu.h"
 #include "binding.h"
 
 namespace lcpy {
@@ -154,6 +155,9 @@ then uploaded on stream).)doc")
                    ", num_tokens=" + std::to_string(p.num_tokens()) + ", device='" + p.device() +
                    "')";
         });
+    m.def(
+        "attention_isa", [] { return std::string(lc::attn::isa_name(lc::attn::current_isa())); },
+        "The instruction set the CPU attention kernel runs with: avx512, avx2 or scalar.");
     m.def("kv_store", &kv_store, py::arg("plan"), py::arg("k"), py::arg("v"), py::arg("k_cache"),
           py::arg("v_cache"), py::arg("stream") = 0,
           R"doc(Write the step's new K/V rows into their slots of the paged caches.

@@ -45,7 +45,7 @@ Isa initial_isa() {
     return isa;
 }
 
-std::atomic<int>& current_isa() {
+std::atomic<int>& isa_setting() {
     static std::atomic<int> isa{int(initial_isa())};
     return isa;
 }
@@ -181,9 +181,11 @@ Isa best_isa() { return detect_isa(); }
 
 Isa set_isa(Isa isa) {
     const Isa eff = std::min(isa, detect_isa());
-    current_isa().store(int(eff));
+    isa_setting().store(int(eff));
     return eff;
 }
+
+Isa current_isa() { return Isa(isa_setting().load(std::memory_order_relaxed)); }
 
 const char* isa_name(Isa isa) {
     switch (isa) {
@@ -220,7 +222,7 @@ void paged_attention_cpu(const lc_attn_plan& plan, const lc_tensor& q, const lc_
     job.scale = params.scale;
     job.sliding_window = params.sliding_window;
     job.softcap = params.softcap;
-    const RunItem run = kernel_for(Isa(current_isa().load(std::memory_order_relaxed)));
+    const RunItem run = kernel_for(current_isa());
 
     std::vector<WorkItem> items =
         make_items(plan, job.num_kv_heads, job.num_heads / job.num_kv_heads, params.sliding_window);

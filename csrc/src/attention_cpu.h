@@ -67,6 +67,8 @@ Isa best_isa();
 // Caps the instruction set used from now on (tests run every variant);
 // returns the one in effect, which is min(requested, best_isa()).
 Isa set_isa(Isa isa);
+// The instruction set in effect.
+Isa current_isa();
 const char* isa_name(Isa isa);
 
 // Runs paged attention on the CPU; arguments are validated.

@@ -22,8 +22,7 @@ struct Avx2Ops {
     using V = __m256;
     static constexpr int W = 8;
     static constexpr int kQkAcc = 8;   // dot-product accumulators kept in registers
-    static constexpr int kPvRows = 4;  // rows x column-vectors accumulated in registers
-    static constexpr int kPvCols = 2;
+    static constexpr int kPvAcc = 8;
 
     static V zero() { return _mm256_setzero_ps(); }
     static V set1(float x) { return _mm256_set1_ps(x); }

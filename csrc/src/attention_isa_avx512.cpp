@@ -27,8 +27,7 @@ struct Avx512Ops {
     using V = __m512;
     static constexpr int W = 16;
     static constexpr int kQkAcc = 16;
-    static constexpr int kPvRows = 4;
-    static constexpr int kPvCols = 4;
+    static constexpr int kPvAcc = 16;
 
     static V zero() { return _mm512_setzero_ps(); }
     static V set1(float x) { return _mm512_set1_ps(x); }

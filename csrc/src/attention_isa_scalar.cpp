@@ -14,8 +14,7 @@ struct ScalarOps {
     using V = float;
     static constexpr int W = 1;
     static constexpr int kQkAcc = 8;
-    static constexpr int kPvRows = 4;
-    static constexpr int kPvCols = 4;
+    static constexpr int kPvAcc = 8;
 
     static V zero() { return 0.0f; }
     static V set1(float x) { return x; }

@@ -5,7 +5,7 @@
 //
 // Ops provides: V (a vector of W floats), zero/set1/load(float*)/load(bf16
 // bits)/store/fma/mul/max, hmax, hsum8 (8 vectors -> 8 lane sums), exp (exact
-// 0 below -87.3 and for -inf), kQkAcc / kPvRows / kPvCols (register budget).
+// 0 below -87.3 and for -inf), kQkAcc / kPvAcc (accumulator register budgets).
 //
 // Per item, an online softmax over tiles of kTile context positions:
 //   s = q K^T (per block segment) -> softcap -> mask -> m' = max(m, max s)
@@ -19,6 +19,8 @@ namespace lc::attn::kernel {
 constexpr int kLd = kTile + 16;  // logits row stride: a segment's last 8-group may spill
 constexpr float kNegInf = -__builtin_inff();
 
+// Columns (QK: K rows; PV: vector columns) per pass so that rb x columns
+// accumulators fit the register budget `acc`: 1, 2 or 4.
 static constexpr int qk_jb(int rb, int acc) { return acc / rb >= 4 ? 4 : acc / rb >= 2 ? 2 : 1; }
 
 // res[r][jj + b] = lane-wise partial dot products of q row r with k row jj + b.
@@ -102,18 +104,23 @@ inline void pv_block(const float* p, const KT* v, int n, float* acc, int c0) {
 
 template <class Ops, int D, int RB, class KT>
 inline void pv_rows(const float* p, const KT* v, int n, float* acc) {
-    constexpr int NC = D / Ops::W, CB = Ops::kPvCols, NFULL = NC / CB * CB;
+    constexpr int NC = D / Ops::W, CB = qk_jb(RB, Ops::kPvAcc), NFULL = NC / CB * CB;
     for (int c0 = 0; c0 < NFULL; c0 += CB) pv_block<Ops, D, RB, CB>(p, v, n, acc, c0);
     if constexpr (NFULL < NC)
         for (int c0 = NFULL; c0 < NC; ++c0) pv_block<Ops, D, RB, 1>(p, v, n, acc, c0);
 }
 
+// All rows, in groups of 4 so each V row is widened once per group.
 template <class Ops, int D, class KT>
 inline void pv_all(const float* p, int rows, const KT* v, int n, float* acc) {
-    constexpr int RB = Ops::kPvRows;
     int r0 = 0;
-    for (; r0 + RB <= rows; r0 += RB) pv_rows<Ops, D, RB>(p + r0 * kLd, v, n, acc + r0 * D);
-    for (; r0 < rows; ++r0) pv_rows<Ops, D, 1>(p + r0 * kLd, v, n, acc + r0 * D);
+    for (; r0 + 4 <= rows; r0 += 4) pv_rows<Ops, D, 4>(p + r0 * kLd, v, n, acc + r0 * D);
+    switch (rows - r0) {
+        case 1: pv_rows<Ops, D, 1>(p + r0 * kLd, v, n, acc + r0 * D); break;
+        case 2: pv_rows<Ops, D, 2>(p + r0 * kLd, v, n, acc + r0 * D); break;
+        case 3: pv_rows<Ops, D, 3>(p + r0 * kLd, v, n, acc + r0 * D); break;
+        default: break;
+    }
 }
 
 template <class Ops>

@@ -48,7 +48,9 @@ class EngineConfig:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, loaded: Any = None) -> None:
+        """Loads config.model, or reuses ``loaded`` (a LoadedModel) when given: several
+        engines may share one set of weights (tests, benchmarks)."""
         import torch
 
         from actors.loader import load_model
@@ -59,7 +61,8 @@ class LLMEngine:
         llmcore.set_num_threads(torch.get_num_threads())
 
         t0 = time.perf_counter()
-        loaded = load_model(config.model, config.dtype)
+        if loaded is None:
+            loaded = load_model(config.model, config.dtype)
         self.loaded = loaded
         mc = loaded.config
         self.model_config = mc

@@ -48,8 +48,9 @@ Prompt = str | list[int]
 
 
 class LLM:
-    def __init__(self, model: str | None = None, **engine_args) -> None:
-        self.engine = LLMEngine(EngineConfig(model=model, **engine_args))
+    def __init__(self, model: str | None = None, *, loaded=None, **engine_args) -> None:
+        """engine_args are EngineConfig fields; ``loaded`` reuses already loaded weights."""
+        self.engine = LLMEngine(EngineConfig(model=model, **engine_args), loaded=loaded)
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
 

@@ -75,6 +75,8 @@ def block_hash(parent: int, tokens: _Ints) -> int: ...
 #
 #
 # ---------------------------------------------------------------- attention
+# (stubs for the attention bindings go here)
+
 class AttentionPlan:
     """Validated attention metadata of one step, shared by every layer's calls."""
 
@@ -95,6 +97,7 @@ class AttentionPlan:
     @property
     def device(self) -> str: ...
 
+def attention_isa() -> str: ...
 def kv_store(
     plan: AttentionPlan, k: Any, v: Any, k_cache: Any, v_cache: Any, stream: int = 0
 ) -> None: ...

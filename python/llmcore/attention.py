@@ -24,6 +24,6 @@ from __future__ import annotations
 # The compiled functions are re-exported as they are (no Python wrapper: a
 # model calls them in every layer of every step); their docstrings live in the
 # binding (csrc/python/bind_attention.cpp).
-from llmcore._C import AttentionPlan, kv_store, paged_attention
+from llmcore._C import AttentionPlan, attention_isa, kv_store, paged_attention
 
-__all__ = ["AttentionPlan", "kv_store", "paged_attention"]
+__all__ = ["AttentionPlan", "attention_isa", "kv_store", "paged_attention"]

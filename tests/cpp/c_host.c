@@ -1,4 +1,5 @@
 /* A host program in C11 that links only the shared library libllmcore. */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -59,9 +60,140 @@ static int exercise_block_pool(void) {
     return 0;
 }
 
+static lc_tensor make_tensor(void* data, int32_t ndim, const int64_t* shape) {
+    lc_tensor t;
+    memset(&t, 0, sizeof t);
+    t.data = data;
+    t.dtype = LC_DTYPE_F32;
+    t.device = LC_DEVICE_CPU;
+    t.ndim = ndim;
+    int64_t stride = 1;
+    for (int i = ndim - 1; i >= 0; --i) {
+        t.shape[i] = shape[i];
+        t.strides[i] = stride;
+        stride *= shape[i];
+    }
+    return t;
+}
+
+/* One decode step of one sequence: 3 cached tokens + 1 new, 2 query heads on 1 KV head,
+ * head size 64, block size 4. The new token's key equals the query direction, so the
+ * output must lean towards its value; checked against a naive softmax here. */
+enum { HS = 64, BS = 4, NB = 2, CTX = 4 };
+static float k_cache[NB * 1 * BS * HS], v_cache[NB * 1 * BS * HS];
+
+static int exercise_attention(void) {
+    float q[2 * HS], out[2 * HS];
+    int32_t query_start[2] = {0, 1}, seq_lens[1] = {CTX}, table[1] = {1};
+    int64_t slot_prev[3] = {1 * BS + 0, 1 * BS + 1, 1 * BS + 2};
+    int64_t slot_new[1] = {1 * BS + 3};
+    float keys[CTX][HS], vals[CTX][HS];
+    for (int t = 0; t < CTX; ++t)
+        for (int d = 0; d < HS; ++d) {
+            keys[t][d] = (float)sin(0.1 * (t + 1) * (d + 1));
+            vals[t][d] = (float)(t * 10 + d % 7);
+        }
+    /* Store the 3 earlier tokens with a 3-token plan, then the step's own token. */
+    for (int t = 0; t < CTX; ++t) {
+        int32_t qs[2] = {0, 1}, sl[1] = {t + 1};
+        lc_attn_metadata md = {1, 1, qs, sl, table, 1, t < 3 ? &slot_prev[t] : slot_new};
+        lc_attn_plan* plan = NULL;
+        HOST_CHECK(lc_attn_plan_create(&md, LC_DEVICE_CPU, NB, NULL, &plan) == LC_OK);
+        int64_t kv_shape[3] = {1, 1, HS};
+        lc_tensor kt = make_tensor(keys[t], 3, kv_shape), vt = make_tensor(vals[t], 3, kv_shape);
+        int64_t cache_shape[4] = {NB, 1, BS, HS};
+        lc_tensor kc = make_tensor(k_cache, 4, cache_shape), vc = make_tensor(v_cache, 4, cache_shape);
+        HOST_CHECK(lc_kv_store(plan, &kt, &vt, &kc, &vc, NULL) == LC_OK);
+        lc_attn_plan_destroy(plan);
+    }
+    for (int h = 0; h < 2; ++h)
+        for (int d = 0; d < HS; ++d) q[h * HS + d] = (h + 1) * keys[CTX - 1][d];
+
+    lc_attn_metadata md = {1, 1, query_start, seq_lens, table, 1, slot_new};
+    lc_attn_plan* plan = NULL;
+    HOST_CHECK(lc_attn_plan_create(&md, LC_DEVICE_CPU, NB, NULL, &plan) == LC_OK);
+    int64_t q_shape[3] = {1, 2, HS}, cache_shape[4] = {NB, 1, BS, HS};
+    lc_tensor qt = make_tensor(q, 3, q_shape), ot = make_tensor(out, 3, q_shape);
+    lc_tensor kc = make_tensor(k_cache, 4, cache_shape), vc = make_tensor(v_cache, 4, cache_shape);
+    lc_attn_params p = {0.125f, 0, 0.0f};
+    HOST_CHECK(lc_paged_attention(plan, &qt, &kc, &vc, &ot, &p, NULL) == LC_OK);
+    lc_attn_plan_destroy(plan);
+
+    for (int h = 0; h < 2; ++h) {
+        double s[CTX], m = -1e30, z = 0;
+        for (int t = 0; t < CTX; ++t) {
+            s[t] = 0;
+            for (int d = 0; d < HS; ++d) s[t] += q[h * HS + d] * keys[t][d];
+            s[t] *= 0.125;
+            if (s[t] > m) m = s[t];
+        }
+        for (int t = 0; t < CTX; ++t) z += exp(s[t] - m);
+        for (int d = 0; d < HS; ++d) {
+            double want = 0;
+            for (int t = 0; t < CTX; ++t) want += exp(s[t] - m) / z * vals[t][d];
+            HOST_CHECK(fabs(want - out[h * HS + d]) < 1e-3);
+        }
+    }
+    /* A bad head size is refused with a status and a message, not a crash. */
+    int64_t bad_shape[3] = {1, 2, 63};
+    lc_tensor bad = make_tensor(q, 3, bad_shape);
+    HOST_CHECK(lc_attn_plan_create(&md, LC_DEVICE_CPU, NB, NULL, &plan) == LC_OK);
+    HOST_CHECK(lc_paged_attention(plan, &bad, &kc, &vc, &ot, &p, NULL) == LC_ERR_INVALID_ARGUMENT);
+    HOST_CHECK(strlen(lc_last_error()) > 0);
+    lc_attn_plan_destroy(plan);
+    return 0;
+}
+
+/* Two rows over a 100-token vocabulary: greedy, and a seeded top-k draw that must be
+ * reproducible and inside the top-k set; the greedy row also reports top-3 logprobs. */
+static int exercise_sampling(void) {
+    enum { V = 100 };
+    float logits[2 * V];
+    for (int i = 0; i < 2 * V; ++i) logits[i] = (float)((i * 37) % V) / 10.0f;
+    int64_t shape[2] = {2, V};
+    lc_tensor lt = make_tensor(logits, 2, shape);
+    lc_sampling_row rows[2];
+    memset(rows, 0, sizeof rows);
+    for (int r = 0; r < 2; ++r) {
+        rows[r].top_p = 1.0f;
+        rows[r].repetition_penalty = 1.0f;
+    }
+    rows[1].temperature = 1.0f;
+    rows[1].top_k = 5;
+    rows[1].seed = 42;
+    rows[1].position = 3;
+    lc_sampling_batch batch;
+    memset(&batch, 0, sizeof batch);
+    batch.num_rows = 2;
+    batch.rows = rows;
+    batch.num_top_logprobs = 3;
+    int32_t tokens[2], top_tokens[6];
+    float logprobs[2], top_logprobs[6];
+    lc_sample_output so = {tokens, logprobs, NULL, top_tokens, top_logprobs};
+    HOST_CHECK(lc_sample(&lt, &batch, NULL, &so) == LC_OK);
+    int best = 0;
+    for (int i = 1; i < V; ++i)
+        if (logits[i] > logits[best]) best = i;
+    HOST_CHECK(tokens[0] == best && top_tokens[0] == best);
+    HOST_CHECK(logprobs[0] <= 0.0f && top_logprobs[0] >= top_logprobs[1]);
+    /* The draw is in the top 5 of row 1 and the same when repeated. */
+    int above = 0;
+    for (int i = 0; i < V; ++i) above += logits[V + i] > logits[V + tokens[1]];
+    HOST_CHECK(above < 5);
+    int32_t first = tokens[1];
+    HOST_CHECK(lc_sample(&lt, &batch, NULL, &so) == LC_OK);
+    HOST_CHECK(tokens[1] == first);
+    /* Bad parameters: a status, never a crash. */
+    rows[1].top_p = 2.0f;
+    HOST_CHECK(lc_sample(&lt, &batch, NULL, &so) == LC_ERR_INVALID_ARGUMENT);
+    return 0;
+}
+
 int main(void) {
     printf("llmcore %s (%s)\n", lc_version(), lc_build_features());
     if (lc_abi_version() != LC_ABI_VERSION) return 1;
     if (exercise_block_pool() != 0) return 1;
+    if (exercise_attention() != 0) return 1;
+    if (exercise_sampling() != 0) return 1;
     return 0;
 }

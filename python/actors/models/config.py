@@ -125,7 +125,9 @@ def _rope_from_hf(hf: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     return theta, {"rope_type": "llama3", **{k: merged[k] for k in keys}}
 
 
-def _sliding_windows(hf: dict[str, Any], model_type: str, num_layers: int) -> tuple[int | None, ...]:
+def _sliding_windows(
+    hf: dict[str, Any], model_type: str, num_layers: int
+) -> tuple[int | None, ...]:
     window = hf.get("sliding_window")
     if model_type == "qwen2" and not hf.get("use_sliding_window", False):
         window = None

@@ -20,7 +20,9 @@ from torch import nn
 
 from actors.models.attention import AttentionBackend, LayerAttentionSpec
 from actors.models.config import ModelConfig
-from actors.models.rope import RotaryEmbedding
+from actors.models.rope import RotaryEmbedding, apply_rotary_
+
+RopeTables = tuple[torch.Tensor, torch.Tensor]  # cos, sin rows for the batch's positions
 
 
 def _param(*shape: int, dtype: torch.dtype) -> nn.Parameter:
@@ -58,7 +60,8 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int, dtype: torch.dtype) -> None:
         super().__init__()
         self.layer_idx = layer_idx
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.num_heads, self.num_kv_heads = cfg.num_heads, cfg.num_kv_heads
+        self.head_dim = cfg.head_dim
         self.q_size, self.kv_size = cfg.q_size, cfg.kv_size
         qkv_size = cfg.q_size + 2 * cfg.kv_size
         self.qkv_proj = Linear(cfg.hidden_size, qkv_size, cfg.qkv_bias, dtype)
@@ -67,8 +70,7 @@ class Attention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        positions: torch.Tensor,
-        rope: RotaryEmbedding,
+        rope: RopeTables,
         backend: AttentionBackend,
     ) -> torch.Tensor:
         t = x.shape[0]
@@ -78,7 +80,7 @@ class Attention(nn.Module):
         q = q.reshape(t, self.num_heads, self.head_dim).contiguous()
         k = k.reshape(t, self.num_kv_heads, self.head_dim).contiguous()
         v = v.reshape(t, self.num_kv_heads, self.head_dim).contiguous()
-        rope(positions, q, k)
+        apply_rotary_(q, k, rope)
         out = backend.attn(self.layer_idx, q, k, v)
         return self.o_proj(out.reshape(t, self.q_size))
 
@@ -112,11 +114,10 @@ class DecoderLayer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        positions: torch.Tensor,
-        rope: RotaryEmbedding,
+        rope: RopeTables,
         backend: AttentionBackend,
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, rope, backend)
+        x = x + self.self_attn(self.input_layernorm(x), rope, backend)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -146,9 +147,9 @@ class LlamaForCausalLM(nn.Module):
         self.dtype = dtype
         self.model = LlamaModel(cfg, dtype)
         # Tied checkpoints have no lm_head: logits reuse the embedding matrix.
-        self.lm_head = (
-            None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, False, dtype)
-        )
+        self.lm_head: Linear | None = None
+        if not cfg.tie_word_embeddings:
+            self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, False, dtype)
         self.rope = RotaryEmbedding(
             cfg.head_dim, max_positions or cfg.max_position_embeddings, cfg.rope_theta,
             cfg.rope_scaling,
@@ -166,8 +167,9 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         """Final-norm hidden states [T, hidden_size] for the flattened batch."""
         x = F.embedding(input_ids, self.model.embed_tokens.weight)
+        rope = self.rope(positions, x.dtype)
         for layer in self.model.layers:
-            x = layer(x, positions, self.rope, attn)
+            x = layer(x, rope, attn)
         return self.model.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -214,7 +216,8 @@ class LlamaForCausalLM(nn.Module):
                 dst = dst.narrow(0, *self._shard_range(name, shard))
             if tuple(dst.shape) != tuple(tensor.shape):
                 raise ValueError(
-                    f"{hf_name}: checkpoint shape {tuple(tensor.shape)} != expected {tuple(dst.shape)}"
+                    f"{hf_name}: checkpoint shape {tuple(tensor.shape)} "
+                    f"!= expected {tuple(dst.shape)}"
                 )
             dst.copy_(tensor)
             written.add(name if shard is None else f"{name}#{shard}")

@@ -54,17 +54,26 @@ class RotaryEmbedding(torch.nn.Module):
         self.register_buffer("cos", freqs.cos(), persistent=False)
         self.register_buffer("sin", freqs.sin(), persistent=False)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> None:
-        """Rotates q [T, Hq, D] and k [T, Hk, D] in place by their token's position."""
+    def forward(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin rows [T, 1, head_dim // 2] for the batch's positions; gathered once per
+        step and shared by every layer."""
         if positions.numel() and int(positions.max()) >= self.cos.shape[0]:
             raise ValueError(
                 f"position {int(positions.max())} exceeds the RoPE table "
                 f"({self.cos.shape[0]} positions)"
             )
-        cos = self.cos.index_select(0, positions).unsqueeze(1).to(q.dtype)
-        sin = self.sin.index_select(0, positions).unsqueeze(1).to(q.dtype)
-        _rotate_(q, cos, sin)
-        _rotate_(k, cos, sin)
+        cos = self.cos.index_select(0, positions).unsqueeze(1).to(dtype)
+        sin = self.sin.index_select(0, positions).unsqueeze(1).to(dtype)
+        return cos, sin
+
+
+def apply_rotary_(q: torch.Tensor, k: torch.Tensor, cos_sin: tuple[torch.Tensor, ...]) -> None:
+    """Rotates q [T, Hq, D] and k [T, Hk, D] in place."""
+    cos, sin = cos_sin
+    _rotate_(q, cos, sin)
+    _rotate_(k, cos, sin)
 
 
 def _rotate_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:

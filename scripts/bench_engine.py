@@ -1,0 +1,217 @@
+"""Engine benchmark: our engine against transformers' generate on the same weights.
+
+Two workloads, both measured in this run on the default model (or --model):
+  (a) one sequence, 256-token prompt, 256 new tokens: prefill time and decode tokens/s;
+  (b) 64 sequences of ~200 prompt tokens, 128 new tokens each (ignore EOS): total output
+      tokens/s; transformers generates the same work in static batches of 8.
+Each side runs in its own subprocess so its peak memory (max RSS) is its own.
+Prints one JSON document; progress goes to stderr.
+
+    python scripts/bench_engine.py [--quick] [--dtype auto] [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def log(msg: str) -> None:
+    print(f"[bench_engine] {msg}", file=sys.stderr, flush=True)
+
+
+def workload(tokenizer: Any, quick: bool) -> dict[str, Any]:
+    """Deterministic prompts of the requested token lengths."""
+    words = ("river mountain ledger violet copper lantern harbor orchard signal meadow "
+             "archive tundra velvet quartz compass ember").split()
+
+    def prompt(n: int, salt: int) -> list[int]:
+        text = " ".join(words[(i * 7 + salt * 3) % len(words)] for i in range(n * 2))
+        return tokenizer.encode(text, add_special_tokens=False)[:n]
+
+    if quick:
+        return {"single": (prompt(32, 0), 16), "batch": ([prompt(24, s) for s in range(8)], 8),
+                "hf_batch": 4}
+    return {"single": (prompt(256, 0), 256),
+            "batch": ([prompt(190 + (s % 21), s) for s in range(64)], 128), "hf_batch": 8}
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+# ---------------------------------------------------------------------- our engine
+
+
+def run_ours(args: argparse.Namespace) -> dict[str, Any]:
+    from actors import LLM, SamplingParams
+
+    t0 = time.perf_counter()
+    llm = LLM(args.model, dtype=args.dtype, num_threads=args.threads,
+              max_num_seqs=64, max_num_batched_tokens=args.max_num_batched_tokens,
+              kv_cache_memory=args.kv_cache_memory, max_model_len=2048)
+    load_s = time.perf_counter() - t0
+    work = workload(llm.tokenizer, args.quick)
+    eng = llm.engine
+
+    # (a) prefill and decode of one sequence, timed step by step.
+    prompt, new = work["single"]
+    llm.generate([prompt[:16]], SamplingParams(max_tokens=4, temperature=0))  # warm up
+    eng.add_request("single", prompt, SamplingParams(max_tokens=new, temperature=0,
+                                                     ignore_eos=True))
+    steps: list[float] = []
+    produced = 0
+    while eng.has_unfinished_requests():
+        t = time.perf_counter()
+        outs = eng.step()
+        steps.append(time.perf_counter() - t)
+        produced += sum(len(o.new_token_ids) for o in outs)
+    # The first step that yields a token ends the prefill (a long prompt may take several).
+    prefill_steps = -(-len(prompt) // args.max_num_batched_tokens)
+    prefill_s = sum(steps[:prefill_steps])
+    decode = steps[prefill_steps:]
+    log(f"ours (a): prefill {prefill_s * 1e3:.1f} ms, decode {len(decode) / sum(decode):.1f} tok/s")
+
+    # (b) the batch.
+    prompts, new_b = work["batch"]
+    params = SamplingParams(max_tokens=new_b, temperature=0, ignore_eos=True)
+    t = time.perf_counter()
+    outs = llm.generate(prompts, params)
+    elapsed = time.perf_counter() - t
+    total = sum(len(o.outputs[0].token_ids) for o in outs)
+    log(f"ours (b): {total} tokens in {elapsed:.1f} s = {total / elapsed:.1f} tok/s")
+    return {
+        "load_s": round(load_s, 2),
+        "dtype": str(eng.dtype).removeprefix("torch."),
+        "prefill_s": round(prefill_s, 4),
+        "prefill_tokens": len(prompt),
+        "decode_tok_s": round(len(decode) / sum(decode), 2),
+        "decode_ms_per_token_median": round(statistics.median(decode) * 1e3, 3),
+        "batch_output_tokens": total,
+        "batch_s": round(elapsed, 3),
+        "batch_tok_s": round(total / elapsed, 2),
+        "peak_rss_mib": round(peak_rss_mib(), 1),
+    }
+
+
+# ---------------------------------------------------------------------- transformers
+
+
+def run_hf(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from actors.loader import default_model_path
+    from actors.loader.reference import transformers_reference
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    source = args.model or default_model_path()
+    from actors.loader import prepare_model_dir
+    from transformers import AutoTokenizer
+
+    _, model_dir, _ = prepare_model_dir(source)
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    t0 = time.perf_counter()
+    model = transformers_reference(source)  # float32, transformers' default
+    load_s = time.perf_counter() - t0
+    work = workload(tok, args.quick)
+
+    def generate(batch: list[list[int]], new: int) -> tuple[float, int]:
+        width = max(len(p) for p in batch)
+        ids = torch.zeros(len(batch), width, dtype=torch.long)
+        mask = torch.zeros(len(batch), width, dtype=torch.long)
+        for i, p in enumerate(batch):  # left padding, as generate expects
+            ids[i, width - len(p):] = torch.tensor(p)
+            mask[i, width - len(p):] = 1
+        t = time.perf_counter()
+        with torch.inference_mode():
+            out = model.generate(ids, attention_mask=mask, max_new_tokens=new,
+                                 min_new_tokens=new, do_sample=False, temperature=None,
+                                 top_p=None, top_k=None, pad_token_id=0)
+        return time.perf_counter() - t, (out.shape[1] - width) * len(batch)
+
+    prompt, new = work["single"]
+    generate([prompt[:16]], 4)  # warm up
+    prefill_s, _ = generate([prompt], 1)
+    total_s, _ = generate([prompt], new)
+    decode_tok_s = (new - 1) / max(total_s - prefill_s, 1e-9)
+    log(f"transformers (a): prefill {prefill_s * 1e3:.1f} ms, decode {decode_tok_s:.1f} tok/s")
+
+    prompts, new_b = work["batch"]
+    hb = work["hf_batch"]
+    elapsed, total = 0.0, 0
+    for i in range(0, len(prompts), hb):
+        dt, n = generate(prompts[i:i + hb], new_b)
+        elapsed += dt
+        total += n
+        log(f"transformers (b): {i + hb}/{len(prompts)} sequences, {total / elapsed:.1f} tok/s")
+    return {
+        "load_s": round(load_s, 2),
+        "dtype": "float32",
+        "prefill_s": round(prefill_s, 4),
+        "decode_tok_s": round(decode_tok_s, 2),
+        "static_batch": hb,
+        "batch_output_tokens": total,
+        "batch_s": round(elapsed, 3),
+        "batch_tok_s": round(total / elapsed, 2),
+        "peak_rss_mib": round(peak_rss_mib(), 1),
+    }
+
+
+# ---------------------------------------------------------------------- driver
+
+
+def side(name: str, argv: list[str]) -> dict[str, Any]:
+    log(f"running {name} in a subprocess")
+    env = dict(os.environ)
+    py = os.path.join(os.path.dirname(HERE), "python")
+    if os.path.isdir(py):
+        env["PYTHONPATH"] = py + os.pathsep + env.get("PYTHONPATH", "")
+    out = subprocess.run([sys.executable, __file__, "--side", name, *argv], env=env,
+                         stdout=subprocess.PIPE, check=True, text=True)
+    return json.loads(out.stdout)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=None, help="model path (default: SmolLM2 GGUF)")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--threads", type=int, default=None, help="CPU threads (default: all)")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    ap.add_argument("--kv-cache-memory", type=int, default=1 << 30)
+    ap.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
+    ap.add_argument("--side", choices=["ours", "hf"], help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.side:
+        print(json.dumps(run_ours(args) if args.side == "ours" else run_hf(args)))
+        return
+    argv = [a for a in sys.argv[1:]]
+    ours = side("ours", argv)
+    hf = side("hf", argv)
+    result = {
+        "benchmark": "engine",
+        "quick": args.quick,
+        "threads": args.threads,
+        "ours": ours,
+        "transformers": hf,
+        "ratios": {
+            "decode_tok_s": round(ours["decode_tok_s"] / hf["decode_tok_s"], 2),
+            "prefill_speedup": round(hf["prefill_s"] / ours["prefill_s"], 2),
+            "batch_tok_s": round(ours["batch_tok_s"] / hf["batch_tok_s"], 2),
+        },
+        "targets": {"decode_tok_s": 3.0, "batch_tok_s": 8.0},
+    }
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
