@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -91,10 +92,14 @@ async def level(args, concurrency: int) -> dict:
 
 
 def offline(args, concurrency: int) -> dict:
+    # The same OpenMP setting `python -m server` uses (see server/__main__.py), set before
+    # torch loads, so both sides of the ratio run the engine the same way.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from actors.engine import EngineConfig, LLMEngine
     from actors.sampling_params import SamplingParams
 
-    engine = LLMEngine(EngineConfig(max_num_seqs=concurrency))
+    engine = LLMEngine(EngineConfig(max_num_seqs=concurrency, max_model_len=args.max_model_len,
+                                    kv_cache_memory=args.kv_cache_memory))
     ids = engine.tokenizer.encode(PROMPT)
     params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True, temperature=0.0)
     start = time.perf_counter()
@@ -118,6 +123,10 @@ def main() -> int:
     p.add_argument("--requests", type=int, default=64)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--offline", action="store_true")
+    p.add_argument("--max-model-len", type=int, default=1024,
+                   help="offline engine: as the server's --max-model-len")
+    p.add_argument("--kv-cache-memory", type=int, default=512 << 20,
+                   help="offline engine: KV cache bytes, as the server's --kv-cache-memory")
     args = p.parse_args()
     results = {"served": [trio.run(level, args, c) for c in args.concurrency]}
     if args.offline:

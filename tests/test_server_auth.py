@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import httpx
+import pytest
 import trio
 
 from server.auth import normalise_path
-from server.config import ServerConfig
-from server.supervisor import Supervisor
-from server_helpers import ToyEngine, default_tokenizer
+from server_helpers import ServerProcess
 
 
 def test_normalise_path():
@@ -32,13 +31,18 @@ async def _raw(port: int, request: bytes) -> int:
     return int(data.split(b" ", 2)[1])
 
 
-async def test_api_key_everywhere(nursery):
-    default_tokenizer()
-    cfg = ServerConfig(port=0, served_model_names=["toy"], api_keys=["sekret"])
-    sup = Supervisor(cfg, engine_factory=lambda: ToyEngine())
-    await nursery.start(sup.run)
-    host, port = sup.bound[0].removeprefix("http://").rsplit(":", 1)
-    async with httpx.AsyncClient(base_url=f"http://{host}:{port}") as c:
+@pytest.fixture(scope="module")
+def keyed_server():
+    """The real server with a key from the environment (as a deployment would set it)."""
+    srv = ServerProcess(env={"LLMSERVE_API_KEY": "sekret"}).wait_ready()
+    yield srv
+    assert srv.stop() == 0, srv.log()
+
+
+@pytest.mark.slow
+async def test_api_key_everywhere(keyed_server):
+    port = str(keyed_server.port)
+    async with httpx.AsyncClient(base_url=keyed_server.url, timeout=60) as c:
         assert (await c.get("/health")).status_code == 200
         assert (await c.get("/ping")).status_code == 200
         for method, path in [("GET", "/v1/models"), ("POST", "/v1/completions"),
@@ -65,3 +69,14 @@ async def test_api_key_everywhere(nursery):
                 b"GET /health/%2e%2e/v1/models HTTP/1.1\r\nHost: x\r\n\r\n"]:
         assert await _raw(p, req) == 401, req
     assert await _raw(p, b"GET /v1/models HTTP/1.1\r\nHost: x/?\r\n\r\n") == 401
+
+
+@pytest.mark.slow
+def test_openai_sdk_with_and_without_key(keyed_server):
+    import openai
+
+    with openai.OpenAI(base_url=keyed_server.url + "/v1", api_key="sekret", max_retries=0) as c:
+        assert c.models.list().data[0].id == "SmolLM2-135M-Instruct"
+    with openai.OpenAI(base_url=keyed_server.url + "/v1", api_key="nope", max_retries=0) as c:
+        with pytest.raises(openai.AuthenticationError):
+            c.completions.create(model="SmolLM2-135M-Instruct", prompt="Hi", max_tokens=2)

@@ -1,151 +1,238 @@
-"""`python -m server` as a subprocess with the real default model, through the openai SDK."""
+"""`python -m server` with the real default model, through the openai SDK (sync and async).
+
+One server for the module. Greedy outputs are checked against the offline engine
+(actors.LLM) on the same token ids, so "right text" means the same text the engine makes
+without the server in between.
+"""
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
-
 import httpx
+import orjson
 import pytest
-import trio
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(importlib.util.find_spec("actors.loader") is None,
-                       reason="the model loader is not built yet"),
-]
-ROOT = Path(__file__).resolve().parents[1]
+from server_helpers import ServerProcess, offline_greedy, sse_data
 
+pytestmark = pytest.mark.slow
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(*extra: str) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "server", "--port", str(port), "--max-model-len", "1024",
-         "--kv-cache-memory", "256m", "--drain-timeout", "20", *extra],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(proc.stderr.read().decode()[-2000:])
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError("server did not become healthy")
+TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+            "{% if add_generation_prompt %}<assistant>{% endif %}")
 
 
 @pytest.fixture(scope="module")
 def server():
-    proc, url = start_server()
-    yield url
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(60) == 0
+    srv = ServerProcess("--trust-request-chat-template").wait_ready()
+    yield srv.url
+    assert srv.stop() == 0, srv.log()
 
 
 @pytest.fixture(scope="module")
 def client(server):
     from openai import OpenAI
 
-    return OpenAI(base_url=server + "/v1", api_key="unused")
+    with OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0) as c:
+        yield c
 
 
-def test_completions_greedy_is_repeatable(client):
-    a = client.completions.create(model=None, prompt="The capital of France is",
-                                  max_tokens=8, temperature=0)
-    b = client.completions.create(model=None, prompt="The capital of France is",
-                                  max_tokens=8, temperature=0)
-    assert a.choices[0].text == b.choices[0].text and a.choices[0].text
-    assert a.usage.completion_tokens == 8
+@pytest.fixture(scope="module")
+def model(client):
+    models = client.models.list().data
+    assert [m.id for m in models] == ["SmolLM2-135M-Instruct"]
+    return models[0].id
 
 
-def test_stream_n_logprobs_usage(client):
-    stream = client.completions.create(model=None, prompt="Once upon a time", max_tokens=6,
+def tokenize(server: str, text: str) -> list[int]:
+    r = httpx.post(server + "/tokenize", json={"prompt": text, "add_special_tokens": False})
+    assert r.status_code == 200, r.text
+    return r.json()["tokens"]
+
+
+def test_greedy_matches_offline_engine(server, client, model):
+    ids = tokenize(server, "The capital of France is")
+    want_ids, want_text = offline_greedy(ids, 8)
+    r = client.completions.create(model=model, prompt=ids, max_tokens=8, temperature=0)
+    assert r.choices[0].text == want_text and want_text
+    assert r.usage.prompt_tokens == len(ids) and r.usage.completion_tokens == len(want_ids)
+    # The same through a stream, in pieces.
+    stream = client.completions.create(model=model, prompt=ids, max_tokens=8, temperature=0,
+                                       stream=True)
+    pieces = [c.choices[0].text for c in stream if c.choices]
+    assert "".join(pieces) == want_text and len([p for p in pieces if p]) > 1
+
+
+def test_stream_n_logprobs_usage(client, model):
+    stream = client.completions.create(model=model, prompt="Once upon a time", max_tokens=6,
                                        n=2, temperature=0.8, seed=1, logprobs=2, stream=True,
-                                       stream_options={"include_usage": True})
-    finishes, usage = {}, None
+                                       extra_body={"ignore_eos": True}, stream_options={"include_usage": True})
+    finishes, usage, tokens = {}, None, {0: 0, 1: 0}
     for chunk in stream:
         if chunk.usage:
             usage = chunk.usage
         for c in chunk.choices:
+            assert c.index not in finishes, "text after the finish_reason"
+            tokens[c.index] += len(c.logprobs.tokens)
+            assert all(len(top) <= 2 for top in c.logprobs.top_logprobs)
+            assert all(lp <= 0 for lp in c.logprobs.token_logprobs)
             if c.finish_reason:
-                assert c.index not in finishes
                 finishes[c.index] = c.finish_reason
-    assert set(finishes) == {0, 1} and usage.completion_tokens == 12
+    assert finishes == {0: "length", 1: "length"} and tokens == {0: 6, 1: 6}
+    assert usage.completion_tokens == 12 and usage.prompt_tokens > 0
 
 
-def test_chat_sync_and_stream(client):
-    r = client.chat.completions.create(model=None, max_tokens=8, temperature=0,
-                                       messages=[{"role": "user", "content": "Say hi"}])
-    assert r.choices[0].message.role == "assistant" and r.choices[0].message.content
+def test_seed_repeats_and_differs(client, model):
+    def text(seed: int) -> str:
+        return client.completions.create(model=model, prompt="My favourite animal is",
+                                         max_tokens=10, temperature=1.0, seed=seed,
+                                         extra_body={"ignore_eos": True}).choices[0].text
+
+    a, b = text(7), text(7)
+    assert a == b and a
+    assert len({a, text(8), text(9)}) > 1
+
+
+def test_n_choices_stop_per_choice(client, model):
+    r = client.completions.create(model=model, prompt="List three colours:", max_tokens=24,
+                                  n=3, temperature=1.0, seed=3, stop=[" "],
+                                  extra_body={"ignore_eos": True})
+    assert sorted(c.index for c in r.choices) == [0, 1, 2]
+    for c in r.choices:
+        assert " " not in c.text
+        assert c.finish_reason == "stop"
+    # include_stop_str_in_output keeps the stop string at the end of each choice.
+    r = client.completions.create(model=model, prompt="List three colours:", max_tokens=24,
+                                  n=3, temperature=1.0, seed=3, stop=[" "],
+                                  extra_body={"ignore_eos": True, "include_stop_str_in_output": True})
+    for c in r.choices:
+        assert c.text.endswith(" ") and " " not in c.text[:-1] and c.finish_reason == "stop"
+
+
+def test_stop_string_across_tokens_streamed(client, model):
+    prompt = "1, 2, 3, 4,"
+    full = client.completions.create(model=model, prompt=prompt, max_tokens=12, temperature=0,
+                                     extra_body={"ignore_eos": True}).choices[0].text
+    stop = full.strip()[2:6]  # spans tokens ("5, 6" -> "6, 7"...)
+    assert len(stop) == 4
+    cut = client.completions.create(model=model, prompt=prompt, max_tokens=12, temperature=0,
+                                    stop=[stop], extra_body={"ignore_eos": True}).choices[0]
+    assert cut.finish_reason == "stop" and full.startswith(cut.text) and stop not in cut.text
+    assert full[len(cut.text):].startswith(stop)
+    chunks = list(client.completions.create(model=model, prompt=prompt, max_tokens=12,
+                                            temperature=0, stop=[stop], extra_body={"ignore_eos": True},
+                                            stream=True))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == cut.text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+
+
+def test_token_id_prompts_and_echo(server, client, model):
+    ids = tokenize(server, "Hello there")
+    r = client.completions.create(model=model, prompt=[ids, ids + ids[:1]], max_tokens=4,
+                                  temperature=0, echo=True, logprobs=1)
+    assert [c.index for c in r.choices] == [0, 1]
+    assert r.choices[0].text.startswith("Hello there") and len(r.choices[0].text) > 11
+    assert r.usage.prompt_tokens == 2 * len(ids) + 1
+    lp = r.choices[0].logprobs
+    assert lp.text_offset[0] == len("Hello there") and len(lp.tokens) == 4
+    # Two text prompts, streamed with echo: the prompt comes first in each choice.
+    texts = {0: "", 1: ""}
+    for chunk in client.completions.create(model=model, prompt=["Hi", "Bye"], max_tokens=3,
+                                           temperature=0, echo=True, stream=True):
+        for c in chunk.choices:
+            texts[c.index] += c.text
+    assert texts[0].startswith("Hi") and texts[1].startswith("Bye")
+
+
+def test_chat_sync_and_stream(client, model):
+    messages = [{"role": "system", "content": "Be brief."},
+                {"role": "user", "content": [{"type": "text", "text": "Say hi"}]}]
+    r = client.chat.completions.create(model=model, max_tokens=8, temperature=0,
+                                       messages=messages, logprobs=True, top_logprobs=2)
+    msg = r.choices[0].message
+    assert msg.role == "assistant" and msg.content
+    assert len(r.choices[0].logprobs.content) == r.usage.completion_tokens
+    assert all(len(t.top_logprobs) == 2 for t in r.choices[0].logprobs.content)
     chunks = list(client.chat.completions.create(
-        model=None, max_tokens=8, temperature=0, stream=True,
-        messages=[{"role": "system", "content": "Be brief."},
-                  {"role": "user", "content": [{"type": "text", "text": "Say hi"}]}]))
+        model=model, max_tokens=8, temperature=0, stream=True, messages=messages,
+        stream_options={"include_usage": True}))
     assert chunks[0].choices[0].delta.role == "assistant"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices].count(None) == \
+        len([c for c in chunks if c.choices]) - 1
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert text == r.choices[0].message.content
+    assert text == msg.content
+    assert chunks[-1].usage.completion_tokens == r.usage.completion_tokens
 
 
-def test_token_ids_echo_and_stop(client):
-    r = client.completions.create(model=None, prompt=[[504, 3458]], max_tokens=4,
-                                  temperature=0, echo=True)
-    assert r.usage.prompt_tokens == 2 and len(r.choices[0].text) > 0
-    full = client.completions.create(model=None, prompt="1, 2, 3, 4,", max_tokens=12,
-                                     temperature=0).choices[0].text
-    stop = full.strip()[2:5]
-    cut = client.completions.create(model=None, prompt="1, 2, 3, 4,", max_tokens=12,
-                                    temperature=0, stop=[stop]).choices[0]
-    assert stop not in cut.text and cut.finish_reason == "stop"
+def test_chat_templates(server, client, model):
+    messages = [{"role": "user", "content": "Name a fruit."}]
+    # The model's own template (ChatML for SmolLM2), rendered by /tokenize.
+    r = httpx.post(server + "/tokenize", json={"messages": messages,
+                                              "add_generation_prompt": True})
+    text = httpx.post(server + "/detokenize", json={"tokens": r.json()["tokens"]}).json()
+    assert "<|im_start|>user\nName a fruit.<|im_end|>" in text["prompt"]
+    assert text["prompt"].endswith("<|im_start|>assistant\n")
+    # A request template (allowed by --trust-request-chat-template).
+    r = httpx.post(server + "/tokenize", json={"messages": messages, "chat_template": TEMPLATE,
+                                              "add_generation_prompt": True})
+    text = httpx.post(server + "/detokenize", json={"tokens": r.json()["tokens"]}).json()
+    assert text["prompt"] == "<user>Name a fruit.\n<assistant>"
+    out = client.chat.completions.create(model=model, messages=messages, max_tokens=4,
+                                         temperature=0, extra_body={"chat_template": TEMPLATE})
+    assert out.usage.prompt_tokens == len(r.json()["tokens"])
+    # continue_final_message: the assistant's partial answer is continued, not closed.
+    out = client.chat.completions.create(
+        model=model, max_tokens=6, temperature=0,
+        messages=messages + [{"role": "assistant", "content": "My answer is"}],
+        extra_body={"continue_final_message": True, "add_generation_prompt": False,
+                    "echo": True})
+    assert out.choices[0].message.content.startswith("My answer is")
+    assert len(out.choices[0].message.content) > len("My answer is")
 
 
-async def test_async_64_streams(server):
+def test_async_64_streams(server, model):
+    """64 concurrent streams through AsyncOpenAI, on asyncio (the SDK's usual loop; under
+    Trio its unexhausted httpx generators are finalized with ResourceWarnings)."""
+    import asyncio
+
     from openai import AsyncOpenAI
 
-    client = AsyncOpenAI(base_url=server + "/v1", api_key="unused")
-    counts = []
+    counts, texts, errors = [], [], []
 
-    async def one(i):
-        stream = await client.completions.create(
-            model=None, prompt=f"Count {i}:", max_tokens=8, ignore_eos=True, stream=True,
-            extra_body={"ignore_eos": True}, stream_options={"include_usage": True})
-        async for chunk in stream:
-            if chunk.usage:
-                counts.append(chunk.usage.completion_tokens)
+    async def one(client, i):
+        try:
+            stream = await client.completions.create(
+                model=model, prompt=f"Count to {i}:", max_tokens=8, stream=True,
+                temperature=0.7, seed=i, extra_body={"ignore_eos": True},
+                stream_options={"include_usage": True})
+            text, finishes = "", []
+            async with stream:
+                async for chunk in stream:
+                    if chunk.usage:
+                        counts.append(chunk.usage.completion_tokens)
+                    for c in chunk.choices:
+                        text += c.text
+                        if c.finish_reason:
+                            finishes.append(c.finish_reason)
+            assert finishes == ["length"]
+            texts.append(text)
+        except Exception as exc:  # collected: one failure must not hide the others
+            errors.append(repr(exc))
 
-    async with trio.open_nursery() as n:
-        for i in range(64):
-            n.start_soon(one, i)
-    assert counts == [8] * 64
+    async def main():
+        async with AsyncOpenAI(base_url=server + "/v1", api_key="unused", max_retries=0,
+                               timeout=120) as client:
+            await asyncio.gather(*(one(client, i) for i in range(64)))
+
+    asyncio.run(main())
+    assert errors == [] and counts == [8] * 64 and len(texts) == 64
 
 
-def test_sigterm_drains():
-    proc, url = start_server()
-    with httpx.Client(base_url=url, timeout=60) as c, c.stream(
-            "POST", "/v1/completions",
-            json={"prompt": "Hi", "max_tokens": 40, "ignore_eos": True, "stream": True}) as r:
-        lines = r.iter_lines()
-        next(lines)
-        proc.send_signal(signal.SIGTERM)
-        time.sleep(0.3)
-        assert httpx.post(url + "/v1/completions", json={"prompt": "x"}).status_code == 503
-        rest = list(lines)
-    assert rest[-1] == "data: [DONE]" or "data: [DONE]" in rest
-    assert proc.wait(60) == 0
+def test_raw_http_shapes(server):
+    r = httpx.post(server + "/v1/completions",
+                   json={"prompt": "Hi", "max_tokens": 3, "stream": True, "ignore_eos": True})
+    assert r.headers["content-type"].startswith("text/event-stream")
+    data = sse_data(r.text.splitlines())
+    assert data[-1] == "[DONE]"
+    chunks = [orjson.loads(d) for d in data[:-1]]
+    assert all(c["object"] == "text_completion" for c in chunks)
+    assert [c["choices"][0]["finish_reason"] for c in chunks][-1] == "length"
+    assert httpx.get(server + "/version").json()["version"]
+    assert httpx.get(server + "/openapi.json").json()["paths"]["/v1/completions"]

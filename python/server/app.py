@@ -73,6 +73,9 @@ def create_app(srv: ServerState) -> Any:
         headers = {}
         if status == 405 and exc.get_headers():
             headers = {k: v for k, v in exc.get_headers() if k.lower() == "allow"}
+        if status == 413:
+            # The rest of the body is still on the wire: this connection cannot be reused.
+            headers["Connection"] = "close"
         return _error_response(status, message, headers=headers)
 
     @app.errorhandler(Exception)

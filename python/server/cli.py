@@ -40,45 +40,65 @@ def _json_list(text: str) -> list[str]:
     return value
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends "(default: X)" unless the help text already says what the default is."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text.lower():
+            return text
+        return super()._get_help_string(action) or ""
+
+
+# The engine's defaults (actors.engine.EngineConfig), repeated here so that `--help` needs
+# no heavy imports; tests/test_server_lifecycle.py checks they agree.
+ENGINE_DEFAULTS = {"max_num_seqs": 128, "max_num_batched_tokens": 2048,
+                   "kv_cache_memory": 2 << 30}
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m server",
         description="Serve a model over an OpenAI-compatible HTTP API.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_HelpFormatter,
     )
     a = p.add_argument
-    a("--model", default=None, help="model: a GGUF file or Hugging Face directory; "
-      "unset serves the bundled SmolLM2-135M-Instruct GGUF")
+    a("--model", default=None, help="model: a GGUF file or Hugging Face directory. "
+      "Default: the bundled SmolLM2-135M-Instruct GGUF")
     a("--served-model-name", nargs="+", default=None, help="names clients use for the model "
       "(aliases); the first is reported in responses and metrics. Default: the model's name")
     a("--host", default="127.0.0.1", help="interface to bind")
     a("--port", type=int, default=8000, help="port to bind (0 picks a free one)")
     a("--api-key", nargs="+", default=None, help="API keys; every route except /health and "
-      f"/ping then needs one. Also read from {' or '.join(KEY_ENV_VARS)}")
+      f"/ping then needs one. Also read from {' or '.join(KEY_ENV_VARS)}. Default: none "
+      "(no authentication)")
     a("--max-model-len", type=_tokens, default=None,
-      help="context length (prompt + output); default from the model")
-    a("--max-num-seqs", type=int, default=None, help="sequences per engine step (engine default)")
-    a("--max-num-batched-tokens", type=_tokens, default=None,
-      help="tokens per engine step (engine default)")
+      help="context length (prompt + output). Default: the model's max_position_embeddings")
+    a("--max-num-seqs", type=int, default=ENGINE_DEFAULTS["max_num_seqs"],
+      help="most sequences running at once (in one engine step)")
+    a("--max-num-batched-tokens", type=_tokens, default=ENGINE_DEFAULTS["max_num_batched_tokens"],
+      help="most tokens per engine step (prefill chunks + decodes)")
     a("--block-size", type=int, default=16, help="tokens per KV cache block")
-    a("--kv-cache-memory", type=_size, default=None,
-      help="bytes of KV cache, e.g. 2g (engine default)")
+    a("--kv-cache-memory", type=_size, default=ENGINE_DEFAULTS["kv_cache_memory"],
+      help="bytes of KV cache for all layers, e.g. 512m or 2g. Default: 2g")
     a("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
       help="reuse KV blocks of shared prompt prefixes")
     a("--dtype", default="auto", choices=["auto", "float32", "float", "bfloat16", "float16", "half"],
       help="compute dtype")
     a("--seed", type=int, default=0, help="engine seed for unseeded requests")
-    a("--generation-config", default="auto", help="'auto' takes sampling defaults from the "
-      "model's generation_config; 'vllm' ignores it; or a folder with generation_config.json")
-    a("--chat-template", default=None, help="chat template file or literal Jinja text; "
-      "default: the tokenizer's")
+    a("--generation-config", default="auto", help="where request defaults for sampling come "
+      "from: 'auto' = the model's generation_config.json, 'vllm' = none (OpenAI's), or a "
+      "folder holding a generation_config.json. Default: auto")
+    a("--chat-template", default=None, help="chat template file or literal Jinja text. "
+      "Default: the tokenizer's")
     a("--chat-template-content-format", default="auto", choices=["auto", "string", "openai"],
       help="how message content is passed to the template")
     a("--trust-request-chat-template", action="store_true",
       help="allow requests to supply their own chat_template")
     a("--max-logprobs", type=int, default=20, help="largest logprobs/top_logprobs (-1: no cap)")
-    a("--max-queued-requests", type=int, default=None, help="requests (sequences) allowed to "
-      "wait beyond --max-num-seqs before new ones get 503; default 2 x max-num-seqs")
+    a("--max-queued-requests", type=int, default=None, help="sequences allowed to "
+      "wait beyond --max-num-seqs before new requests get 503 + Retry-After. "
+      "Default: 2 x --max-num-seqs")
     a("--max-body-bytes", type=_size, default="4m", help="largest request body (413 above)")
     a("--drain-timeout", type=float, default=30.0,
       help="seconds in-flight requests may take to finish after SIGTERM/SIGINT")

@@ -5,11 +5,17 @@ Loading (weights, KV cache) happens in `run` before `started()`, so once the sup
 under a limiter of one: the engine is not re-entrant, and its native code releases the
 GIL so the Trio thread keeps serving HTTP meanwhile. Only the scheduler actor calls
 `step`, and it mutates the engine (add/abort) only between steps, never during one.
+
+Fault injection (for the server's failure tests, off unless set): the environment variable
+LLMSERVE_FAULT_AFTER_STEPS=N, read once when the actor is built, makes every engine step
+after the N-th raise inside the worker thread, exactly where a real step failure (a kernel
+error, an out-of-memory) would surface. It changes nothing else.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -17,9 +23,28 @@ import trio
 
 log = logging.getLogger("server.engine")
 
+FAULT_ENV = "LLMSERVE_FAULT_AFTER_STEPS"
+
 
 class EngineFailed(RuntimeError):
     """The engine raised during a step: every in-flight request is lost."""
+
+
+class InjectedFault(RuntimeError):
+    """Raised by a step when LLMSERVE_FAULT_AFTER_STEPS says so."""
+
+
+def _fault_after(environ: dict[str, str] | os._Environ[str] = os.environ) -> int | None:
+    raw = environ.get(FAULT_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{FAULT_ENV} must be an integer, got {raw!r}") from None
+    if value < 0:
+        raise ValueError(f"{FAULT_ENV} must be >= 0, got {value}")
+    return value
 
 
 class EngineActor:
@@ -27,6 +52,11 @@ class EngineActor:
         self._make_engine = make_engine
         self._limiter = trio.CapacityLimiter(1)
         self.engine: Any = None
+        self._fault_after = _fault_after()
+        self._steps = 0
+        if self._fault_after is not None:
+            log.warning("%s=%d: engine steps after that many will fail", FAULT_ENV,
+                        self._fault_after)
 
     async def run(self, *, task_status: trio.TaskStatus[EngineActor] = trio.TASK_STATUS_IGNORED):
         log.info("loading the engine")
@@ -35,9 +65,17 @@ class EngineActor:
         task_status.started(self)
         await trio.sleep_forever()
 
+    def _step(self) -> list[Any]:
+        """Runs in the worker thread."""
+        self._steps += 1
+        if self._fault_after is not None and self._steps > self._fault_after:
+            raise InjectedFault(f"injected fault at engine step {self._steps}")
+        return self.engine.step()
+
     async def step(self) -> list[Any]:
         """One engine step. Not cancellable mid-step: a step leaves the engine consistent."""
         try:
-            return await trio.to_thread.run_sync(self.engine.step, limiter=self._limiter)
+            return await trio.to_thread.run_sync(self._step, limiter=self._limiter)
         except Exception as exc:
+            log.error("engine step failed", exc_info=exc)
             raise EngineFailed(f"engine step failed: {type(exc).__name__}") from exc

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -13,7 +13,8 @@ class ContentPart(APIModel):
 
 
 class ChatMessage(APIModel):
-    role: str = Field(min_length=1)
+    # OpenAI's roles; a template cannot be trusted to do anything sensible with others.
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None

@@ -14,7 +14,8 @@ INT64_MAX = 2**63 - 1
 
 
 class APIModel(BaseModel):
-    model_config = ConfigDict(extra="allow", protected_namespaces=())
+    # strict: a JSON string is not silently a bool or an int ("yes" -> True, "10" -> 10).
+    model_config = ConfigDict(extra="allow", protected_namespaces=(), strict=True)
 
 
 class StreamOptions(APIModel):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 from typing import Any
 
 import trio
@@ -121,7 +122,8 @@ def register(app: Quart, srv: ServerState) -> None:
             if not 0 <= t < vocab:
                 raise bad_request(f"Token id {t} is out of vocabulary", "tokens")
         text = await trio.to_thread.run_sync(
-            srv.tokenizer.backend_tokenizer.decode, req.tokens, limiter=_TOKENIZE_LIMITER
+            partial(srv.tokenizer.backend_tokenizer.decode, req.tokens, skip_special_tokens=False),
+            limiter=_TOKENIZE_LIMITER,
         )
         return json_response({"prompt": text})
 

@@ -1,0 +1,137 @@
+"""`python -m server` start, admission, drain and failure, on the real default model.
+
+    --help        every flag documented with its default, no model loaded
+    loading       /health is 503 until the model is ready, then 200
+    admission     more requests than --max-num-seqs + --max-queued-requests: 503 + Retry-After
+    SIGTERM       in-flight streams finish, new requests get 503, exit code 0
+    engine fault  LLMSERVE_FAULT_AFTER_STEPS makes a step raise: every in-flight request gets
+                  an error, /health turns 503, exit code 1
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import orjson
+import pytest
+
+from server_helpers import ROOT, ServerProcess, sse_data
+
+pytestmark = pytest.mark.slow
+
+STREAM = {"prompt": "Write a poem about the sea.", "max_tokens": 16, "ignore_eos": True,
+          "stream": True, "stream_options": {"include_usage": True}}
+
+
+def test_help_documents_every_flag_with_default():
+    from server.cli import ENGINE_DEFAULTS, build_parser
+
+    from actors.engine import EngineConfig
+
+    out = subprocess.run([sys.executable, "-m", "server", "--help"], capture_output=True,
+                         text=True, timeout=60, check=True,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT / "python"))).stdout
+    flags = [a for a in build_parser()._actions if a.option_strings != ["-h", "--help"]]
+    blocks = out.split("\n  -")
+    for action in flags:
+        flag = action.option_strings[0]
+        block = next((b for b in blocks if b.startswith(flag.lstrip("-").join(["-", ""]))
+                      or b.startswith(flag[1:])), None)
+        assert block is not None, flag
+        assert "default" in block.lower(), (flag, block)
+    for key, value in ENGINE_DEFAULTS.items():
+        assert getattr(EngineConfig(), key) == value, key
+
+
+@pytest.fixture(scope="module")
+def small_server():
+    """Room for 2 running + 2 queued sequences; the SIGTERM test (last) stops it."""
+    srv = ServerProcess("--max-num-seqs", "2", "--max-queued-requests", "2",
+                        "--drain-timeout", "120").wait_ready()
+    yield srv
+    srv.stop()
+
+
+def test_health_is_503_while_loading(small_server):
+    codes = small_server.health_codes
+    assert codes[-1] == 200 and 503 in codes and set(codes) == {503, 200}
+
+
+def test_admission_full_gets_503(small_server):
+    results: list[httpx.Response] = []
+
+    def one() -> None:
+        results.append(httpx.post(small_server.url + "/v1/completions", timeout=120, json={
+            "prompt": "Hi", "max_tokens": 8, "ignore_eos": True}))
+
+    threads = [threading.Thread(target=one) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    ok = [r for r in results if r.status_code == 200]
+    full = [r for r in results if r.status_code == 503]
+    assert len(ok) + len(full) == 8 and len(ok) >= 4 and full
+    assert all(r.json()["usage"]["completion_tokens"] == 8 for r in ok)
+    for r in full:
+        assert r.headers["Retry-After"] and r.json()["error"]["code"] == 503
+
+
+def test_sigterm_drains_streams_then_exits_0(small_server):
+    url = small_server.url
+    with httpx.Client(base_url=url, timeout=60) as c:
+        streams = [c.stream("POST", "/v1/completions", json=STREAM) for _ in range(2)]
+        responses = [s.__enter__() for s in streams]
+        lines = [r.iter_lines() for r in responses]
+        firsts = [next(it) for it in lines]  # both streams are under way
+        assert all(f.startswith("data: {") for f in firsts)
+        small_server.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        r = httpx.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 2})
+        assert r.status_code == 503 and r.json()["error"]["code"] == 503
+        assert httpx.get(url + "/health").status_code == 503
+        for first, it, s in zip(firsts, lines, streams):
+            data = sse_data([first, *it])
+            s.__exit__(None, None, None)
+            assert data[-1] == "[DONE]"
+            chunks = [orjson.loads(d) for d in data[:-1]]
+            assert [ch["choices"][0]["finish_reason"] for ch in chunks if ch["choices"]][-1] \
+                == "length"
+            assert chunks[-1]["usage"]["completion_tokens"] == 16
+    assert small_server.wait(120) == 0
+
+
+def test_engine_failure_fails_in_flight_and_exits_1():
+    srv = ServerProcess(env={"LLMSERVE_FAULT_AFTER_STEPS": "30"}).wait_ready()
+    try:
+        plain: list[httpx.Response] = []
+        with httpx.Client(base_url=srv.url, timeout=60) as c, c.stream(
+                "POST", "/v1/completions", json=dict(STREAM, max_tokens=300)) as r:
+            assert r.status_code == 200
+            lines = r.iter_lines()
+            first = next(lines)
+            worker = threading.Thread(target=lambda: plain.append(httpx.post(
+                srv.url + "/v1/completions", timeout=60,
+                json={"prompt": "Hi", "max_tokens": 300, "ignore_eos": True})))
+            worker.start()
+            data = sse_data([first, *lines])
+            health = httpx.get(srv.url + "/health").status_code
+            worker.join()
+        # The stream had its headers: one error event, then [DONE].
+        assert data[-1] == "[DONE]"
+        err = orjson.loads(data[-2])["error"]
+        assert err["code"] == 500 and "Injected" not in err["message"]
+        assert all("error" not in orjson.loads(d) for d in data[:-2])
+        # The non-streaming request: a 500 envelope.
+        assert plain[0].status_code == 500
+        assert set(plain[0].json()["error"]) == {"message", "type", "param", "code"}
+        assert health == 503
+        assert srv.wait(30) == 1
+    finally:
+        srv.stop(signal.SIGKILL)
