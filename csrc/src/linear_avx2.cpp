@@ -20,6 +20,14 @@
 namespace lc::linear {
 namespace {
 
+// Loops over register-resident arrays are unrolled early, so that the arrays become
+// registers (otherwise GCC keeps a memory copy of the accumulators, updated every k).
+#if defined(__clang__)
+#define LC_UNROLL _Pragma("unroll")
+#else
+#define LC_UNROLL _Pragma("GCC unroll 16")
+#endif
+
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 // bf16 bits -> fp32: widen to 32 bits and shift into the high half.
 inline __m256 load8(const uint16_t* p) {
@@ -44,24 +52,33 @@ void dot_tile(const Job& job, const WT* w, int64_t m0, int64_t n0, int64_t nvali
     const int64_t K = job.K, K8 = K & ~int64_t(7);
     const WT* wr[kDotCols];
     // A short last tile repeats its last row; the extra results are not stored.
+    LC_UNROLL
     for (int c = 0; c < kDotCols; ++c) wr[c] = w + (n0 + std::min<int64_t>(c, nvalid - 1)) * K;
     const float* xr[R];
+    LC_UNROLL
     for (int r = 0; r < R; ++r) xr[r] = job.x + (m0 + r) * job.ldx;
     __m256 acc[R][kDotCols];
+    LC_UNROLL
     for (int r = 0; r < R; ++r)
+        LC_UNROLL
         for (int c = 0; c < kDotCols; ++c) acc[r][c] = _mm256_setzero_ps();
     for (int64_t k = 0; k < K8; k += 8) {
         __m256 wv[kDotCols];
+        LC_UNROLL
         for (int c = 0; c < kDotCols; ++c) wv[c] = load8(wr[c] + k);
+        LC_UNROLL
         for (int r = 0; r < R; ++r) {
             const __m256 xv = _mm256_loadu_ps(xr[r] + k);
+            LC_UNROLL
             for (int c = 0; c < kDotCols; ++c) acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
         }
     }
+    LC_UNROLL
     for (int r = 0; r < R; ++r) {
         alignas(16) float v[kDotCols] = {};
         _mm_store_ps(v, hsum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]));
         for (int64_t k = K8; k < K; ++k)
+            LC_UNROLL
             for (int c = 0; c < kDotCols; ++c) v[c] += xr[r][k] * widen(wr[c][k]);
         store_row(job, m0 + r, n0, v, std::min<int64_t>(nvalid, kDotCols));
     }
@@ -118,6 +135,7 @@ void pack_panel(const WT* w, int64_t K, int64_t n0, int64_t nvalid, float* dst) 
     for (int h = 0; h < kNR / 8; ++h) {
         const WT* rows[8];
         bool live[8];
+        LC_UNROLL
         for (int i = 0; i < 8; ++i) {
             const int64_t c = h * 8 + i;
             live[i] = c < nvalid;
@@ -125,11 +143,14 @@ void pack_panel(const WT* w, int64_t K, int64_t n0, int64_t nvalid, float* dst) 
         }
         for (int64_t k = 0; k < K8; k += 8) {
             __m256 r[8];
+            LC_UNROLL
             for (int i = 0; i < 8; ++i) r[i] = live[i] ? load8(rows[i] + k) : _mm256_setzero_ps();
             transpose8(r);
+            LC_UNROLL
             for (int i = 0; i < 8; ++i) _mm256_storeu_ps(dst + (k + i) * kNR + h * 8, r[i]);
         }
         for (int64_t k = K8; k < K; ++k)
+            LC_UNROLL
             for (int i = 0; i < 8; ++i)
                 dst[k * kNR + h * 8 + i] = live[i] ? widen(rows[i][k]) : 0.0f;
     }
@@ -139,12 +160,15 @@ template <int R>
 void micro(const Job& job, const float* panel, int64_t m0, int64_t n0, int64_t nvalid) {
     const int64_t K = job.K;
     const float* xr[R];
+    LC_UNROLL
     for (int r = 0; r < R; ++r) xr[r] = job.x + (m0 + r) * job.ldx;
     __m256 c0[R], c1[R];
+    LC_UNROLL
     for (int r = 0; r < R; ++r) c0[r] = c1[r] = _mm256_setzero_ps();
     const float* b = panel;
     for (int64_t k = 0; k < K; ++k, b += kNR) {
         const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
+        LC_UNROLL
         for (int r = 0; r < R; ++r) {
             const __m256 a = _mm256_broadcast_ss(xr[r] + k);
             c0[r] = _mm256_fmadd_ps(a, b0, c0[r]);
@@ -157,6 +181,7 @@ void micro(const Job& job, const float* panel, int64_t m0, int64_t n0, int64_t n
             bias0 = _mm256_loadu_ps(job.bias + n0);
             bias1 = _mm256_loadu_ps(job.bias + n0 + 8);
         }
+        LC_UNROLL
         for (int r = 0; r < R; ++r) {
             float* o = static_cast<float*>(job.out) + (m0 + r) * job.ldo + n0;
             _mm256_storeu_ps(o, _mm256_add_ps(c0[r], bias0));
@@ -164,6 +189,7 @@ void micro(const Job& job, const float* panel, int64_t m0, int64_t n0, int64_t n
         }
         return;
     }
+    LC_UNROLL
     for (int r = 0; r < R; ++r) {
         float v[kNR];
         _mm256_storeu_ps(v, c0[r]);
