@@ -7,6 +7,7 @@ import math
 import os
 import subprocess
 import sys
+from typing import Any
 
 import llmcore
 import numpy as np
@@ -134,3 +135,25 @@ def test_isa_can_be_forced_to_scalar() -> None:
                          timeout=60, check=True)
     assert res.stdout.strip() == "scalar"
     assert llmcore.linear_isa() in ("avx2", "scalar")
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_model_with_bf16_weights_computes_in_fp32(kind: str, make_tiny_model: Any) -> None:
+    """bf16 weights + fp32 activations give the fp32 model's logits on bf16-rounded weights."""
+    from actors.loader import load_model
+    from actors.models.attention import DenseCausalAttention
+
+    model_dir = make_tiny_model(kind)  # qwen2 has q/k/v biases
+    bf = load_model(model_dir, dtype="bfloat16").model
+    ref = load_model(model_dir, dtype="float32").model
+    assert bf.compute_dtype == torch.float32 and ref.compute_dtype == torch.float32
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.copy_(p.bfloat16().float())
+    ids = torch.randint(0, ref.config.vocab_size, (12,), generator=torch.Generator().manual_seed(0))
+    pos = torch.cat([torch.arange(5), torch.arange(7)])
+    with torch.no_grad():
+        got = bf(ids, pos, DenseCausalAttention(bf.attention_specs(), [5, 7]))
+        want = ref(ids, pos, DenseCausalAttention(ref.attention_specs(), [5, 7]))
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
