@@ -73,17 +73,17 @@ def bench_kernels(args: argparse.Namespace) -> list[dict[str, Any]]:
         for m in args.m:
             x = torch.randn(m, k, generator=gen)
             out = torch.empty(m, n)
-            ours = timed([lambda w=w: llmcore.linear(x, w, None, out) for w in ws16],
+            ours = timed([lambda w=w, x=x, o=out: llmcore.linear(x, w, None, o) for w in ws16],
                          args.repeats, args.budget_s)
-            ours32 = timed([lambda w=w: llmcore.linear(x, w, None, out) for w in ws32],
+            ours32 = timed([lambda w=w, x=x, o=out: llmcore.linear(x, w, None, o) for w in ws32],
                            args.repeats, args.budget_s)
-            ref32 = timed([lambda w=w: F.linear(x, w) for w in ws32], args.repeats, args.budget_s)
+            ref32 = timed([lambda w=w, x=x: F.linear(x, w) for w in ws32], args.repeats, args.budget_s)
             xb = x.bfloat16()
             t = time.perf_counter()
             F.linear(xb, ws16[0])
             ref16: float | None = None
             if (time.perf_counter() - t) * 1e3 < args.bf16_limit_ms:
-                ref16 = timed([lambda w=w: F.linear(xb, w) for w in ws16], args.repeats,
+                ref16 = timed([lambda w=w, xb=xb: F.linear(xb, w) for w in ws16], args.repeats,
                               args.budget_s)
             row = {
                 "shape": name, "N": n, "K": k, "M": m,

@@ -47,8 +47,9 @@ def test_matches_torch(m: int) -> None:
         got = llmcore.linear(x, w, b)
         want = _reference(x, w.float(), b)
         assert got.shape == (m, n) and got.dtype == torch.float32
+        case = f"m={m} k={k} n={n} bf16={bf16}"
         torch.testing.assert_close(got, want, rtol=_tol(k), atol=_tol(k),
-                                   msg=lambda s: f"m={m} k={k} n={n} bf16={bf16}: {s}")
+                                   msg=lambda s, case=case: f"{case}: {s}")
 
 
 def test_out_is_filled_and_returned_with_row_stride() -> None:
