@@ -67,5 +67,6 @@ void bind_runtime(py::module_& m);
 void bind_block_pool(py::module_& m);
 void bind_attention(py::module_& m);
 void bind_sampling(py::module_& m);
+void bind_linear(py::module_& m);
 
 }  // namespace lcpy

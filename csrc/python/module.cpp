@@ -176,4 +176,5 @@ PYBIND11_MODULE(_C, m) {
     lcpy::bind_block_pool(m);
     lcpy::bind_attention(m);
     lcpy::bind_sampling(m);
+    lcpy::bind_linear(m);
 }

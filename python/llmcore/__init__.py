@@ -1,4 +1,5 @@
-"""llmcore: the compiled inference core (block pool, KV store, paged attention, sampling).
+"""llmcore: the compiled inference core (block pool, KV store, paged attention, sampling,
+linear layers).
 
 Tensors cross through ``__dlpack__`` (torch or numpy, zero copy, borrowed for the
 call); integer arrays through the buffer protocol. The GIL is released while the
@@ -17,6 +18,8 @@ from llmcore._C import (
 )
 from llmcore.attention import *  # noqa: F403
 from llmcore.block_pool import *  # noqa: F403
+from llmcore.linear import *  # noqa: F403
+from llmcore.linear import __all__ as _linear_all  # the function shadows the module
 from llmcore.sampling import *  # noqa: F403
 
 from llmcore import attention as _attention
@@ -32,5 +35,6 @@ __all__ = [
     "version",
     *_attention.__all__,
     *_block_pool.__all__,
+    *_linear_all,
     *_sampling.__all__,
 ]

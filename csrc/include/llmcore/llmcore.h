@@ -358,6 +358,29 @@ LC_API lc_status lc_sample(const lc_tensor* logits, const lc_sampling_batch* bat
  * (seed, position, index). Exposed so hosts and tests can reproduce draws. */
 LC_API float lc_rng_uniform(uint64_t seed, int64_t position, uint32_t index);
 
+/* ------------------------------------------------------------------ */
+/* Linear layers                                                       */
+/* ------------------------------------------------------------------ */
+/*
+ * out[M, N] = x[M, K] @ weight[N, K]^T (+ bias[N]), the projection of a
+ * transformer layer (weight in the usual [out_features, in_features] layout).
+ *
+ *   x:      [M, K] float32, any row stride, unit last stride
+ *   weight: [N, K] bfloat16 or float32, contiguous. bf16 weights are widened
+ *           to fp32 in registers (a bf16 is the top half of an fp32), so a bf16
+ *           model reads half the bytes per token of an fp32 one
+ *   bias:   [N] float32 or bfloat16, or NULL for none
+ *   out:    [M, N] float32 or bfloat16 (rounded to nearest even), any row
+ *           stride, unit last stride; caller-allocated, must not overlap the
+ *           inputs
+ *
+ * Products accumulate in fp32. All tensors are borrowed for the call. CPU
+ * only for now: CUDA tensors return LC_ERR_UNSUPPORTED (stream is ignored).
+ * The work is split over lc_get_num_threads() threads by columns of out, so
+ * each thread reads its own rows of weight. */
+LC_API lc_status lc_linear(const lc_tensor* x, const lc_tensor* weight, const lc_tensor* bias,
+                           const lc_tensor* out, void* stream);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

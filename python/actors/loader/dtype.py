@@ -1,13 +1,21 @@
 """resolve_dtype: the --dtype policy (auto | float32 | bfloat16).
 
-"auto" picks bfloat16 only when the CPU has native bf16 matmul support (AVX512_BF16 or
-AMX), else float32. Without those instructions oneDNN falls back to a conversion path
-that is far slower than fp32. Measured on the development machine (AMD EPYC, AVX2 only,
-torch 2.13 CPU, 2 threads), [M,576] x [576,1536] (SmolLM2-135M's MLP shape):
-    M=64: float32 1.46 ms (77 GFLOP/s)   bfloat16 119 ms (0.9 GFLOP/s)  -> fp32 ~80x faster
-    M=1:  float32 0.32 ms (5.5 GFLOP/s)  bfloat16 3.6 ms (0.5 GFLOP/s)  -> fp32 ~11x faster
-so on such CPUs bf16 is not a speed option at all, only a memory one (ask for it explicitly).
-On CUDA devices "auto" means bfloat16.
+"auto" picks bfloat16 weights on CPUs with native bf16 matmul (AVX512_BF16 or AMX) and on
+CPUs with AVX2 + FMA, else float32. On CUDA devices "auto" means bfloat16.
+
+Why AVX2 CPUs get bf16 weights: the model then keeps its activations in fp32 and runs every
+projection through llmcore.linear, which widens bf16 weights to fp32 in registers, so a
+memory-bound decode step reads half the weight bytes. torch's own bf16 matmul is no option
+on such CPUs (oneDNN falls back to a conversion path; [64,576] x [576,1536] took 119 ms in
+bf16 vs 1.46 ms in fp32). Measured on the development machine (AMD EPYC, AVX2 only, no
+AVX-512, torch 2.13 CPU, shared with other work), SmolLM2-135M decode through the engine
+(scripts/bench_linear.py --engine), ms per step:
+    1 thread:  batch 1  float32 54.2  bfloat16 49.3;  batch 64  float32 376  bfloat16 293
+    2 threads: batch 1  float32 63.9  bfloat16 52.8;  batch 64  float32 3347 bfloat16 1778
+    (the 2-thread numbers are distorted by contention, but bf16 weights won every run)
+Kernel level (1 thread): bf16-weight linear is 1.25-1.7x torch fp32 at M=1..8, on par to
+1.6x faster at M=64..256; at M=2048 (prefill) 0.8-1.2x. Without AVX2 the portable kernel
+is far slower than torch fp32, so such CPUs stay on float32.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ if TYPE_CHECKING:
 
 DTYPE_CHOICES = ("auto", "float32", "bfloat16")
 _BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+_WIDENING_FLAGS = frozenset({"avx2", "fma"})  # llmcore.linear's bf16-weight kernel
 
 
 def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> frozenset[str]:
@@ -48,4 +57,7 @@ def resolve_dtype(name: str, device: str = "cpu") -> torch.dtype:
         return torch.bfloat16
     if device.startswith("cuda"):
         return torch.bfloat16
-    return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
+    flags = cpu_flags()
+    if cpu_has_fast_bf16(flags) or _WIDENING_FLAGS <= flags:
+        return torch.bfloat16
+    return torch.float32

@@ -8,12 +8,20 @@ and it is delegated to an AttentionBackend (see attention.py).
 Weights are stored fused: q/k/v as one [q+2kv, hidden] matrix and gate/up as one
 [2*inter, hidden] matrix, so each layer runs three projections' worth of matmuls as two.
 ``load_weights`` takes Hugging Face tensor names and fills the fused slices.
+
+Two dtypes: ``dtype`` is the dtype of the large matrices (projections, embeddings) and
+``compute_dtype`` that of the activations (residual stream, norms, attention inputs). They
+are equal except for bf16 weights on a CPU without bf16 arithmetic: there the matrices stay
+bf16 (half the bytes per token) and every product runs in fp32 through ``llmcore.linear``,
+which widens the weights in registers. Every parameter (norm weights and biases included)
+is stored in ``dtype``; a bf16 norm weight times an fp32 activation promotes to fp32.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+import llmcore
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -31,16 +39,35 @@ def _param(*shape: int, dtype: torch.dtype) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
 
 
+def _widening(dtype: torch.dtype, compute_dtype: torch.dtype) -> bool:
+    """True when bf16 matrices multiply fp32 activations (llmcore.linear's job)."""
+    return dtype == torch.bfloat16 and compute_dtype == torch.float32
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+           widen: bool) -> torch.Tensor:
+    """x [T, K] @ weight [N, K]^T (+ bias); widen: bf16 weight, fp32 x (see module doc)."""
+    if not widen:
+        return F.linear(x, weight, bias)
+    out = x.new_empty((x.shape[0], weight.shape[0]))
+    return llmcore._C.linear(x, weight, bias, out)
+
+
 class Linear(nn.Module):
     """y = x W^T (+ b), with parameters left for load_weights to fill."""
 
-    def __init__(self, in_size: int, out_size: int, bias: bool, dtype: torch.dtype) -> None:
+    def __init__(
+        self, in_size: int, out_size: int, bias: bool, dtype: torch.dtype,
+        compute_dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
+        compute_dtype = compute_dtype or dtype
+        self.widen = _widening(dtype, compute_dtype)
         self.weight = _param(out_size, in_size, dtype=dtype)
         self.bias = _param(out_size, dtype=dtype) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias, self.widen)
 
 
 class RMSNorm(nn.Module):
@@ -50,22 +77,25 @@ class RMSNorm(nn.Module):
         self.weight = _param(size, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Statistics in float32 whatever the activation dtype, as transformers does.
+        # Statistics in float32 whatever the activation dtype, as transformers does. A bf16
+        # weight times fp32 activations (bf16 weights, fp32 compute) promotes to fp32.
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype)
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_idx: int, dtype: torch.dtype) -> None:
+    def __init__(
+        self, cfg: ModelConfig, layer_idx: int, dtype: torch.dtype, compute_dtype: torch.dtype
+    ) -> None:
         super().__init__()
         self.layer_idx = layer_idx
         self.num_heads, self.num_kv_heads = cfg.num_heads, cfg.num_kv_heads
         self.head_dim = cfg.head_dim
         self.q_size, self.kv_size = cfg.q_size, cfg.kv_size
         qkv_size = cfg.q_size + 2 * cfg.kv_size
-        self.qkv_proj = Linear(cfg.hidden_size, qkv_size, cfg.qkv_bias, dtype)
-        self.o_proj = Linear(cfg.q_size, cfg.hidden_size, False, dtype)
+        self.qkv_proj = Linear(cfg.hidden_size, qkv_size, cfg.qkv_bias, dtype, compute_dtype)
+        self.o_proj = Linear(cfg.q_size, cfg.hidden_size, False, dtype, compute_dtype)
 
     def forward(
         self,
@@ -86,11 +116,13 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype) -> None:
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, compute_dtype: torch.dtype) -> None:
         super().__init__()
         self.inter = cfg.intermediate_size
-        self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, False, dtype)
-        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, False, dtype)
+        self.gate_up_proj = Linear(
+            cfg.hidden_size, 2 * cfg.intermediate_size, False, dtype, compute_dtype
+        )
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, False, dtype, compute_dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
@@ -104,12 +136,14 @@ class Embedding(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_idx: int, dtype: torch.dtype) -> None:
+    def __init__(
+        self, cfg: ModelConfig, layer_idx: int, dtype: torch.dtype, compute_dtype: torch.dtype
+    ) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
-        self.self_attn = Attention(cfg, layer_idx, dtype)
+        self.self_attn = Attention(cfg, layer_idx, dtype, compute_dtype)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
-        self.mlp = MLP(cfg, dtype)
+        self.mlp = MLP(cfg, dtype, compute_dtype)
 
     def forward(
         self,
@@ -122,10 +156,12 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype) -> None:
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, compute_dtype: torch.dtype) -> None:
         super().__init__()
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, dtype)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, dtype) for i in range(cfg.num_layers))
+        self.layers = nn.ModuleList(
+            DecoderLayer(cfg, i, dtype, compute_dtype) for i in range(cfg.num_layers)
+        )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
 
 
@@ -140,16 +176,24 @@ class LlamaForCausalLM(nn.Module):
     }
 
     def __init__(
-        self, cfg: ModelConfig, dtype: torch.dtype = torch.float32, max_positions: int | None = None
+        self, cfg: ModelConfig, dtype: torch.dtype = torch.float32, max_positions: int | None = None,
+        compute_dtype: torch.dtype | None = None,
     ) -> None:
+        """dtype: the weights'. compute_dtype: the activations'; by default dtype, except
+        float32 for bfloat16 weights (the CPU path; a device with bf16 arithmetic passes
+        compute_dtype=torch.bfloat16)."""
         super().__init__()
+        if compute_dtype is None:
+            compute_dtype = torch.float32 if dtype == torch.bfloat16 else dtype
         self.config = cfg
         self.dtype = dtype
-        self.model = LlamaModel(cfg, dtype)
+        self.compute_dtype = compute_dtype
+        self._widen = _widening(dtype, compute_dtype)
+        self.model = LlamaModel(cfg, dtype, compute_dtype)
         # Tied checkpoints have no lm_head: logits reuse the embedding matrix.
         self.lm_head: Linear | None = None
         if not cfg.tie_word_embeddings:
-            self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, False, dtype)
+            self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, False, dtype, compute_dtype)
         self.rope = RotaryEmbedding(
             cfg.head_dim, max_positions or cfg.max_position_embeddings, cfg.rope_theta,
             cfg.rope_scaling,
@@ -166,7 +210,7 @@ class LlamaForCausalLM(nn.Module):
         self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend
     ) -> torch.Tensor:
         """Final-norm hidden states [T, hidden_size] for the flattened batch."""
-        x = F.embedding(input_ids, self.model.embed_tokens.weight)
+        x = F.embedding(input_ids, self.model.embed_tokens.weight).to(self.compute_dtype)
         rope = self.rope(positions, x.dtype)
         for layer in self.model.layers:
             x = layer(x, rope, attn)
@@ -174,7 +218,7 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         head = self.model.embed_tokens if self.lm_head is None else self.lm_head
-        return F.linear(hidden, head.weight)
+        return linear(hidden, head.weight, None, self._widen)
 
     def forward(
         self,

@@ -1,0 +1,154 @@
+// lc_linear: argument validation (the one place), bias widening, and the
+// run-time choice of instruction set (LLMCORE_LINEAR_ISA=scalar|avx2 caps it,
+// for testing and benchmarking).
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "linear.h"
+
+namespace lc::linear {
+
+namespace {
+
+Isa detect_isa() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::kAvx2;
+#endif
+    return Isa::kScalar;
+}
+
+std::atomic<int>& isa_setting() {
+    static std::atomic<int> isa{[] {
+        Isa isa = detect_isa();
+        const char* forced = std::getenv("LLMCORE_LINEAR_ISA");
+        if (forced && std::strcmp(forced, "scalar") == 0) isa = Isa::kScalar;
+        return int(isa);
+    }()};
+    return isa;
+}
+
+std::string shape_str(const lc_tensor& t) {
+    std::string s = "[";
+    for (int i = 0; i < t.ndim; ++i) s += (i ? ", " : "") + std::to_string(t.shape[i]);
+    return s + "]";
+}
+
+bool overlaps(const lc_tensor& a, const lc_tensor& b) {
+    auto extent = [](const lc_tensor& t, const char*& lo, const char*& hi) {
+        int64_t last = 0;
+        for (int i = 0; i < t.ndim; ++i) {
+            if (t.shape[i] == 0) return false;
+            last += (t.shape[i] - 1) * t.strides[i];
+        }
+        lo = static_cast<const char*>(t.data);
+        hi = lo + (last + 1) * int64_t(dtype_size(t.dtype));
+        return true;
+    };
+    const char *alo, *ahi, *blo, *bhi;
+    if (!extent(a, alo, ahi) || !extent(b, blo, bhi)) return false;
+    return alo < bhi && blo < ahi;
+}
+
+void validate(const lc_tensor* x, const lc_tensor* w, const lc_tensor* bias,
+              const lc_tensor* out) {
+    require(x && w && out, "x, weight and out are required");
+    for (const lc_tensor* t : {x, w, bias, out})
+        if (t && t->device == LC_DEVICE_CUDA)
+            fail(LC_ERR_UNSUPPORTED, "lc_linear: CUDA tensors are not supported yet");
+    for (const lc_tensor* t : {x, w, bias, out})
+        if (t) require(t->device == LC_DEVICE_CPU, "lc_linear: tensors must live on the CPU");
+    check_tensor(x, "x", 2);
+    check_tensor(w, "weight", 2);
+    check_tensor(out, "out", 2);
+    require(x->dtype == LC_DTYPE_F32, "x must be float32, got " + std::string(dtype_name(x->dtype)));
+    require(w->dtype == LC_DTYPE_F32 || w->dtype == LC_DTYPE_BF16,
+            "weight must be bfloat16 or float32, got " + std::string(dtype_name(w->dtype)));
+    require(out->dtype == LC_DTYPE_F32 || out->dtype == LC_DTYPE_BF16,
+            "out must be float32 or bfloat16, got " + std::string(dtype_name(out->dtype)));
+    require(is_contiguous(*w), "weight must be contiguous");
+    const int64_t M = x->shape[0], K = x->shape[1], N = w->shape[0];
+    require(w->shape[1] == K, "weight " + shape_str(*w) + " does not match x " + shape_str(*x) +
+                                  ": expected [N, " + std::to_string(K) + "]");
+    require(out->shape[0] == M && out->shape[1] == N,
+            "out " + shape_str(*out) + " must be [" + std::to_string(M) + ", " +
+                std::to_string(N) + "]");
+    require(M <= 1 || x->strides[0] >= K, "x rows overlap (row stride < K)");
+    require(M <= 1 || out->strides[0] >= N, "out rows overlap (row stride < N)");
+    if (bias) {
+        check_tensor(bias, "bias", 1);
+        require(bias->dtype == LC_DTYPE_F32 || bias->dtype == LC_DTYPE_BF16,
+                "bias must be float32 or bfloat16, got " + std::string(dtype_name(bias->dtype)));
+        require(bias->shape[0] == N, "bias " + shape_str(*bias) + " must be [" +
+                                         std::to_string(N) + "]");
+    }
+    for (const lc_tensor* t : {x, w, bias})
+        if (t) require(!overlaps(*t, *out), "out must not overlap the inputs");
+}
+
+}  // namespace
+
+Isa best_isa() { return detect_isa(); }
+
+Isa set_isa(Isa isa) {
+    const Isa eff = std::min(isa, detect_isa());
+    isa_setting().store(int(eff));
+    return eff;
+}
+
+Isa current_isa() { return Isa(isa_setting().load(std::memory_order_relaxed)); }
+
+const char* isa_name(Isa isa) {
+    switch (isa) {
+        case Isa::kAvx512:
+            return "avx512";
+        case Isa::kAvx2:
+            return "avx2";
+        default:
+            return "scalar";
+    }
+}
+
+}  // namespace lc::linear
+
+extern "C" lc_status lc_linear(const lc_tensor* x, const lc_tensor* weight, const lc_tensor* bias,
+                               const lc_tensor* out, void* stream) {
+    return lc::guard([&] {
+        using namespace lc::linear;
+        validate(x, weight, bias, out);
+        Job job{};
+        job.x = static_cast<const float*>(x->data);
+        job.ldx = x->strides[0];
+        job.w = weight->data;
+        job.w_dtype = weight->dtype;
+        job.out = out->data;
+        job.ldo = out->strides[0];
+        job.out_dtype = out->dtype;
+        job.M = x->shape[0];
+        job.K = x->shape[1];
+        job.N = weight->shape[0];
+        if (job.M == 0 || job.N == 0) return;
+        std::vector<float> bias32;
+        if (bias) {
+            const int64_t bs = bias->strides[0];
+            if (bias->dtype == LC_DTYPE_F32 && (bs == 1 || job.N == 1)) {
+                job.bias = static_cast<const float*>(bias->data);
+            } else {
+                bias32.resize(size_t(job.N));
+                for (int64_t n = 0; n < job.N; ++n)
+                    bias32[size_t(n)] =
+                        bias->dtype == LC_DTYPE_F32
+                            ? static_cast<const float*>(bias->data)[n * bs]
+                            : lc::bf16_to_f32(static_cast<const uint16_t*>(bias->data)[n * bs]);
+                job.bias = bias32.data();
+            }
+        }
+        if (current_isa() == Isa::kAvx2)
+            run_avx2(job);
+        else
+            run_scalar(job);
+    });
+}

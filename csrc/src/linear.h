@@ -1,0 +1,76 @@
+// Dense linear layers on the CPU: out[M,N] = x[M,K] @ W[N,K]^T (+ bias[N]).
+//
+// The arguments are validated once (linear.cpp) and turned into a Job; the
+// kernels (one translation unit per instruction set) only compute. Weights
+// stay in the caller's layout: W row n is the K-vector of output column n,
+// stored as bf16 bits or fp32, and bf16 is widened to fp32 in registers (a
+// bf16 is the top half of an fp32), so a bf16 model reads half the bytes.
+//
+// Two shapes of work:
+//   small M (decode): each thread streams its own rows of W once; a tile of
+//     W rows is converted once per k-step and multiplied against every x row
+//     of a block of rows (dot products, horizontal sums at the end);
+//   large M (batches, prefill): W is packed in panels of 16 columns,
+//     transposed to [K][16] fp32 in a per-thread buffer that stays in L2, and
+//     a 6x16 register-blocked microkernel walks K for every block of 6 rows.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "internal.h"
+
+namespace lc::linear {
+
+struct Job {
+    const float* x;      // [M][ldx]
+    int64_t ldx;
+    const void* w;       // [N][K], contiguous; bf16 bits or fp32
+    int32_t w_dtype;     // LC_DTYPE_BF16 or LC_DTYPE_F32
+    const float* bias;   // [N] fp32 (bf16 bias is widened before the kernels) or nullptr
+    void* out;           // [M][ldo]
+    int64_t ldo;
+    int32_t out_dtype;   // LC_DTYPE_F32 or LC_DTYPE_BF16
+    int64_t M, N, K;
+};
+
+enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+
+// Runs the job over all threads. One definition per instruction set.
+void run_scalar(const Job& job);
+void run_avx2(const Job& job);
+
+// The best instruction set this CPU runs and the build compiled.
+Isa best_isa();
+// Caps the instruction set used from now on (tests run every variant);
+// returns the one in effect, min(requested, best_isa()).
+Isa set_isa(Isa isa);
+Isa current_isa();
+const char* isa_name(Isa isa);
+
+// Rows at or below which the small-M (dot product) kernel is used.
+constexpr int64_t kSmallM = 8;
+
+// Stores `count` results of one output row starting at column n0, adding the
+// bias; the only place that knows the output dtype.
+inline void store_row(const Job& job, int64_t m, int64_t n0, const float* v, int64_t count) {
+    if (job.out_dtype == LC_DTYPE_BF16) {
+        uint16_t* o = static_cast<uint16_t*>(job.out) + m * job.ldo + n0;
+        for (int64_t c = 0; c < count; ++c)
+            o[c] = f32_to_bf16(v[c] + (job.bias ? job.bias[n0 + c] : 0.0f));
+    } else {
+        float* o = static_cast<float*>(job.out) + m * job.ldo + n0;
+        for (int64_t c = 0; c < count; ++c) o[c] = v[c] + (job.bias ? job.bias[n0 + c] : 0.0f);
+    }
+}
+
+// Splits `units` work units (tiles of W rows) over the worker pool so that
+// each chunk does at least ~kMinChunkMacs multiply-adds; fn(begin, end).
+template <class F>
+void for_tiles(const Job& job, int64_t units, int64_t macs_per_unit, F&& fn) {
+    constexpr int64_t kMinChunkMacs = 1 << 16;
+    const int64_t grain = std::max<int64_t>(1, kMinChunkMacs / std::max<int64_t>(1, macs_per_unit));
+    parallel_for(units, grain, fn);
+}
+
+}  // namespace lc::linear

@@ -1,0 +1,164 @@
+"""Benchmark llmcore.linear (bf16 weights, fp32 activations) against torch's F.linear.
+
+Kernels (default): the default model's projection shapes (SmolLM2-135M: fused qkv, o_proj,
+fused gate_up, down_proj, tied lm_head) at M rows in {1, 8, 64, 256}. Each measurement cycles
+through enough copies of the weight to overflow the last-level cache, as a model does when it
+streams all its layers once per token, and reports the median time, the weight bytes read per
+second and torch-fp32 time / ours. torch's own bf16 F.linear is timed too (slow on CPUs without
+native bf16; skipped once a single call exceeds --bf16-limit-ms).
+
+Engine (--engine): decode ms per step of the real model through the engine, batch 1 and 64,
+for dtype float32 and bfloat16.
+
+Prints one JSON object on stdout; progress on stderr.
+
+    PYTHONPATH=python python scripts/bench_linear.py --threads 1
+    PYTHONPATH=python python scripts/bench_linear.py --engine --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import llmcore
+import torch
+import torch.nn.functional as F
+
+# (name, N, K) for SmolLM2-135M: hidden 576, 9 q heads + 2 x 3 kv heads of 64, MLP 1536.
+SHAPES = [
+    ("qkv", 960, 576),
+    ("o_proj", 576, 576),
+    ("gate_up", 3072, 576),
+    ("down", 576, 1536),
+    ("lm_head", 49152, 576),
+]
+CACHE_BYTES = 96 << 20  # more than the last-level cache of the machines we run on
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def timed(fns: list[Callable[[], Any]], repeats: int, budget_s: float) -> float:
+    """Median seconds per call, cycling through fns (one per weight copy)."""
+    fns[0]()
+    times: list[float] = []
+    start = time.perf_counter()
+    i = 0
+    while len(times) < repeats and (len(times) < 3 or time.perf_counter() - start < budget_s):
+        fn = fns[i % len(fns)]
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+        i += 1
+    return statistics.median(times)
+
+
+def bench_kernels(args: argparse.Namespace) -> list[dict[str, Any]]:
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for name, n, k in SHAPES:
+        if args.shapes and name not in args.shapes:
+            continue
+        w32 = torch.randn(n, k, generator=gen) * 0.05
+        copies = max(1, min(32, -(-CACHE_BYTES // (n * k * 4))))
+        ws32 = [w32.clone() for _ in range(copies)]
+        ws16 = [w.bfloat16() for w in ws32]
+        for m in args.m:
+            x = torch.randn(m, k, generator=gen)
+            out = torch.empty(m, n)
+            ours = timed([lambda w=w, x=x, o=out: llmcore.linear(x, w, None, o) for w in ws16],
+                         args.repeats, args.budget_s)
+            ours32 = timed([lambda w=w, x=x, o=out: llmcore.linear(x, w, None, o) for w in ws32],
+                           args.repeats, args.budget_s)
+            ref32 = timed([lambda w=w, x=x: F.linear(x, w) for w in ws32], args.repeats, args.budget_s)
+            xb = x.bfloat16()
+            t = time.perf_counter()
+            F.linear(xb, ws16[0])
+            ref16: float | None = None
+            if (time.perf_counter() - t) * 1e3 < args.bf16_limit_ms:
+                ref16 = timed([lambda w=w, xb=xb: F.linear(xb, w) for w in ws16], args.repeats,
+                              args.budget_s)
+            row = {
+                "shape": name, "N": n, "K": k, "M": m,
+                "ours_bf16_ms": round(ours * 1e3, 4),
+                "ours_bf16_weight_GBps": round(n * k * 2 / ours / 1e9, 2),
+                "ours_bf16_GFLOPs": round(2 * m * n * k / ours / 1e9, 1),
+                "ours_fp32w_ms": round(ours32 * 1e3, 4),
+                "torch_fp32_ms": round(ref32 * 1e3, 4),
+                "torch_fp32_weight_GBps": round(n * k * 4 / ref32 / 1e9, 2),
+                "torch_bf16_ms": None if ref16 is None else round(ref16 * 1e3, 3),
+                "speedup_vs_torch_fp32": round(ref32 / ours, 2),
+                "speedup_vs_torch_bf16": None if ref16 is None else round(ref16 / ours, 1),
+            }
+            log(f"{name:8s} M={m:4d}: ours {row['ours_bf16_ms']:.3f} ms "
+                f"({row['ours_bf16_weight_GBps']} GB/s, {row['ours_bf16_GFLOPs']} GFLOP/s), "
+                f"torch fp32 {row['torch_fp32_ms']:.3f} ms, torch bf16 {row['torch_bf16_ms']} ms"
+                f" -> x{row['speedup_vs_torch_fp32']}")
+            rows.append(row)
+    return rows
+
+
+def bench_engine(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from actors import LLM, SamplingParams
+
+    rows = []
+    for dtype in ("float32", "bfloat16"):
+        llm = LLM(dtype=dtype, num_threads=args.threads, max_num_seqs=64,
+                  kv_cache_memory=256 << 20, max_model_len=2048)
+        eng = llm.engine
+        for batch in args.batch:
+            params = SamplingParams(max_tokens=args.new_tokens, temperature=0, ignore_eos=True)
+            for i in range(batch):
+                eng.add_request(f"{dtype}-{batch}-{i}", [1 + (i * 7 + j) % 1000 for j in range(16)],
+                                params)
+            steps: list[tuple[float, int]] = []
+            while eng.has_unfinished_requests():
+                t = time.perf_counter()
+                outs = eng.step()
+                steps.append((time.perf_counter() - t, sum(len(o.new_token_ids) for o in outs)))
+            # Steps that produce one token per sequence are decode steps (the first also
+            # finishes the prompts, so it is skipped).
+            decode = [s for s, n in steps[1:] if n == batch]
+            step_ms = statistics.median(decode) * 1e3
+            row = {"dtype": dtype, "batch": batch, "decode_steps": len(decode),
+                   "step_ms": round(step_ms, 2), "ms_per_token": round(step_ms / batch, 3),
+                   "tok_s": round(batch * 1e3 / step_ms, 1)}
+            log(f"engine {dtype:8s} batch {batch:3d}: {row['step_ms']} ms/step, "
+                f"{row['ms_per_token']} ms/token, {row['tok_s']} tok/s")
+            rows.append(row)
+        del llm, eng
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--m", type=int, nargs="+", default=[1, 8, 64, 256])
+    p.add_argument("--shapes", nargs="*", default=None, help="subset of " +
+                   ", ".join(s[0] for s in SHAPES))
+    p.add_argument("--repeats", type=int, default=30)
+    p.add_argument("--budget-s", type=float, default=1.0, help="time cap per measurement")
+    p.add_argument("--bf16-limit-ms", type=float, default=200.0)
+    p.add_argument("--engine", action="store_true", help="measure engine decode instead")
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 64])
+    p.add_argument("--new-tokens", type=int, default=24)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    llmcore.set_num_threads(args.threads)
+    result: dict[str, Any] = {"threads": args.threads, "isa": llmcore.linear_isa()}
+    if args.engine:
+        result["engine"] = bench_engine(args)
+    else:
+        result["kernels"] = bench_kernels(args)
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
