@@ -16,7 +16,7 @@ import torch
 
 from actors.loader import DefaultModelMissing, default_model_path, load_model, resolve_dtype
 from actors.loader import cache
-from actors.loader.dtype import cpu_has_fast_bf16
+from actors.loader.dtype import cpu_flags, cpu_has_fast_bf16
 from actors.loader.gguf import CONVERTER_VERSION, hf_tensor_name, unpermute_qk
 
 
@@ -277,7 +277,11 @@ def test_resolve_dtype_policy() -> None:
     assert resolve_dtype("float32") == torch.float32
     assert resolve_dtype("bfloat16") == torch.bfloat16
     assert resolve_dtype("auto", device="cuda:0") == torch.bfloat16
-    expected = torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
+    # bf16 weights pay off wherever the core's widening kernel runs (AVX2 + FMA) or the CPU
+    # has native bf16; elsewhere float32.
+    flags = cpu_flags()
+    widening = {"avx2", "fma"} <= flags
+    expected = torch.bfloat16 if (cpu_has_fast_bf16() or widening) else torch.float32
     assert resolve_dtype("auto") == expected
     assert cpu_has_fast_bf16(frozenset({"avx2", "amx_bf16"}))
     assert cpu_has_fast_bf16(frozenset({"avx512_bf16"}))
