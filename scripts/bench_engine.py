@@ -172,10 +172,8 @@ def run_hf(args: argparse.Namespace) -> dict[str, Any]:
 
 def side(name: str, argv: list[str]) -> dict[str, Any]:
     log(f"running {name} in a subprocess")
-    env = dict(os.environ)
-    py = os.path.join(os.path.dirname(HERE), "python")
-    if os.path.isdir(py):
-        env["PYTHONPATH"] = py + os.pathsep + env.get("PYTHONPATH", "")
+    # The child imports exactly what this process imports.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     out = subprocess.run([sys.executable, __file__, "--side", name, *argv], env=env,
                          stdout=subprocess.PIPE, check=True, text=True)
     return json.loads(out.stdout)

@@ -7,7 +7,6 @@ drain it while tests run, and it is closed (no unclosed-file warnings) when the 
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import socket
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from subproc import child_env
 
 ROOT = Path(__file__).resolve().parents[1]
 # Small enough to start fast and to keep KV memory low; every server test uses these.
@@ -38,7 +38,7 @@ class ServerProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._log = tempfile.TemporaryFile()
-        full_env = dict(os.environ, PYTHONPATH=str(ROOT / "python"), **(env or {}))
+        full_env = child_env(**(env or {}))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "server", "--port", str(self.port), *BASE_ARGS, *args],
             env=full_env, stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import ctypes
 import json
 import math
-import os
 import random
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 from llmcore.ref_attention import kv_store_ref, paged_attention_ref
+from subproc import child_env
 
 FP32_TOL = 1e-5
 BF16_TOL = 2e-2
@@ -432,7 +432,7 @@ def test_attention_isa_is_reported() -> None:
 
 def test_bench_kernels_quick_prints_one_json_document() -> None:
     root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": str(root / "python")}
+    env = child_env()
     done = subprocess.run(
         [sys.executable, str(root / "scripts" / "bench_kernels.py"), "--quick"],
         capture_output=True,

@@ -12,7 +12,6 @@ import random
 import subprocess
 import sys
 import zlib
-from pathlib import Path
 
 import pytest
 
@@ -23,6 +22,7 @@ from actors.messages import Admit, RequestOutput, SampledToken, StepPlan, StepRe
 from actors.sampling_params import SamplingParams
 from actors.scheduler import Scheduler, SchedulerConfig
 from actors.sequence import FinishReason, Sequence, SequenceStatus
+from subproc import child_pythonpath
 
 VOCAB = 50_000
 EOS = 2
@@ -140,8 +140,7 @@ def test_policy_modules_import_without_torch_or_core() -> None:
         "bad = [m for m in ('torch', 'llmcore', 'numpy') if m in sys.modules];"
         "assert not bad, bad"
     )
-    src = str(Path(__file__).resolve().parents[1] / "python")
-    subprocess.run([sys.executable, "-c", code], check=True, env={"PYTHONPATH": src})
+    subprocess.run([sys.executable, "-c", code], check=True, env={"PYTHONPATH": child_pythonpath()})
 
 
 def test_single_request_prefill_then_decode() -> None:

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -21,7 +20,8 @@ import httpx
 import orjson
 import pytest
 
-from server_helpers import ROOT, ServerProcess, sse_data
+from server_helpers import ServerProcess, sse_data
+from subproc import child_env
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +36,7 @@ def test_help_documents_every_flag_with_default():
 
     out = subprocess.run([sys.executable, "-m", "server", "--help"], capture_output=True,
                          text=True, timeout=60, check=True,
-                         env=dict(os.environ, PYTHONPATH=str(ROOT / "python"))).stdout
+                         env=child_env()).stdout
     flags = [a for a in build_parser()._actions if a.option_strings != ["-h", "--help"]]
     blocks = out.split("\n  -")
     for action in flags:
