@@ -79,7 +79,7 @@ py::tuple sample(const py::handle& logits, const py::handle& temperature, const 
                  const py::handle& banned_tokens, const py::handle& allowed_bitmask,
                  const py::handle& use_bitmask, int num_top_logprobs,
                  const std::string& logprobs_mode, uintptr_t stream) {
-    Borrowed t(logits, "logits");
+    Borrowed t = borrow(logits, "logits");
     if (t.view()->ndim != 2) throw py::value_error("logits must be 2-D [num_rows, vocab]");
     const int64_t rows = t.view()->shape[0];
     const int64_t vocab = t.view()->shape[1];

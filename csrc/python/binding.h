@@ -44,6 +44,10 @@ class Borrowed {
     lc_tensor t_{};
 };
 
+// obj borrowed through torch's C DLPack exporter when obj is a torch tensor (about 1 us
+// instead of 11 us for Tensor.__dlpack__), through __dlpack__ otherwise.
+Borrowed borrow(const py::handle& obj, const char* name);
+
 // A read-only int32/int64 array from the buffer protocol (numpy array,
 // array.array, bytes-like). Copies only when the dtype or layout differ.
 template <class T>

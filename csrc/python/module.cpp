@@ -141,6 +141,31 @@ Borrowed::~Borrowed() {
     }
 }
 
+// A borrowed view of obj. For torch tensors this skips Tensor.__dlpack__, a
+// Python-level method (~11 us), for torch's C exporter (~1 us): a model calls
+// the core's kernels with several tensors in every layer of every step.
+Borrowed borrow(const py::handle& obj, const char* name) {
+    // Looked up once, when the first torch tensor arrives (torch is then
+    // imported), and leaked on purpose: Python objects must not be released
+    // after the interpreter has finalized.
+    static PyObject* tensor_type = nullptr;
+    static PyObject* to_dlpack = nullptr;
+    static bool looked_up = false;
+    if (!looked_up && std::strcmp(Py_TYPE(obj.ptr())->tp_name, "Tensor") == 0) {
+        looked_up = true;
+        try {
+            py::module_ torch = py::module_::import("torch");
+            to_dlpack = py::object(torch.attr("_C").attr("_to_dlpack")).release().ptr();
+            tensor_type = py::object(torch.attr("Tensor")).release().ptr();
+        } catch (py::error_already_set&) {
+            // A torch without the C exporter: Tensor.__dlpack__ still works.
+        }
+    }
+    if (tensor_type && PyObject_TypeCheck(obj.ptr(), reinterpret_cast<PyTypeObject*>(tensor_type)))
+        return Borrowed::from_capsule(py::reinterpret_borrow<py::object>(to_dlpack)(obj), name);
+    return Borrowed(obj, name);
+}
+
 template <class T>
 IntArray<T>::IntArray(const py::handle& obj, const char* name) {
     if (obj.is_none()) return;
