@@ -1,0 +1,56 @@
+"""Every benchmark script runs in a smoke form: it starts, measures something tiny and prints
+one JSON document with its baseline. (bench_kernels is smoked in test_attention.py;
+gpu_check.sh needs a GPU and is checked for syntax only.)"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from server_helpers import ServerProcess
+from subproc import child_env
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+def run_json(*args: str, timeout: float = 600) -> dict:
+    done = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=child_env(),
+                          timeout=timeout)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+def test_bench_linear_smoke() -> None:
+    out = run_json(str(SCRIPTS / "bench_linear.py"), "--threads", "1", "--m", "1", "8",
+                   "--shapes", "o_proj", "--repeats", "3")
+    text = json.dumps(out)
+    assert "o_proj" in text and "torch" in text
+
+
+@pytest.mark.slow
+def test_bench_engine_quick() -> None:
+    out = run_json(str(SCRIPTS / "bench_engine.py"), "--quick", "--kv-cache-memory",
+                   str(256 << 20))
+    assert out["ours"]["decode_tok_s"] > 0 and out["transformers"]["decode_tok_s"] > 0
+    assert set(out["ratios"]) == {"decode_tok_s", "prefill_speedup", "batch_tok_s"}
+
+
+@pytest.mark.slow
+def test_bench_serve_against_a_real_server() -> None:
+    server = ServerProcess()
+    try:
+        server.wait_ready()
+        out = run_json(str(SCRIPTS / "bench_serve.py"), "--url", server.url, "--concurrency",
+                       "1", "4", "--requests", "4", "--max-tokens", "4")
+    finally:
+        server.stop()
+    assert [r["concurrency"] for r in out["served"]] == [1, 4]
+    assert all(r["errors"] == 0 and r["output_tokens"] == 16 for r in out["served"])
+
+
+def test_gpu_check_script_parses() -> None:
+    subprocess.run(["bash", "-n", str(SCRIPTS / "gpu_check.sh")], check=True)
