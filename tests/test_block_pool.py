@@ -233,7 +233,8 @@ def _xxh64(data: bytes) -> int:
     if n >= 32:
         v = [(p1 + p2) & m, p2, 0, (-p1) & m]
         while i + 32 <= n:
-            v = [rnd(v[k], int.from_bytes(data[i + 8 * k : i + 8 * k + 8], "little")) for k in range(4)]
+            lanes = [int.from_bytes(data[i + 8 * k : i + 8 * k + 8], "little") for k in range(4)]
+            v = [rnd(acc, lane) for acc, lane in zip(v, lanes)]
             i += 32
         h = (rotl(v[0], 1) + rotl(v[1], 7) + rotl(v[2], 12) + rotl(v[3], 18)) & m
         for lane in v:

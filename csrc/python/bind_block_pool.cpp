@@ -16,7 +16,8 @@ namespace {
 
 int32_t narrow(int64_t v, const char* name) {
     if (v < INT32_MIN || v > INT32_MAX)
-        throw py::value_error(std::string(name) + " = " + std::to_string(v) + " is out of int32 range");
+        throw py::value_error(std::string(name) + " = " + std::to_string(v) +
+                              " is out of int32 range");
     return int32_t(v);
 }
 
@@ -46,7 +47,8 @@ std::vector<int32_t> int32s(const py::handle& obj, const char* name) {
         }
         return out;
     }
-    if (py::isinstance<py::str>(obj) || py::isinstance<py::bytes>(obj) || !PySequence_Check(obj.ptr()))
+    if (py::isinstance<py::str>(obj) || py::isinstance<py::bytes>(obj) ||
+        !PySequence_Check(obj.ptr()))
         throw py::type_error(std::string(name) + " must be a sequence of ints or an integer array");
     auto seq = py::reinterpret_borrow<py::sequence>(obj);
     out.reserve(size_t(py::len(seq)));
@@ -60,7 +62,8 @@ std::vector<int32_t> int32s(const py::handle& obj, const char* name) {
         int overflow = 0;
         const long long v = PyLong_AsLongLongAndOverflow(index, &overflow);
         Py_DECREF(index);
-        if (overflow) throw py::value_error(std::string(name) + " holds a value out of int32 range");
+        if (overflow)
+            throw py::value_error(std::string(name) + " holds a value out of int32 range");
         out.push_back(narrow(v, name));
     }
     return out;
@@ -76,7 +79,8 @@ py::list to_list(const std::vector<int32_t>& v) {
 class PyBlockPool {
    public:
     PyBlockPool(int64_t num_blocks, int64_t block_size)
-        : num_blocks_(narrow(num_blocks, "num_blocks")), block_size_(narrow(block_size, "block_size")) {
+        : num_blocks_(narrow(num_blocks, "num_blocks")),
+          block_size_(narrow(block_size, "block_size")) {
         check(lc_block_pool_create(num_blocks_, block_size_, &pool_));
     }
     ~PyBlockPool() { lc_block_pool_destroy(pool_); }
@@ -182,7 +186,8 @@ void bind_block_pool(py::module_& m) {
         .def_readonly("num_free", &S::num_free, "Blocks with ref count 0 (incl. free cached ones).")
         .def_readonly("num_used", &S::num_used, "Blocks with ref count >= 1.")
         .def_readonly("num_cached", &S::num_cached, "Blocks carrying a hash, free or used.")
-        .def_readonly("num_free_cached", &S::num_free_cached, "Free blocks a prefix hit can revive.")
+        .def_readonly("num_free_cached", &S::num_free_cached,
+                      "Free blocks a prefix hit can revive.")
         .def_readonly("queries", &S::queries, "Tokens looked up by match_prefix, cumulative.")
         .def_readonly("hits", &S::hits, "Tokens found by match_prefix, cumulative.")
         .def_readonly("evictions", &S::evictions, "Cached blocks whose hash was dropped for reuse.")

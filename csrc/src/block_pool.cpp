@@ -336,7 +336,8 @@ void BlockPool::check() const {
         if (it == table_.end() || it->second != id)
             broken("cached block " + std::to_string(id) + " is missing from the hash table");
         if (hash_of(b.parent, tokens_of(id)) != b.hash)
-            broken("cached block " + std::to_string(id) + " holds tokens that do not match its hash");
+            broken("cached block " + std::to_string(id) +
+                   " holds tokens that do not match its hash");
     }
     // Walk the free list: bounded by nb steps, so a cycle is caught too.
     std::vector<char> seen(size_t(nb), 0);
@@ -366,7 +367,8 @@ void BlockPool::check() const {
                std::to_string(free_cached) + " free blocks are cached");
     for (const auto& entry : table_) {
         const int32_t id = entry.second;
-        if (id < 0 || id >= nb) broken("hash table points at out-of-range id " + std::to_string(id));
+        if (id < 0 || id >= nb)
+            broken("hash table points at out-of-range id " + std::to_string(id));
         const Block& b = blocks_[size_t(id)];
         if (!b.cached || b.hash != entry.first)
             broken("hash table entry points at block " + std::to_string(id) +
@@ -393,7 +395,8 @@ lc_status lc_block_pool_create(int32_t num_blocks, int32_t block_size, lc_block_
 void lc_block_pool_destroy(lc_block_pool* pool) { delete pool; }
 
 int32_t lc_block_pool_num_free(const lc_block_pool* pool) {
-    if (!pool) return lc::set_error(LC_ERR_INVALID_ARGUMENT, "lc_block_pool_num_free: pool is NULL");
+    if (!pool)
+        return lc::set_error(LC_ERR_INVALID_ARGUMENT, "lc_block_pool_num_free: pool is NULL");
     return pool->num_free();
 }
 

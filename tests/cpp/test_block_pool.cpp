@@ -18,7 +18,9 @@ struct BlockPoolTestAccess {
     static void set_hash_mask(BlockPool& p, uint64_t mask) { p.hash_mask_ = mask; }
     static void set_ref(BlockPool& p, int32_t id, int32_t ref) { p.blocks_[size_t(id)].ref = ref; }
     static void set_num_free(BlockPool& p, int32_t n) { p.num_free_ = n; }
-    static void set_tail_next(BlockPool& p, int32_t next) { p.blocks_[size_t(p.tail_)].next = next; }
+    static void set_tail_next(BlockPool& p, int32_t next) {
+        p.blocks_[size_t(p.tail_)].next = next;
+    }
     static void drop_table_entry(BlockPool& p) { p.table_.erase(p.table_.begin()); }
     static void set_token(BlockPool& p, int32_t id, int32_t value) {
         p.tokens_[size_t(id) * p.block_size_] = value;
@@ -384,7 +386,8 @@ static void report_timings() {
     CHECK_OK(lc_block_pool_allocate(p, seq_blocks, ids.data()));
     uint64_t parent = lc_block_hash_root(0);
     for (int32_t b = 0; b < seq_blocks; ++b)
-        CHECK_OK(lc_block_pool_commit(p, ids[size_t(b)], parent, &toks[size_t(b) * bs], bs, &parent));
+        CHECK_OK(lc_block_pool_commit(p, ids[size_t(b)], parent, &toks[size_t(b) * bs], bs,
+                                      &parent));
     auto t2 = clock::now();
     int32_t found = 0;
     for (int r = 0; r < reps; ++r) {
