@@ -23,31 +23,11 @@ constexpr int32_t kMinSplit = 256;
 // waking the pool costs more than it saves.
 constexpr int64_t kSerialMacs = int64_t(1) << 18;
 
-Isa detect_isa() {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f")) return Isa::kAvx512;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::kAvx2;
-#endif
-    return Isa::kScalar;
-}
-
-// LLMCORE_ISA=scalar|avx2|avx512 caps the choice (for comparisons and for
-// ruling the SIMD paths out when debugging).
-Isa initial_isa() {
-    Isa isa = detect_isa();
-    if (const char* env = std::getenv("LLMCORE_ISA")) {
-        if (!std::strcmp(env, "scalar"))
-            isa = Isa::kScalar;
-        else if (!std::strcmp(env, "avx2"))
-            isa = std::min(isa, Isa::kAvx2);
-    }
-    return isa;
-}
-
-std::atomic<int>& isa_setting() {
-    static std::atomic<int> isa{int(initial_isa())};
-    return isa;
+// LLMCORE_ISA=scalar|avx2 caps the choice (for comparisons and for ruling
+// the SIMD paths out when debugging).
+IsaSetting& isa_setting() {
+    static IsaSetting setting("LLMCORE_ISA", Isa::kAvx512);
+    return setting;
 }
 
 using RunItem = void (*)(const Job&, const WorkItem&);
@@ -177,26 +157,9 @@ void merge_group(const Job& job, const WorkItem* items, const SplitGroup& g) {
 
 }  // namespace
 
-Isa best_isa() { return detect_isa(); }
-
-Isa set_isa(Isa isa) {
-    const Isa eff = std::min(isa, detect_isa());
-    isa_setting().store(int(eff));
-    return eff;
-}
-
-Isa current_isa() { return Isa(isa_setting().load(std::memory_order_relaxed)); }
-
-const char* isa_name(Isa isa) {
-    switch (isa) {
-        case Isa::kAvx512:
-            return "avx512";
-        case Isa::kAvx2:
-            return "avx2";
-        default:
-            return "scalar";
-    }
-}
+Isa best_isa() { return isa_setting().best(); }
+Isa set_isa(Isa isa) { return isa_setting().set(isa); }
+Isa current_isa() { return isa_setting().current(); }
 
 void paged_attention_cpu(const lc_attn_plan& plan, const lc_tensor& q, const lc_tensor& k_cache,
                          const lc_tensor& v_cache, const lc_tensor& out,

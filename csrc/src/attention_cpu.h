@@ -10,6 +10,8 @@
 //   context:          [ctx_begin, ctx_end) of the sequence's positions
 #pragma once
 
+#include "cpu_isa.h"
+
 #include <cstdint>
 
 #include "attn_plan.h"
@@ -61,7 +63,8 @@ void run_item_scalar(const Job& job, const WorkItem& item);
 void run_item_avx2(const Job& job, const WorkItem& item);
 void run_item_avx512(const Job& job, const WorkItem& item);
 
-enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+using Isa = lc::Isa;
+using lc::isa_name;
 // The best instruction set this CPU runs (and the build compiled).
 Isa best_isa();
 // Caps the instruction set used from now on (tests run every variant);
@@ -69,7 +72,6 @@ Isa best_isa();
 Isa set_isa(Isa isa);
 // The instruction set in effect.
 Isa current_isa();
-const char* isa_name(Isa isa);
 
 // Runs paged attention on the CPU; arguments are validated.
 void paged_attention_cpu(const lc_attn_plan& plan, const lc_tensor& q, const lc_tensor& k_cache,

@@ -13,22 +13,11 @@ namespace lc::linear {
 
 namespace {
 
-Isa detect_isa() {
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::kAvx2;
-#endif
-    return Isa::kScalar;
-}
-
-std::atomic<int>& isa_setting() {
-    static std::atomic<int> isa{[] {
-        Isa isa = detect_isa();
-        const char* forced = std::getenv("LLMCORE_LINEAR_ISA");
-        if (forced && std::strcmp(forced, "scalar") == 0) isa = Isa::kScalar;
-        return int(isa);
-    }()};
-    return isa;
+// No AVX-512 variant yet: AVX2 at most. LLMCORE_LINEAR_ISA=scalar forces the
+// portable kernel.
+IsaSetting& isa_setting() {
+    static IsaSetting setting("LLMCORE_LINEAR_ISA", Isa::kAvx2);
+    return setting;
 }
 
 std::string shape_str(const lc_tensor& t) {
@@ -91,26 +80,9 @@ void validate(const lc_tensor* x, const lc_tensor* w, const lc_tensor* bias,
 
 }  // namespace
 
-Isa best_isa() { return detect_isa(); }
-
-Isa set_isa(Isa isa) {
-    const Isa eff = std::min(isa, detect_isa());
-    isa_setting().store(int(eff));
-    return eff;
-}
-
-Isa current_isa() { return Isa(isa_setting().load(std::memory_order_relaxed)); }
-
-const char* isa_name(Isa isa) {
-    switch (isa) {
-        case Isa::kAvx512:
-            return "avx512";
-        case Isa::kAvx2:
-            return "avx2";
-        default:
-            return "scalar";
-    }
-}
+Isa best_isa() { return isa_setting().best(); }
+Isa set_isa(Isa isa) { return isa_setting().set(isa); }
+Isa current_isa() { return isa_setting().current(); }
 
 }  // namespace lc::linear
 

@@ -15,6 +15,8 @@
 //     a 6x16 register-blocked microkernel walks K for every block of 6 rows.
 #pragma once
 
+#include "cpu_isa.h"
+
 #include <algorithm>
 #include <cstdint>
 
@@ -34,7 +36,8 @@ struct Job {
     int64_t M, N, K;
 };
 
-enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+using Isa = lc::Isa;
+using lc::isa_name;
 
 // Runs the job over all threads. One definition per instruction set.
 void run_scalar(const Job& job);
@@ -46,7 +49,6 @@ Isa best_isa();
 // returns the one in effect, min(requested, best_isa()).
 Isa set_isa(Isa isa);
 Isa current_isa();
-const char* isa_name(Isa isa);
 
 // Rows at or below which the small-M (dot product) kernel is used.
 constexpr int64_t kSmallM = 8;

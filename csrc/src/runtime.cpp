@@ -2,11 +2,13 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <thread>
 #include <vector>
 
+#include "cpu_isa.h"
 #include "internal.h"
 
 #ifndef LLMCORE_VERSION_STRING
@@ -63,6 +65,31 @@ bool is_contiguous(const lc_tensor& t) {
         expect *= t.shape[i];
     }
     return true;
+}
+
+// ---- instruction sets ----------------------------------------------------------
+Isa cpu_isa() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) return Isa::kAvx512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::kAvx2;
+#endif
+    return Isa::kScalar;
+}
+
+const char* isa_name(Isa isa) {
+    switch (isa) {
+        case Isa::kAvx512: return "avx512";
+        case Isa::kAvx2: return "avx2";
+        default: return "scalar";
+    }
+}
+
+IsaSetting::IsaSetting(const char* env, Isa most) : most_(most), isa_(int(best())) {
+    if (const char* v = std::getenv(env)) {
+        if (!std::strcmp(v, "scalar")) set(Isa::kScalar);
+        else if (!std::strcmp(v, "avx2")) set(Isa::kAvx2);
+    }
 }
 
 // ---- worker pool -------------------------------------------------------------

@@ -13,7 +13,7 @@ loose: ``n`` <= 16, ``repetition_penalty`` <= 2, stop strings <= 16 x 256 chars)
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 __all__ = ["GREEDY_EPS", "SamplingParams", "SamplingParamsError"]
 
@@ -115,6 +115,12 @@ class SamplingParams:
         lim = LOGIT_BIAS_LIMIT
         items = {int(k): min(max(float(v), -lim), lim) for k, v in self.logit_bias.items()}
         return tuple(sorted(items.items()))
+
+    def for_child(self, i: int, max_tokens: int | None) -> SamplingParams:
+        """The i-th of n sequences fanned out from this request: one choice, seed + i when
+        seeded (so the choices differ but each repeats), and its own token cap."""
+        seed = None if self.seed is None else self.seed + i
+        return replace(self, n=1, seed=seed, max_tokens=max_tokens)
 
     # ------------------------------------------------------------------ validation
 

@@ -16,7 +16,7 @@ import uuid
 
 import trio
 
-from actors.runtime.params import GenerationParams
+from actors.sampling_params import SamplingParams
 from actors.runtime.request import PromptInput, RequestState
 from server.errors import APIError, overloaded
 from server.state import ServerState
@@ -38,7 +38,7 @@ class Generation:
     """Context manager around one admitted request."""
 
     def __init__(self, srv: ServerState, request_id: str, prompts: list[PromptInput],
-                 params: GenerationParams) -> None:
+                 params: SamplingParams) -> None:
         self.srv = srv
         self.slots = len(prompts) * params.n
         # Internal ids are ours: a client-chosen X-Request-Id never keys shared state.

@@ -1,4 +1,4 @@
-"""From a request body to validated GenerationParams, before any tokenizing or rendering.
+"""From a request body to validated SamplingParams, before any tokenizing or rendering.
 
 Value order for each sampling field: the request's value, else the server default (the
 model's generation_config.json unless --generation-config vllm), else OpenAI's default.
@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from actors.runtime.params import GenerationParams
+from actors.sampling_params import SamplingParams
 from server.errors import APIError, bad_request
 from server.protocol.common import INT64_MAX, INT64_MIN, SamplingFields
 
@@ -70,7 +70,7 @@ def build_params(
     logprobs: int | None,
     defaults: dict[str, Any],
     limits: Limits,
-) -> GenerationParams:
+) -> SamplingParams:
     def pick(name: str) -> Any:
         value = getattr(req, name)
         if value is not None:
@@ -133,7 +133,7 @@ def build_params(
     if skip is None:
         skip = bool(defaults.get("skip_special_tokens", True))
 
-    return GenerationParams(
+    return SamplingParams(
         n=n,
         max_tokens=max_tokens,
         min_tokens=min_tokens,

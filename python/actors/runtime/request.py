@@ -21,7 +21,7 @@ import trio
 
 from actors.runtime.detokenizer import IncrementalDetokenizer
 from actors.runtime.outbox import Outbox
-from actors.runtime.params import GenerationParams
+from actors.sampling_params import SamplingParams
 
 
 @dataclass(slots=True)
@@ -47,7 +47,7 @@ class Child:
     engine_id: str
     index: int
     prompt_index: int
-    params: GenerationParams
+    params: SamplingParams
     prompt_token_ids: list[int] = field(default_factory=list)
     detokenizer: IncrementalDetokenizer | None = None
     abort_requested: bool = False
@@ -81,7 +81,7 @@ class RequestState:
         self,
         request_id: str,
         prompts: list[PromptInput],
-        params: GenerationParams,
+        params: SamplingParams,
         *,
         max_model_len: int,
     ) -> None:

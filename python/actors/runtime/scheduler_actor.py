@@ -126,7 +126,7 @@ class SchedulerActor:
                 engine.add_request(
                     child.engine_id,
                     child.prompt_token_ids,
-                    child.params.to_engine(),
+                    child.params,
                     priority=child.params.priority,
                 )
             except ValueError as exc:  # the engine's own checks; the edge should catch these

@@ -1,0 +1,36 @@
+// The instruction sets the CPU kernels are compiled for, and the run-time
+// choice among them, shared by every kernel family (attention, linear).
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+
+namespace lc {
+
+enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+
+// The best this CPU runs: AVX-512F, AVX2 with FMA, or scalar.
+Isa cpu_isa();
+const char* isa_name(Isa isa);
+
+// One kernel family's instruction set: the best the CPU runs and the family
+// was compiled for (`most`), capped once by the environment variable `env`
+// (scalar|avx2), and settable by tests that compare the variants.
+class IsaSetting {
+   public:
+    IsaSetting(const char* env, Isa most);
+    Isa best() const { return std::min(cpu_isa(), most_); }
+    // Caps the set in use; returns the one in effect, min(isa, best()).
+    Isa set(Isa isa) {
+        const Isa eff = std::min(isa, best());
+        isa_.store(int(eff), std::memory_order_relaxed);
+        return eff;
+    }
+    Isa current() const { return Isa(isa_.load(std::memory_order_relaxed)); }
+
+   private:
+    Isa most_;
+    std::atomic<int> isa_;
+};
+
+}  // namespace lc
