@@ -37,70 +37,73 @@ inline __m256 load8(const uint16_t* p) {
 inline float widen(float v) { return v; }
 inline float widen(uint16_t v) { return bf16_to_f32(v); }
 
-// The lane sums of four vectors, in order.
-inline __m128 hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
-    const __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-    return _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
+// ---- small M: one sequential stream of W rows per thread ----------------------
+// Each thread walks its W rows in address order (one stream: the hardware
+// prefetcher keeps up with one stream far better than with several rows read
+// side by side) and prefetches kPrefetchBytes ahead. A W row is read from memory
+// once and multiplied against up to kDotRows x rows (more rows: another pass
+// over the row, now in L1).
+constexpr int kDotRows = 4;
+constexpr int64_t kPrefetchBytes = 1024;
+
+inline float hsum(__m256 v) {
+    __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+    return _mm_cvtss_f32(_mm_add_ss(a, _mm_movehdup_ps(a)));
 }
 
-// ---- small M: dot products of R x rows with a tile of 4 W rows -----------------
-constexpr int kDotRows = 4;  // x rows per pass: 4 x 4 accumulators + 4 weights in registers
-constexpr int kDotCols = 4;  // W rows per tile
-
+// res[r] = x[m0 + r] . wrow for r < R.
 template <int R, class WT>
-void dot_tile(const Job& job, const WT* w, int64_t m0, int64_t n0, int64_t nvalid) {
-    const int64_t K = job.K, K8 = K & ~int64_t(7);
-    const WT* wr[kDotCols];
-    // A short last tile repeats its last row; the extra results are not stored.
-    LC_UNROLL
-    for (int c = 0; c < kDotCols; ++c) wr[c] = w + (n0 + std::min<int64_t>(c, nvalid - 1)) * K;
+inline void dot_row(const Job& job, const WT* wrow, int64_t m0, float* res) {
+    const int64_t K = job.K, K16 = K & ~int64_t(15);
     const float* xr[R];
     LC_UNROLL
     for (int r = 0; r < R; ++r) xr[r] = job.x + (m0 + r) * job.ldx;
-    __m256 acc[R][kDotCols];
+    __m256 a0[R], a1[R];
     LC_UNROLL
-    for (int r = 0; r < R; ++r)
-        LC_UNROLL
-        for (int c = 0; c < kDotCols; ++c) acc[r][c] = _mm256_setzero_ps();
-    for (int64_t k = 0; k < K8; k += 8) {
-        __m256 wv[kDotCols];
-        LC_UNROLL
-        for (int c = 0; c < kDotCols; ++c) wv[c] = load8(wr[c] + k);
+    for (int r = 0; r < R; ++r) a0[r] = a1[r] = _mm256_setzero_ps();
+    const char* pf = reinterpret_cast<const char*>(wrow) + kPrefetchBytes;
+    for (int64_t k = 0; k < K16; k += 16) {
+        _mm_prefetch(pf + k * int64_t(sizeof(WT)), _MM_HINT_T0);
+        if (sizeof(WT) == 4) _mm_prefetch(pf + k * 4 + 32, _MM_HINT_T0);
+        const __m256 w0 = load8(wrow + k), w1 = load8(wrow + k + 8);
         LC_UNROLL
         for (int r = 0; r < R; ++r) {
-            const __m256 xv = _mm256_loadu_ps(xr[r] + k);
-            LC_UNROLL
-            for (int c = 0; c < kDotCols; ++c) acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
+            a0[r] = _mm256_fmadd_ps(_mm256_loadu_ps(xr[r] + k), w0, a0[r]);
+            a1[r] = _mm256_fmadd_ps(_mm256_loadu_ps(xr[r] + k + 8), w1, a1[r]);
         }
     }
     LC_UNROLL
     for (int r = 0; r < R; ++r) {
-        alignas(16) float v[kDotCols] = {};
-        _mm_store_ps(v, hsum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]));
-        for (int64_t k = K8; k < K; ++k)
-            LC_UNROLL
-            for (int c = 0; c < kDotCols; ++c) v[c] += xr[r][k] * widen(wr[c][k]);
-        store_row(job, m0 + r, n0, v, std::min<int64_t>(nvalid, kDotCols));
+        float s = hsum(_mm256_add_ps(a0[r], a1[r]));
+        for (int64_t k = K16; k < K; ++k) s += xr[r][k] * widen(wrow[k]);
+        res[r] = s;
     }
 }
 
 template <class WT>
 void run_small(const Job& job) {
     const WT* w = static_cast<const WT*>(job.w);
-    const int64_t tiles = (job.N + kDotCols - 1) / kDotCols;
-    for_tiles(job, tiles, job.M * job.K * kDotCols, [&](int64_t t0, int64_t t1) {
-        for (int64_t t = t0; t < t1; ++t) {
-            const int64_t n0 = t * kDotCols, nvalid = std::min<int64_t>(kDotCols, job.N - n0);
-            // The tile stays in L1 while every block of rows passes over it.
+    for_tiles(job, job.N, job.M * job.K, [&](int64_t n0, int64_t n1) {
+        // Results of this thread's columns, row by row: [M][n1 - n0].
+        thread_local std::vector<float> res;
+        const int64_t cols = n1 - n0;
+        if (int64_t(res.size()) < job.M * cols) res.resize(size_t(job.M * cols));
+        float tmp[kDotRows];
+        for (int64_t n = n0; n < n1; ++n) {
+            const WT* wrow = w + n * job.K;
             for (int64_t m0 = 0; m0 < job.M; m0 += kDotRows) {
-                switch (std::min<int64_t>(kDotRows, job.M - m0)) {
-                    case 1: dot_tile<1>(job, w, m0, n0, nvalid); break;
-                    case 2: dot_tile<2>(job, w, m0, n0, nvalid); break;
-                    case 3: dot_tile<3>(job, w, m0, n0, nvalid); break;
-                    default: dot_tile<4>(job, w, m0, n0, nvalid); break;
+                const int64_t rows = std::min<int64_t>(kDotRows, job.M - m0);
+                switch (rows) {
+                    case 1: dot_row<1>(job, wrow, m0, tmp); break;
+                    case 2: dot_row<2>(job, wrow, m0, tmp); break;
+                    case 3: dot_row<3>(job, wrow, m0, tmp); break;
+                    default: dot_row<4>(job, wrow, m0, tmp); break;
                 }
+                for (int64_t r = 0; r < rows; ++r) res[size_t((m0 + r) * cols + (n - n0))] = tmp[r];
             }
         }
+        for (int64_t m = 0; m < job.M; ++m) store_row(job, m, n0, res.data() + m * cols, cols);
     });
 }
 

@@ -1,6 +1,7 @@
 // Errors, version, build features and the CPU worker pool.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -95,9 +96,29 @@ IsaSetting::IsaSetting(const char* env, Isa most) : most_(most), isa_(int(best()
 // ---- worker pool -------------------------------------------------------------
 namespace {
 
+// One parallel region at a time: the caller takes a share of the chunks and the
+// workers the rest. Regions come in quick succession during a forward pass (one
+// per kernel call, tens of microseconds apart), so an idle worker spins for a
+// while (LLMCORE_SPIN_US, default 200 us) before it sleeps on the condition
+// variable: a futex wake-up costs more than a small kernel call takes. The
+// caller waits for the last chunk by spinning, then yielding.
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#else
+    std::this_thread::yield();
+#endif
+}
+
+int64_t spin_ns_from_env() {
+    const char* v = std::getenv("LLMCORE_SPIN_US");
+    if (!v || !*v) return 200'000;
+    return std::max<int64_t>(0, std::atoll(v)) * 1000;
+}
+
 class Pool {
    public:
-    explicit Pool(int n) { resize(n); }
+    explicit Pool(int n) : spin_ns_(spin_ns_from_env()) { resize(n); }
     ~Pool() { stop(); }
 
     int size() const { return int(workers_.size()) + 1; }
@@ -105,7 +126,7 @@ class Pool {
     void resize(int n) {
         stop();
         if (n <= 0) n = int(std::max(1u, std::thread::hardware_concurrency()));
-        quit_ = false;
+        quit_.store(false);
         for (int i = 1; i < n; ++i) workers_.emplace_back([this, i] { loop(i); });
     }
 
@@ -117,45 +138,59 @@ class Pool {
             return;
         }
         std::unique_lock<std::mutex> call(call_mu_);  // one parallel region at a time
+        fn_ = &fn;
+        n_ = n;
+        chunks_ = chunks;
+        next_.store(0, std::memory_order_relaxed);
+        pending_.store(chunks, std::memory_order_relaxed);
         {
             std::lock_guard<std::mutex> lk(mu_);
-            fn_ = &fn;
-            n_ = n;
-            chunks_ = chunks;
-            next_.store(0);
-            pending_ = chunks;
-            ++generation_;
+            generation_.fetch_add(1, std::memory_order_release);
+            if (sleepers_ > 0) cv_.notify_all();
         }
-        cv_.notify_all();
         in_pool_ = true;
         work();
         in_pool_ = false;
-        std::unique_lock<std::mutex> lk(mu_);
-        done_cv_.wait(lk, [&] { return pending_ == 0; });
+        for (int64_t spins = 0; pending_.load(std::memory_order_acquire) != 0; ++spins) {
+            if (spins < 4096) cpu_relax();
+            else std::this_thread::yield();
+        }
         fn_ = nullptr;
     }
 
    private:
     void work() {
         for (;;) {
-            int64_t c = next_.fetch_add(1);
+            const int64_t c = next_.fetch_add(1, std::memory_order_relaxed);
             if (c >= chunks_) return;
-            int64_t b = n_ * c / chunks_, e = n_ * (c + 1) / chunks_;
+            const int64_t b = n_ * c / chunks_, e = n_ * (c + 1) / chunks_;
             (*fn_)(b, e);
-            std::lock_guard<std::mutex> lk(mu_);
-            if (--pending_ == 0) done_cv_.notify_all();
+            pending_.fetch_sub(1, std::memory_order_acq_rel);
         }
     }
 
     void loop(int) {
-        uint64_t seen = 0;
         in_pool_ = true;
+        uint64_t seen = generation_.load(std::memory_order_acquire);
         for (;;) {
+            const auto t0 = std::chrono::steady_clock::now();
+            uint32_t spins = 0;
+            while (generation_.load(std::memory_order_acquire) == seen &&
+                   !quit_.load(std::memory_order_relaxed)) {
+                cpu_relax();
+                if ((++spins & 255) == 0 &&
+                    std::chrono::steady_clock::now() - t0 > std::chrono::nanoseconds(spin_ns_))
+                    break;
+            }
             {
                 std::unique_lock<std::mutex> lk(mu_);
-                cv_.wait(lk, [&] { return quit_ || generation_ != seen; });
-                if (quit_) return;
-                seen = generation_;
+                ++sleepers_;
+                cv_.wait(lk, [&] {
+                    return quit_.load() || generation_.load(std::memory_order_acquire) != seen;
+                });
+                --sleepers_;
+                if (quit_.load()) return;
+                seen = generation_.load(std::memory_order_acquire);
             }
             work();
         }
@@ -164,21 +199,23 @@ class Pool {
     void stop() {
         {
             std::lock_guard<std::mutex> lk(mu_);
-            quit_ = true;
+            quit_.store(true);
         }
         cv_.notify_all();
         for (auto& t : workers_) t.join();
         workers_.clear();
     }
 
+    const int64_t spin_ns_;
     std::vector<std::thread> workers_;
     std::mutex mu_, call_mu_;
-    std::condition_variable cv_, done_cv_;
+    std::condition_variable cv_;
     const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
-    int64_t n_ = 0, chunks_ = 0, pending_ = 0;
-    std::atomic<int64_t> next_{0};
-    uint64_t generation_ = 0;
-    bool quit_ = false;
+    int64_t n_ = 0, chunks_ = 0;
+    int sleepers_ = 0;  // guarded by mu_
+    std::atomic<int64_t> next_{0}, pending_{0};
+    std::atomic<uint64_t> generation_{0};
+    std::atomic<bool> quit_{false};
     static thread_local bool in_pool_;
 };
 thread_local bool Pool::in_pool_ = false;
