@@ -130,6 +130,29 @@ def test_tiny_models_match_transformers(case: str, make_tiny_model: Callable[...
     assert worst <= 1e-4, worst
 
 
+@pytest.mark.parametrize("case", ["llama3-rope-scaling", "qwen2-bias", "mistral-sliding-window"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_native_cpu_path_equals_module_path(
+    case: str, dtype: str, make_tiny_model: Callable[..., Path]
+) -> None:
+    """The fused CPU forward (llmcore.rms_norm/rope/silu_mul) computes what the
+    module-by-module torch forward computes."""
+    kind, overrides = TINY_CASES[case]
+    loaded = load_model(make_tiny_model(kind, **overrides), dtype=dtype)
+    model = loaded.model
+    assert model.native  # the default on the CPU
+    prompts = tiny_prompts(loaded.config.vocab_size)
+    fused = run_ours(model, prompts)
+    model.native = False
+    try:
+        plain = run_ours(model, prompts)
+    finally:
+        model.native = True
+    for a, b in zip(fused, plain):
+        assert b.abs().max().item() > 0.5
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
 def test_case_configs_reach_the_model(make_tiny_model: Callable[..., Path]) -> None:
     def cfg(case: str) -> ModelConfig:
         kind, overrides = TINY_CASES[case]

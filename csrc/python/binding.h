@@ -72,5 +72,6 @@ void bind_block_pool(py::module_& m);
 void bind_attention(py::module_& m);
 void bind_sampling(py::module_& m);
 void bind_linear(py::module_& m);
+void bind_elementwise(py::module_& m);
 
 }  // namespace lcpy

@@ -202,4 +202,5 @@ PYBIND11_MODULE(_C, m) {
     lcpy::bind_attention(m);
     lcpy::bind_sampling(m);
     lcpy::bind_linear(m);
+    lcpy::bind_elementwise(m);
 }

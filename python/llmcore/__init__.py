@@ -1,5 +1,5 @@
 """llmcore: the compiled inference core (block pool, KV store, paged attention, sampling,
-linear layers).
+linear layers, and the elementwise operations of a decoder layer).
 
 Tensors cross through ``__dlpack__`` (torch or numpy, zero copy, borrowed for the
 call); integer arrays through the buffer protocol. The GIL is released while the
@@ -18,12 +18,14 @@ from llmcore._C import (
 )
 from llmcore.attention import *  # noqa: F403
 from llmcore.block_pool import *  # noqa: F403
+from llmcore.elementwise import *  # noqa: F403
 from llmcore.linear import *  # noqa: F403
 from llmcore.linear import __all__ as _linear_all  # the function shadows the module
 from llmcore.sampling import *  # noqa: F403
 
 from llmcore import attention as _attention
 from llmcore import block_pool as _block_pool
+from llmcore import elementwise as _elementwise
 from llmcore import sampling as _sampling
 
 __all__ = [
@@ -35,6 +37,7 @@ __all__ = [
     "version",
     *_attention.__all__,
     *_block_pool.__all__,
+    *_elementwise.__all__,
     *_linear_all,
     *_sampling.__all__,
 ]

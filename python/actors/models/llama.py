@@ -186,6 +186,7 @@ class LlamaForCausalLM(nn.Module):
         if compute_dtype is None:
             compute_dtype = torch.float32 if dtype == torch.bfloat16 else dtype
         self.config = cfg
+        self._native = True
         self.dtype = dtype
         self.compute_dtype = compute_dtype
         self._widen = _widening(dtype, compute_dtype)
@@ -212,9 +213,52 @@ class LlamaForCausalLM(nn.Module):
         """Final-norm hidden states [T, hidden_size] for the flattened batch."""
         x = F.embedding(input_ids, self.model.embed_tokens.weight).to(self.compute_dtype)
         rope = self.rope(positions, x.dtype)
+        if self.native and x.device.type == "cpu":
+            return self._hidden_states_native(x, rope, attn)
         for layer in self.model.layers:
             x = layer(x, rope, attn)
         return self.model.norm(x)
+
+    @property
+    def native(self) -> bool:
+        """Whether the forward pass runs on the core's fused CPU operations (fp32
+        activations): one native call per operation of a layer, the residual add folded
+        into the next norm, rotary applied in place on the qkv output. Off: the module-
+        by-module torch path, which any device and dtype runs."""
+        return self._native and self.compute_dtype == torch.float32
+
+    @native.setter
+    def native(self, on: bool) -> None:
+        self._native = bool(on)
+
+    def _hidden_states_native(
+        self, x: torch.Tensor, rope: RopeTables, attn: AttentionBackend
+    ) -> torch.Tensor:
+        c = self.config
+        t, eps = x.shape[0], c.rms_norm_eps
+        cos, sin = rope[0][:, 0], rope[1][:, 0]
+        layers = self.model.layers
+        residual = x  # the embedding rows: a fresh tensor, updated in place from here on
+        h = torch.empty_like(x)
+        llmcore.rms_norm(residual, layers[0].input_layernorm.weight, eps, h)
+        q_end, k_end = c.q_size, c.q_size + c.kv_size
+        act = x.new_empty((t, c.intermediate_size))
+        for i, layer in enumerate(layers):
+            sa, mlp = layer.self_attn, layer.mlp
+            qkv = linear(h, sa.qkv_proj.weight, sa.qkv_proj.bias, sa.qkv_proj.widen)
+            q = qkv[:, :q_end].view(t, c.num_heads, c.head_dim)
+            k = qkv[:, q_end:k_end].view(t, c.num_kv_heads, c.head_dim)
+            v = qkv[:, k_end:].view(t, c.num_kv_heads, c.head_dim)
+            llmcore.rope(q, k, cos, sin)
+            o = attn.attn(i, q, k, v).reshape(t, c.q_size)
+            o = linear(o, sa.o_proj.weight, None, sa.o_proj.widen)
+            llmcore.rms_norm(o, layer.post_attention_layernorm.weight, eps, h, residual=residual)
+            gu = linear(h, mlp.gate_up_proj.weight, None, mlp.gate_up_proj.widen)
+            llmcore.silu_mul(gu, act)
+            d = linear(act, mlp.down_proj.weight, None, mlp.down_proj.widen)
+            nxt = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.model.norm
+            llmcore.rms_norm(d, nxt.weight, eps, h, residual=residual)
+        return h
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         head = self.model.embed_tokens if self.lm_head is None else self.lm_head

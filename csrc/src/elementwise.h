@@ -1,0 +1,33 @@
+// The small per-token operations between a transformer layer's matmuls: RMS
+// norm (with the residual add folded in), SiLU-gated product, rotary
+// embedding. Validated once (elementwise.cpp); the kernels only compute, one
+// row of the flattened batch at a time. The AVX2 variants are picked at run
+// time (LLMCORE_ELEMENTWISE_ISA=scalar forces the portable ones).
+#pragma once
+
+#include <cstdint>
+
+#include "cpu_isa.h"
+#include "internal.h"
+
+namespace lc::elementwise {
+
+// One row: if res, res[i] += x[i] and the sum is normalised; out may be x.
+// weight is fp32 (bf16 weights are widened by the caller).
+using RmsRowFn = void (*)(const float* x, float* res, const float* weight, float eps, int64_t n,
+                          float* out);
+// out[i] = silu(gate[i]) * up[i].
+using SiluMulRowFn = void (*)(const float* gate, const float* up, int64_t n, float* out);
+
+struct Kernels {
+    RmsRowFn rms_row;
+    SiluMulRowFn silu_mul_row;
+};
+
+const Kernels& scalar_kernels();
+const Kernels& avx2_kernels();  // only called when the CPU runs AVX2 + FMA
+
+Isa set_isa(Isa isa);
+Isa current_isa();
+
+}  // namespace lc::elementwise
