@@ -1,4 +1,5 @@
-"""Benchmark llmcore.linear (bf16 weights, fp32 activations) against torch's F.linear.
+"""Benchmark llmcore.linear (bf16 weights, fp32 activations; row-major and packed) against
+torch's F.linear.
 
 Kernels (default): the default model's projection shapes (SmolLM2-135M: fused qkv, o_proj,
 fused gate_up, down_proj, tied lm_head) at M rows in {1, 8, 64, 256}. Each measurement cycles
@@ -70,6 +71,8 @@ def bench_kernels(args: argparse.Namespace) -> list[dict[str, Any]]:
         copies = max(1, min(32, -(-CACHE_BYTES // (n * k * 4))))
         ws32 = [w32.clone() for _ in range(copies)]
         ws16 = [w.bfloat16() for w in ws32]
+        packed16 = [llmcore.PackedWeight(w) for w in ws16]
+        packed32 = [llmcore.PackedWeight(w) for w in ws32]
         for m in args.m:
             x = torch.randn(m, k, generator=gen)
             out = torch.empty(m, n)
@@ -78,6 +81,10 @@ def bench_kernels(args: argparse.Namespace) -> list[dict[str, Any]]:
             ours32 = timed([lambda w=w, x=x, o=out: llmcore.linear(x, w, None, o) for w in ws32],
                            args.repeats, args.budget_s)
             ref32 = timed([lambda w=w, x=x: F.linear(x, w) for w in ws32], args.repeats, args.budget_s)
+            pk16 = timed([lambda w=w, x=x, o=out: llmcore.linear(x, w, None, o) for w in packed16],
+                         args.repeats, args.budget_s)
+            pk32 = timed([lambda w=w, x=x, o=out: llmcore.linear(x, w, None, o) for w in packed32],
+                         args.repeats, args.budget_s)
             xb = x.bfloat16()
             t = time.perf_counter()
             F.linear(xb, ws16[0])
@@ -91,6 +98,11 @@ def bench_kernels(args: argparse.Namespace) -> list[dict[str, Any]]:
                 "ours_bf16_weight_GBps": round(n * k * 2 / ours / 1e9, 2),
                 "ours_bf16_GFLOPs": round(2 * m * n * k / ours / 1e9, 1),
                 "ours_fp32w_ms": round(ours32 * 1e3, 4),
+                "packed_bf16_ms": round(pk16 * 1e3, 4),
+                "packed_bf16_weight_GBps": round(n * k * 2 / pk16 / 1e9, 2),
+                "packed_bf16_GFLOPs": round(2 * m * n * k / pk16 / 1e9, 1),
+                "packed_fp32w_ms": round(pk32 * 1e3, 4),
+                "speedup_packed_vs_torch_fp32": round(ref32 / pk16, 2),
                 "torch_fp32_ms": round(ref32 * 1e3, 4),
                 "torch_fp32_weight_GBps": round(n * k * 4 / ref32 / 1e9, 2),
                 "torch_bf16_ms": None if ref16 is None else round(ref16 * 1e3, 3),
@@ -100,7 +112,8 @@ def bench_kernels(args: argparse.Namespace) -> list[dict[str, Any]]:
             log(f"{name:8s} M={m:4d}: ours {row['ours_bf16_ms']:.3f} ms "
                 f"({row['ours_bf16_weight_GBps']} GB/s, {row['ours_bf16_GFLOPs']} GFLOP/s), "
                 f"torch fp32 {row['torch_fp32_ms']:.3f} ms, torch bf16 {row['torch_bf16_ms']} ms"
-                f" -> x{row['speedup_vs_torch_fp32']}")
+                f" -> x{row['speedup_vs_torch_fp32']}; packed {row['packed_bf16_ms']:.3f} ms "
+                f"({row['packed_bf16_GFLOPs']} GFLOP/s) -> x{row['speedup_packed_vs_torch_fp32']}")
             rows.append(row)
     return rows
 

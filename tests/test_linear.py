@@ -146,7 +146,7 @@ def test_model_with_bf16_weights_computes_in_fp32(kind: str, make_tiny_model: An
 
     model_dir = make_tiny_model(kind)  # qwen2 has q/k/v biases
     bf = load_model(model_dir, dtype="bfloat16").model
-    ref = load_model(model_dir, dtype="float32").model
+    ref = load_model(model_dir, dtype="float32", pack=False).model
     assert bf.compute_dtype == torch.float32 and ref.compute_dtype == torch.float32
     with torch.no_grad():
         for p in ref.parameters():
@@ -158,3 +158,55 @@ def test_model_with_bf16_weights_computes_in_fp32(kind: str, make_tiny_model: An
         want = ref(ids, pos, DenseCausalAttention(ref.attention_specs(), [5, 7]))
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("isa", ["avx2", "scalar"])
+def test_packed_weight_matches_torch(isa: str) -> None:
+    """Packed panels (16 columns, k-major; bf16 interleaved) give x @ W^T for ragged N, every
+    row-block size of the microkernel, strided x, bias and a bf16 out."""
+    if llmcore._C.set_linear_isa(isa) != isa:
+        pytest.skip(f"this CPU does not run {isa}")
+    try:
+        gen = torch.Generator().manual_seed(5)
+        for n, k in [(1, 7), (15, 64), (17, 100), (960, 576), (50, 1536)]:
+            for dtype in (torch.float32, torch.bfloat16):
+                w = torch.randn(n, k, generator=gen).to(dtype)
+                pw = llmcore.PackedWeight(w)
+                assert pw.shape == (n, k) and pw.dtype == str(dtype).removeprefix("torch.")
+                assert pw.nbytes >= n * k * w.element_size()
+                b = torch.randn(n, generator=gen)
+                for m in (1, 2, 3, 6, 7, 13, 70):
+                    base = torch.randn(m, k + 3, generator=gen)
+                    x = base[:, :k]
+                    want = x @ w.float().T + b
+                    got = llmcore.linear(x, pw, b)
+                    torch.testing.assert_close(got, want, rtol=_tol(k), atol=_tol(k))
+                    out16 = torch.empty(m, n, dtype=torch.bfloat16)
+                    llmcore.linear(x, pw, b, out16)
+                    torch.testing.assert_close(out16.float(), got.bfloat16().float(),
+                                               rtol=1e-2, atol=1e-2)
+    finally:
+        llmcore._C.set_linear_isa("avx2")
+
+
+def test_packed_weight_rows_and_errors() -> None:
+    w = torch.randn(37, 20).bfloat16()
+    pw = llmcore.PackedWeight(w)
+    ids = np.array([0, 36, 5, 5], dtype=np.int64)
+    got = pw.rows(ids, torch.empty(4, 20))
+    assert torch.equal(got, w[torch.from_numpy(ids)].float())
+    got16 = pw.rows(ids, torch.empty(4, 20, dtype=torch.bfloat16))
+    assert torch.equal(got16, w[torch.from_numpy(ids)])
+    with pytest.raises(ValueError, match="out of range"):
+        pw.rows(np.array([37], dtype=np.int64), torch.empty(1, 20))
+    with pytest.raises(ValueError, match="does not match the packed weight"):
+        llmcore.linear(torch.randn(2, 21), pw)
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        llmcore.PackedWeight(torch.zeros(3, 4, dtype=torch.float16))
+    # the source can go away: the packed copy is the core's own
+    w2 = torch.randn(16, 8)
+    pw2 = llmcore.PackedWeight(w2)
+    x = torch.randn(1, 8)
+    want = x @ w2.T
+    del w2
+    torch.testing.assert_close(llmcore.linear(x, pw2), want)

@@ -13,10 +13,71 @@ namespace lcpy {
 namespace {
 
 
+// A matrix packed by the core (lc_weight), owned by this object.
+class PackedWeight {
+   public:
+    explicit PackedWeight(const py::handle& weight) {
+        Borrowed bw = borrow(weight, "weight");
+        lc_status st;
+        {
+            py::gil_scoped_release nogil;
+            st = lc_weight_pack(bw.view(), &w_);
+        }
+        check(st);
+    }
+    ~PackedWeight() { lc_weight_destroy(w_); }
+    PackedWeight(const PackedWeight&) = delete;
+    PackedWeight& operator=(const PackedWeight&) = delete;
+
+    const lc_weight* get() const { return w_; }
+    int64_t n() const { return info().n; }
+    int64_t k() const { return info().k; }
+    int64_t nbytes() const { return info().nbytes; }
+    std::string dtype() const { return info().dtype == LC_DTYPE_BF16 ? "bfloat16" : "float32"; }
+
+    py::object rows(const py::handle& ids, const py::object& out) const {
+        IntArray<int64_t> rows(ids, "rows");
+        Borrowed bo = borrow(out, "out");
+        lc_status st;
+        {
+            py::gil_scoped_release nogil;
+            st = lc_weight_rows(w_, rows.data(), rows.size(), bo.view());
+        }
+        check(st);
+        return out;
+    }
+
+   private:
+    struct Info {
+        int64_t n, k, nbytes;
+        int32_t dtype;
+    };
+    Info info() const {
+        Info i{};
+        check(lc_weight_info(w_, &i.n, &i.k, &i.dtype, &i.nbytes));
+        return i;
+    }
+    lc_weight* w_ = nullptr;
+};
+
 py::object linear(const py::handle& x, const py::handle& weight, const py::handle& bias,
                   const py::object& out) {
     if (out.is_none())
         throw py::value_error("out is required (llmcore.linear allocates it for torch tensors)");
+    if (py::isinstance<PackedWeight>(weight)) {
+        const PackedWeight& pw = weight.cast<const PackedWeight&>();
+        Borrowed bx = borrow(x, "x"), bo = borrow(out, "out");
+        Borrowed bb;
+        if (!bias.is_none()) bb = borrow(bias, "bias");
+        const lc_tensor* bias_view = bias.is_none() ? nullptr : bb.view();
+        lc_status st;
+        {
+            py::gil_scoped_release nogil;
+            st = lc_linear_packed(bx.view(), pw.get(), bias_view, bo.view(), nullptr);
+        }
+        check(st);
+        return out;
+    }
     Borrowed bx = borrow(x, "x"), bw = borrow(weight, "weight"), bo = borrow(out, "out");
     Borrowed bb;
     if (!bias.is_none()) bb = borrow(bias, "bias");
@@ -33,15 +94,37 @@ py::object linear(const py::handle& x, const py::handle& weight, const py::handl
 }  // namespace
 
 void bind_linear(py::module_& m) {
+    py::class_<PackedWeight>(m, "PackedWeight", R"doc(A weight matrix [N, K] copied into the core's linear layout.
+
+PackedWeight(weight): weight [N, K] float32 or bfloat16 (torch or numpy, CPU),
+copied once; pass the object as llmcore.linear's weight. The source may be
+freed afterwards. Read only, so one object serves many threads.)doc")
+        .def(py::init<const py::handle&>(), py::arg("weight"))
+        .def_property_readonly("shape", [](const PackedWeight& w) { return py::make_tuple(w.n(), w.k()); })
+        .def_property_readonly("dtype", &PackedWeight::dtype, "'bfloat16' or 'float32'")
+        .def_property_readonly("nbytes", &PackedWeight::nbytes, "bytes of memory held")
+        .def("rows", &PackedWeight::rows, py::arg("ids"), py::arg("out"),
+             "out[i] = W[ids[i]] (out [len(ids), K] float32 or bfloat16); returns out.")
+        .def("__repr__", [](const PackedWeight& w) {
+            return "PackedWeight(shape=(" + std::to_string(w.n()) + ", " + std::to_string(w.k()) +
+                   "), dtype=" + w.dtype() + ")";
+        });
     m.def("linear", &linear, py::arg("x"), py::arg("weight"), py::arg("bias") = py::none(),
           py::arg("out") = py::none(),
           R"doc(out = x @ weight^T (+ bias), computed in fp32, written into out and returned.
 
-x: [M, K] float32 (unit last stride); weight: [N, K] bfloat16 or float32,
-contiguous (bf16 is widened in registers: half the bytes read of fp32);
+x: [M, K] float32 (unit last stride); weight: a PackedWeight, or [N, K]
+bfloat16 or float32, contiguous (bf16 is widened in registers: half the bytes read of fp32);
 bias: [N] float32/bfloat16 or None; out: [M, N] float32 or bfloat16 (unit last
 stride, not overlapping the inputs), required here. CPU tensors only (CUDA:
 NotImplementedError). Raises ValueError for inconsistent shapes or dtypes.)doc");
+    m.def(
+        "set_linear_isa",
+        [](const std::string& name) {
+            const lc::Isa want = name == "scalar" ? lc::Isa::kScalar : lc::Isa::kAvx2;
+            return std::string(lc::linear::isa_name(lc::linear::set_isa(want)));
+        },
+        py::arg("isa"), "Caps the linear kernels' instruction set (tests); returns the one in effect.");
     m.def(
         "linear_isa",
         [] { return std::string(lc::linear::isa_name(lc::linear::current_isa())); },

@@ -68,8 +68,9 @@ inline uint16_t f32_to_bf16(float f) {
 
 // ---- CPU parallelism ---------------------------------------------------------
 // Calls fn(begin, end) over [0, n) split into contiguous chunks across the
-// core's worker pool (the calling thread takes part). Workers sleep on a
-// condition variable between calls: no spinning against the host's threads.
+// core's worker pool (the calling thread takes part). Between calls a worker
+// spins for a short while (LLMCORE_SPIN_US, default 200 us: the gap between
+// two kernels of one forward pass), then sleeps on a condition variable.
 // Nested calls run serially. grain: minimum items per chunk.
 void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 int num_threads();

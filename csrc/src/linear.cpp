@@ -42,6 +42,9 @@ bool overlaps(const lc_tensor& a, const lc_tensor& b) {
     return alo < bhi && blo < ahi;
 }
 
+void validate_io(const lc_tensor* x, int64_t N, int64_t K, const lc_tensor* bias,
+                 const lc_tensor* out);
+
 void validate(const lc_tensor* x, const lc_tensor* w, const lc_tensor* bias,
               const lc_tensor* out) {
     require(x && w && out, "x, weight and out are required");
@@ -59,9 +62,16 @@ void validate(const lc_tensor* x, const lc_tensor* w, const lc_tensor* bias,
     require(out->dtype == LC_DTYPE_F32 || out->dtype == LC_DTYPE_BF16,
             "out must be float32 or bfloat16, got " + std::string(dtype_name(out->dtype)));
     require(is_contiguous(*w), "weight must be contiguous");
-    const int64_t M = x->shape[0], K = x->shape[1], N = w->shape[0];
+    const int64_t K = x->shape[1], N = w->shape[0];
     require(w->shape[1] == K, "weight " + shape_str(*w) + " does not match x " + shape_str(*x) +
                                   ": expected [N, " + std::to_string(K) + "]");
+    validate_io(x, N, K, bias, out);
+    require(!overlaps(*w, *out), "out must not overlap the inputs");
+}
+
+void validate_io(const lc_tensor* x, int64_t N, int64_t K, const lc_tensor* bias,
+                 const lc_tensor* out) {
+    const int64_t M = x->shape[0];
     require(out->shape[0] == M && out->shape[1] == N,
             "out " + shape_str(*out) + " must be [" + std::to_string(M) + ", " +
                 std::to_string(N) + "]");
@@ -74,7 +84,7 @@ void validate(const lc_tensor* x, const lc_tensor* w, const lc_tensor* bias,
         require(bias->shape[0] == N, "bias " + shape_str(*bias) + " must be [" +
                                          std::to_string(N) + "]");
     }
-    for (const lc_tensor* t : {x, w, bias})
+    for (const lc_tensor* t : {x, bias})
         if (t) require(!overlaps(*t, *out), "out must not overlap the inputs");
 }
 
@@ -86,41 +96,86 @@ Isa current_isa() { return isa_setting().current(); }
 
 }  // namespace lc::linear
 
+namespace lc::linear {
+namespace {
+
+// Fills the bias of a job (widening a bf16 or strided one into bias32) and runs it.
+void run(Job& job, const lc_tensor* bias, std::vector<float>& bias32) {
+    if (job.M == 0 || job.N == 0) return;
+    if (bias) {
+        const int64_t bs = bias->strides[0];
+        if (bias->dtype == LC_DTYPE_F32 && (bs == 1 || job.N == 1)) {
+            job.bias = static_cast<const float*>(bias->data);
+        } else {
+            bias32.resize(size_t(job.N));
+            for (int64_t n = 0; n < job.N; ++n)
+                bias32[size_t(n)] =
+                    bias->dtype == LC_DTYPE_F32
+                        ? static_cast<const float*>(bias->data)[n * bs]
+                        : lc::bf16_to_f32(static_cast<const uint16_t*>(bias->data)[n * bs]);
+            job.bias = bias32.data();
+        }
+    }
+    const bool avx2 = current_isa() == Isa::kAvx2;
+    if (job.packed)
+        avx2 ? run_packed_avx2(job) : run_packed_scalar(job);
+    else
+        avx2 ? run_avx2(job) : run_scalar(job);
+}
+
+Job job_for(const lc_tensor* x, const lc_tensor* out) {
+    Job job{};
+    job.x = static_cast<const float*>(x->data);
+    job.ldx = x->strides[0];
+    job.out = out->data;
+    job.ldo = out->strides[0];
+    job.out_dtype = out->dtype;
+    job.M = x->shape[0];
+    job.K = x->shape[1];
+    return job;
+}
+
+}  // namespace
+}  // namespace lc::linear
+
 extern "C" lc_status lc_linear(const lc_tensor* x, const lc_tensor* weight, const lc_tensor* bias,
                                const lc_tensor* out, void* stream) {
     return lc::guard([&] {
         using namespace lc::linear;
         validate(x, weight, bias, out);
-        Job job{};
-        job.x = static_cast<const float*>(x->data);
-        job.ldx = x->strides[0];
+        Job job = job_for(x, out);
         job.w = weight->data;
         job.w_dtype = weight->dtype;
-        job.out = out->data;
-        job.ldo = out->strides[0];
-        job.out_dtype = out->dtype;
-        job.M = x->shape[0];
-        job.K = x->shape[1];
         job.N = weight->shape[0];
-        if (job.M == 0 || job.N == 0) return;
         std::vector<float> bias32;
-        if (bias) {
-            const int64_t bs = bias->strides[0];
-            if (bias->dtype == LC_DTYPE_F32 && (bs == 1 || job.N == 1)) {
-                job.bias = static_cast<const float*>(bias->data);
-            } else {
-                bias32.resize(size_t(job.N));
-                for (int64_t n = 0; n < job.N; ++n)
-                    bias32[size_t(n)] =
-                        bias->dtype == LC_DTYPE_F32
-                            ? static_cast<const float*>(bias->data)[n * bs]
-                            : lc::bf16_to_f32(static_cast<const uint16_t*>(bias->data)[n * bs]);
-                job.bias = bias32.data();
-            }
-        }
-        if (current_isa() == Isa::kAvx2)
-            run_avx2(job);
-        else
-            run_scalar(job);
+        run(job, bias, bias32);
+    });
+}
+
+extern "C" lc_status lc_linear_packed(const lc_tensor* x, const lc_weight* weight,
+                                      const lc_tensor* bias, const lc_tensor* out, void* stream) {
+    return lc::guard([&] {
+        using namespace lc;
+        using namespace lc::linear;
+        require(x && weight && out, "x, weight and out are required");
+        for (const lc_tensor* t : {x, bias, out})
+            if (t && t->device == LC_DEVICE_CUDA)
+                fail(LC_ERR_UNSUPPORTED, "lc_linear_packed: CUDA tensors are not supported yet");
+        check_tensor(x, "x", 2);
+        check_tensor(out, "out", 2);
+        require(x->dtype == LC_DTYPE_F32, "x must be float32, got " + std::string(dtype_name(x->dtype)));
+        require(out->dtype == LC_DTYPE_F32 || out->dtype == LC_DTYPE_BF16,
+                "out must be float32 or bfloat16, got " + std::string(dtype_name(out->dtype)));
+        require(x->shape[1] == weight->k, "x " + shape_str(*x) + " does not match the packed weight [" +
+                                              std::to_string(weight->n) + ", " +
+                                              std::to_string(weight->k) + "]");
+        validate_io(x, weight->n, weight->k, bias, out);
+        Job job = job_for(x, out);
+        job.packed = weight;
+        job.w = weight->data;
+        job.w_dtype = weight->dtype;
+        job.N = weight->n;
+        std::vector<float> bias32;
+        run(job, bias, bias32);
     });
 }

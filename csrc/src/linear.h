@@ -21,11 +21,13 @@
 #include <cstdint>
 
 #include "internal.h"
+#include "weight.h"
 
 namespace lc::linear {
 
 struct Job {
     const float* x;      // [M][ldx]
+    const lc_weight* packed;  // set: W is this packed matrix (w and w_dtype describe its data)
     int64_t ldx;
     const void* w;       // [N][K], contiguous; bf16 bits or fp32
     int32_t w_dtype;     // LC_DTYPE_BF16 or LC_DTYPE_F32
@@ -42,6 +44,9 @@ using lc::isa_name;
 // Runs the job over all threads. One definition per instruction set.
 void run_scalar(const Job& job);
 void run_avx2(const Job& job);
+// The same for a packed W (job.packed; see weight.h for the layout).
+void run_packed_scalar(const Job& job);
+void run_packed_avx2(const Job& job);
 
 // The best instruction set this CPU runs and the build compiled.
 Isa best_isa();

@@ -244,6 +244,133 @@ void run_typed(const Job& job) {
         run_large<WT>(job);
 }
 
+// ---- packed W (weight.h): panels [K][16], read in place -------------------------
+inline void load_row16(const float* p, __m256& b0, __m256& b1) {
+    b0 = _mm256_loadu_ps(p);
+    b1 = _mm256_loadu_ps(p + 8);
+}
+// Interleaved bf16 row: slot 2j = column j, slot 2j+1 = column 8+j.
+inline void load_row16(const uint16_t* p, __m256& b0, __m256& b1) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    b0 = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+    b1 = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(int(0xffff0000u))));
+}
+
+// R x rows against one panel; streaming: prefetch the panel ahead (the first
+// pass over it, from memory). Few rows: two sets of accumulators over
+// alternating k, so that FMA latency does not bound the memory stream.
+template <int R, class WT>
+void micro_packed(const Job& job, const WT* panel, int64_t m0, int64_t n0, int64_t nvalid,
+                  bool streaming) {
+    constexpr int kSets = R <= 2 ? 2 : 1;
+    const int64_t K = job.K;
+    const float* xr[R];
+    LC_UNROLL
+    for (int r = 0; r < R; ++r) xr[r] = job.x + (m0 + r) * job.ldx;
+    __m256 c0[kSets][R], c1[kSets][R];
+    LC_UNROLL
+    for (int s = 0; s < kSets; ++s)
+        LC_UNROLL
+        for (int r = 0; r < R; ++r) c0[s][r] = c1[s][r] = _mm256_setzero_ps();
+    const char* pf = reinterpret_cast<const char*>(panel) + kPrefetchBytes;
+    constexpr int64_t kRowBytes = 16 * int64_t(sizeof(WT));
+    int64_t k = 0;
+    for (; k + kSets <= K; k += kSets) {
+        if (streaming) {
+            _mm_prefetch(pf + k * kRowBytes, _MM_HINT_T0);
+            if (kRowBytes * kSets > 64) _mm_prefetch(pf + k * kRowBytes + 64, _MM_HINT_T0);
+        }
+        LC_UNROLL
+        for (int s = 0; s < kSets; ++s) {
+            __m256 b0, b1;
+            load_row16(panel + (k + s) * 16, b0, b1);
+            LC_UNROLL
+            for (int r = 0; r < R; ++r) {
+                const __m256 a = _mm256_broadcast_ss(xr[r] + k + s);
+                c0[s][r] = _mm256_fmadd_ps(a, b0, c0[s][r]);
+                c1[s][r] = _mm256_fmadd_ps(a, b1, c1[s][r]);
+            }
+        }
+    }
+    for (; k < K; ++k) {
+        __m256 b0, b1;
+        load_row16(panel + k * 16, b0, b1);
+        LC_UNROLL
+        for (int r = 0; r < R; ++r) {
+            const __m256 a = _mm256_broadcast_ss(xr[r] + k);
+            c0[0][r] = _mm256_fmadd_ps(a, b0, c0[0][r]);
+            c1[0][r] = _mm256_fmadd_ps(a, b1, c1[0][r]);
+        }
+    }
+    if (kSets == 2) {
+        LC_UNROLL
+        for (int r = 0; r < R; ++r) {
+            c0[0][r] = _mm256_add_ps(c0[0][r], c0[kSets - 1][r]);
+            c1[0][r] = _mm256_add_ps(c1[0][r], c1[kSets - 1][r]);
+        }
+    }
+    if (job.out_dtype == LC_DTYPE_F32 && nvalid == kNR) {
+        __m256 bias0 = _mm256_setzero_ps(), bias1 = _mm256_setzero_ps();
+        if (job.bias) {
+            bias0 = _mm256_loadu_ps(job.bias + n0);
+            bias1 = _mm256_loadu_ps(job.bias + n0 + 8);
+        }
+        LC_UNROLL
+        for (int r = 0; r < R; ++r) {
+            float* o = static_cast<float*>(job.out) + (m0 + r) * job.ldo + n0;
+            _mm256_storeu_ps(o, _mm256_add_ps(c0[0][r], bias0));
+            _mm256_storeu_ps(o + 8, _mm256_add_ps(c1[0][r], bias1));
+        }
+        return;
+    }
+    LC_UNROLL
+    for (int r = 0; r < R; ++r) {
+        float v[kNR];
+        _mm256_storeu_ps(v, c0[0][r]);
+        _mm256_storeu_ps(v + 8, c1[0][r]);
+        store_row(job, m0 + r, n0, v, nvalid);
+    }
+}
+
+template <class WT>
+void micro_packed_rows(const Job& job, const WT* panel, int64_t m0, int64_t rows, int64_t n0,
+                       int64_t nvalid, bool streaming) {
+    switch (rows) {
+        case 1: micro_packed<1>(job, panel, m0, n0, nvalid, streaming); break;
+        case 2: micro_packed<2>(job, panel, m0, n0, nvalid, streaming); break;
+        case 3: micro_packed<3>(job, panel, m0, n0, nvalid, streaming); break;
+        case 4: micro_packed<4>(job, panel, m0, n0, nvalid, streaming); break;
+        case 5: micro_packed<5>(job, panel, m0, n0, nvalid, streaming); break;
+        default: micro_packed<6>(job, panel, m0, n0, nvalid, streaming); break;
+    }
+}
+
+// Each thread takes a contiguous range of panels. Panels are visited in groups
+// that stay in L2 while every block of kMR x rows passes over them; the first
+// block streams the group in from memory (prefetching), the rest reuse it.
+template <class WT>
+void run_packed_typed(const Job& job) {
+    const lc_weight& w = *job.packed;
+    const WT* base = static_cast<const WT*>(w.data);
+    const int64_t K = job.K, per_panel = K * kNR;
+    constexpr int64_t kGroupBytes = 192 << 10;
+    const int64_t group = std::max<int64_t>(
+        1, kGroupBytes / std::max<int64_t>(1, per_panel * int64_t(sizeof(WT))));
+    for_tiles(job, w.panels, job.M * K * kNR, [&](int64_t p0, int64_t p1) {
+        for (int64_t g0 = p0; g0 < p1; g0 += group) {
+            const int64_t g1 = std::min(p1, g0 + group);
+            for (int64_t m0 = 0; m0 < job.M; m0 += kMR) {
+                const int64_t rows = std::min<int64_t>(kMR, job.M - m0);
+                for (int64_t p = g0; p < g1; ++p) {
+                    const int64_t n0 = p * kNR;
+                    micro_packed_rows(job, base + p * per_panel, m0, rows, n0,
+                                      std::min<int64_t>(kNR, job.N - n0), m0 == 0);
+                }
+            }
+        }
+    });
+}
+
 }  // namespace
 
 void run_avx2(const Job& job) {
@@ -251,6 +378,13 @@ void run_avx2(const Job& job) {
         run_typed<uint16_t>(job);
     else
         run_typed<float>(job);
+}
+
+void run_packed_avx2(const Job& job) {
+    if (job.packed->dtype == LC_DTYPE_BF16)
+        run_packed_typed<uint16_t>(job);
+    else
+        run_packed_typed<float>(job);
 }
 
 }  // namespace lc::linear
@@ -265,6 +399,7 @@ void run_avx2(const Job& job) {
 
 namespace lc::linear {
 void run_avx2(const Job&) { fail(LC_ERR_INTERNAL, "AVX2 linear kernel called on a non-x86 build"); }
+void run_packed_avx2(const Job&) { fail(LC_ERR_INTERNAL, "AVX2 linear kernel called on a non-x86 build"); }
 }  // namespace lc::linear
 
 #endif

@@ -45,3 +45,26 @@ void run_scalar(const Job& job) {
 }
 
 }  // namespace lc::linear
+
+namespace lc::linear {
+
+void run_packed_scalar(const Job& job) {
+    const lc_weight& w = *job.packed;
+    const int64_t M = job.M, K = job.K;
+    for_tiles(job, w.panels, M * K * weight::kPanel, [&](int64_t p0, int64_t p1) {
+        float acc[weight::kPanel];
+        for (int64_t p = p0; p < p1; ++p) {
+            const int64_t n0 = p * weight::kPanel;
+            const int64_t nvalid = std::min<int64_t>(weight::kPanel, job.N - n0);
+            for (int64_t m = 0; m < M; ++m) {
+                const float* xr = job.x + m * job.ldx;
+                for (int c = 0; c < weight::kPanel; ++c) acc[c] = 0.0f;
+                for (int64_t k = 0; k < K; ++k)
+                    for (int c = 0; c < weight::kPanel; ++c) acc[c] += xr[k] * weight::at(w, n0 + c, k);
+                store_row(job, m, n0, acc, nvalid);
+            }
+        }
+    });
+}
+
+}  // namespace lc::linear

@@ -5,7 +5,9 @@ each bf16 weight is widened to fp32 in registers, so a memory-bound decode step 
 the bytes of an fp32 model, while the activations (and the numerics) stay fp32. torch's own
 bf16 matmul on such CPUs is an order of magnitude slower than fp32.
 
-``weight`` is ``[N, K]`` (torch's ``nn.Linear`` layout), contiguous; ``x`` is ``[..., K]``
+``weight`` is ``[N, K]`` (torch's ``nn.Linear`` layout), contiguous, or a ``PackedWeight``:
+the same matrix copied once into the layout the kernels stream (panels of 16 output columns,
+huge pages), which is what a model keeps; ``x`` is ``[..., K]``
 float32; ``bias`` is ``[N]`` or None. Tensors are torch tensors or numpy arrays, borrowed
 through ``__dlpack__`` without a copy; the GIL is released while the kernel runs.
 """
@@ -15,9 +17,9 @@ from __future__ import annotations
 from typing import Any
 
 from llmcore import _C
-from llmcore._C import linear_isa
+from llmcore._C import PackedWeight, linear_isa
 
-__all__ = ["linear", "linear_isa"]
+__all__ = ["PackedWeight", "linear", "linear_isa"]
 
 
 def linear(x: Any, weight: Any, bias: Any = None, out: Any = None) -> Any:
@@ -29,7 +31,8 @@ def linear(x: Any, weight: Any, bias: Any = None, out: Any = None) -> Any:
     """
     if out is not None:
         return _C.linear(x, weight, bias, out)
-    if x.ndim < 1 or weight.ndim != 2:
+    packed = isinstance(weight, PackedWeight)
+    if x.ndim < 1 or (not packed and weight.ndim != 2):
         raise ValueError(f"x must be [..., K] and weight [N, K], got x.ndim={x.ndim}, "
                          f"weight.ndim={weight.ndim}")
     lead = tuple(x.shape[:-1])

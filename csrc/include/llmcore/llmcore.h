@@ -381,6 +381,32 @@ LC_API float lc_rng_uniform(uint64_t seed, int64_t position, uint32_t index);
 LC_API lc_status lc_linear(const lc_tensor* x, const lc_tensor* weight, const lc_tensor* bias,
                            const lc_tensor* out, void* stream);
 
+/*
+ * Packed weights: a matrix copied once (at model load) into the layout the
+ * linear kernels stream, so that no call repacks it. Panels of 16 output
+ * columns, k-major; bf16 or fp32 as the source was; 2 MiB-aligned memory
+ * marked for transparent huge pages. The layout is private to the core.
+ *
+ * lc_weight_pack: copies weight [N, K] (float32 or bfloat16, any row stride,
+ * unit last stride, CPU) into a new lc_weight; the caller destroys it with
+ * lc_weight_destroy and may free the source at once.
+ * lc_weight_info: any of n, k, dtype (lc_dtype) and nbytes (memory held) may
+ * be NULL.
+ * lc_weight_rows: out[i] = W[rows[i]] for i < count (an embedding lookup on a
+ * tied matrix): out [count, K] float32 or bfloat16; rows checked in [0, N).
+ * lc_linear_packed: lc_linear with a packed weight; same x, bias, out rules.
+ * A packed weight may be used by many threads at once (it is read only). */
+typedef struct lc_weight lc_weight;
+
+LC_API lc_status lc_weight_pack(const lc_tensor* weight, lc_weight** out);
+LC_API void lc_weight_destroy(lc_weight* weight);
+LC_API lc_status lc_weight_info(const lc_weight* weight, int64_t* n, int64_t* k, int32_t* dtype,
+                                int64_t* nbytes);
+LC_API lc_status lc_weight_rows(const lc_weight* weight, const int64_t* rows, int64_t count,
+                                const lc_tensor* out);
+LC_API lc_status lc_linear_packed(const lc_tensor* x, const lc_weight* weight,
+                                  const lc_tensor* bias, const lc_tensor* out, void* stream);
+
 /* ------------------------------------------------------------------ */
 /* Elementwise operations of a decoder layer                           */
 /* ------------------------------------------------------------------ */

@@ -65,11 +65,12 @@ def prepare_model_dir(source: str | Path | None) -> tuple[Path, Path, bool | Non
 
 
 def load_model(
-    source: str | Path | None = None, dtype: str = "auto", max_positions: int | None = None
+    source: str | Path | None = None, dtype: str = "auto", max_positions: int | None = None,
+    pack: bool = True,
 ) -> LoadedModel:
     from actors.loader.hf import load_hf_dir
 
     src, model_dir, hit = prepare_model_dir(source)
     torch_dtype = resolve_dtype(dtype)
-    model, cfg = load_hf_dir(model_dir, torch_dtype, max_positions)
+    model, cfg = load_hf_dir(model_dir, torch_dtype, max_positions, pack=pack)
     return LoadedModel(model, cfg, torch_dtype, model_dir, src, hit)

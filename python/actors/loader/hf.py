@@ -45,12 +45,16 @@ def iter_weights(files: list[Path], dtype: torch.dtype) -> Iterator[tuple[str, t
 
 
 def load_hf_dir(
-    model_dir: Path, dtype: torch.dtype, max_positions: int | None = None
+    model_dir: Path, dtype: torch.dtype, max_positions: int | None = None, pack: bool = True
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
+    """pack: move the matrices into the core's packed layout (the fast CPU path); off
+    leaves plain torch parameters (tests that edit weights after loading)."""
     cfg = ModelConfig.from_dir(model_dir)
     files = safetensors_files(model_dir)
     with stage(f"building {cfg.model_type} model ({cfg.num_layers} layers, {dtype})"):
         model = build_model(cfg, dtype=dtype, max_positions=max_positions)
     with stage(f"loading weights from {len(files)} safetensors file(s)"):
         model.load_weights(iter_weights(files, dtype))
+    if pack:
+        model.pack_weights()
     return model, cfg

@@ -53,8 +53,23 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     return llmcore._C.linear(x, weight, bias, out)
 
 
+def linear_packed(x: torch.Tensor, packed: llmcore.PackedWeight,
+                  bias: torch.Tensor | None) -> torch.Tensor:
+    """x [T, K] fp32 @ packed^T (+ bias) through the core."""
+    out = x.new_empty((x.shape[0], packed.shape[0]))
+    return llmcore._C.linear(x, packed, bias, out)
+
+
+def _released(p: nn.Parameter) -> nn.Parameter:
+    """An empty stand-in for a parameter whose data now lives packed in the core."""
+    return nn.Parameter(torch.empty(0, dtype=p.dtype, device=p.device), requires_grad=False)
+
+
 class Linear(nn.Module):
-    """y = x W^T (+ b), with parameters left for load_weights to fill."""
+    """y = x W^T (+ b), with parameters left for load_weights to fill.
+
+    After ``pack()`` the matrix lives in the core (``llmcore.PackedWeight``: the layout its
+    kernels stream, in huge pages) and ``weight`` is an empty stand-in."""
 
     def __init__(
         self, in_size: int, out_size: int, bias: bool, dtype: torch.dtype,
@@ -65,8 +80,15 @@ class Linear(nn.Module):
         self.widen = _widening(dtype, compute_dtype)
         self.weight = _param(out_size, in_size, dtype=dtype)
         self.bias = _param(out_size, dtype=dtype) if bias else None
+        self.packed: llmcore.PackedWeight | None = None
+
+    def pack(self) -> None:
+        self.packed = llmcore.PackedWeight(self.weight.detach())
+        self.weight = _released(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None:
+            return linear_packed(x, self.packed, self.bias)
         return linear(x, self.weight, self.bias, self.widen)
 
 
@@ -187,6 +209,7 @@ class LlamaForCausalLM(nn.Module):
             compute_dtype = torch.float32 if dtype == torch.bfloat16 else dtype
         self.config = cfg
         self._native = True
+        self._tied_packed: llmcore.PackedWeight | None = None
         self.dtype = dtype
         self.compute_dtype = compute_dtype
         self._widen = _widening(dtype, compute_dtype)
@@ -211,7 +234,7 @@ class LlamaForCausalLM(nn.Module):
         self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend
     ) -> torch.Tensor:
         """Final-norm hidden states [T, hidden_size] for the flattened batch."""
-        x = F.embedding(input_ids, self.model.embed_tokens.weight).to(self.compute_dtype)
+        x = self._embed(input_ids)
         rope = self.rope(positions, x.dtype)
         if self.native and x.device.type == "cpu":
             return self._hidden_states_native(x, rope, attn)
@@ -245,24 +268,48 @@ class LlamaForCausalLM(nn.Module):
         act = x.new_empty((t, c.intermediate_size))
         for i, layer in enumerate(layers):
             sa, mlp = layer.self_attn, layer.mlp
-            qkv = linear(h, sa.qkv_proj.weight, sa.qkv_proj.bias, sa.qkv_proj.widen)
+            qkv = sa.qkv_proj.forward(h)
             q = qkv[:, :q_end].view(t, c.num_heads, c.head_dim)
             k = qkv[:, q_end:k_end].view(t, c.num_kv_heads, c.head_dim)
             v = qkv[:, k_end:].view(t, c.num_kv_heads, c.head_dim)
             llmcore.rope(q, k, cos, sin)
             o = attn.attn(i, q, k, v).reshape(t, c.q_size)
-            o = linear(o, sa.o_proj.weight, None, sa.o_proj.widen)
+            o = sa.o_proj.forward(o)
             llmcore.rms_norm(o, layer.post_attention_layernorm.weight, eps, h, residual=residual)
-            gu = linear(h, mlp.gate_up_proj.weight, None, mlp.gate_up_proj.widen)
+            gu = mlp.gate_up_proj.forward(h)
             llmcore.silu_mul(gu, act)
-            d = linear(act, mlp.down_proj.weight, None, mlp.down_proj.widen)
+            d = mlp.down_proj.forward(act)
             nxt = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.model.norm
             llmcore.rms_norm(d, nxt.weight, eps, h, residual=residual)
         return h
 
+    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self._tied_packed is not None:  # the tied matrix lives packed: gather its rows
+            out = torch.empty((input_ids.shape[0], self.config.hidden_size),
+                              dtype=self.compute_dtype)
+            return self._tied_packed.rows(input_ids.numpy(), out)
+        return F.embedding(input_ids, self.model.embed_tokens.weight).to(self.compute_dtype)
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        head = self.model.embed_tokens if self.lm_head is None else self.lm_head
-        return linear(hidden, head.weight, None, self._widen)
+        if self._tied_packed is not None:
+            return linear_packed(hidden, self._tied_packed, None)
+        if self.lm_head is not None:
+            return self.lm_head(hidden)
+        return linear(hidden, self.model.embed_tokens.weight, None, self._widen)
+
+    def pack_weights(self) -> None:
+        """Moves every matrix into the core's packed layout (CPU, fp32 activations): the
+        projections, the LM head, and a tied embedding (looked up from the packed copy, so
+        it is stored once). Call after load_weights."""
+        if self.compute_dtype != torch.float32 or self.model.embed_tokens.weight.is_cuda:
+            return
+        for mod in self.modules():
+            if isinstance(mod, Linear) and mod.packed is None:
+                mod.pack()
+        if self.lm_head is None and self._tied_packed is None:
+            emb = self.model.embed_tokens
+            self._tied_packed = llmcore.PackedWeight(emb.weight.detach())
+            emb.weight = _released(emb.weight)
 
     def forward(
         self,

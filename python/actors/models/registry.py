@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 
-from actors.models.arena import place_parameters_in_arena
 from actors.models.config import ModelConfig, UnsupportedModelError
 from actors.models.llama import LlamaForCausalLM
 
@@ -22,7 +21,4 @@ def build_model(
     cls = _ARCHITECTURES.get(cfg.model_type)
     if cls is None:
         raise UnsupportedModelError(f"no model class for model_type {cfg.model_type!r}")
-    model = cls(cfg, dtype=dtype, max_positions=max_positions).eval()
-    if not any(p.is_cuda for p in model.parameters()):
-        place_parameters_in_arena(model)
-    return model
+    return cls(cfg, dtype=dtype, max_positions=max_positions).eval()
