@@ -13,14 +13,12 @@
 #pragma GCC target("avx2,fma")
 #endif
 
+#include "simd_avx2.h"
+
 namespace lc::elementwise {
 namespace {
 
-inline float hsum(__m256 v) {
-    __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
-    return _mm_cvtss_f32(_mm_add_ss(a, _mm_movehdup_ps(a)));
-}
+using simd::hsum;
 
 void rms_row(const float* x, float* res, const float* w, float eps, int64_t n, float* out) {
     const int64_t n8 = n & ~int64_t(7);
@@ -48,31 +46,11 @@ void rms_row(const float* x, float* res, const float* w, float eps, int64_t n, f
     for (; i < n; ++i) out[i] = w[i] * (src[i] * inv);
 }
 
-// exp(x) for x <= 0: x = n ln2 + r, Cephes degree-6 polynomial (relative error
-// ~1e-7); exp(x < -87) = 0.
-inline __m256 exp_neg(__m256 x) {
-    const __m256 tiny = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ);
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_andnot_ps(tiny, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
-}
-
 // silu(g) * u with sigmoid(g) = 1 / (1 + e) for g >= 0 and e / (1 + e) below,
 // e = exp(-|g|), so exp never overflows.
 inline __m256 silu_mul8(__m256 g, __m256 u) {
     const __m256 absg = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), g);
-    const __m256 e = exp_neg(_mm256_sub_ps(_mm256_setzero_ps(), absg));
+    const __m256 e = simd::exp(_mm256_sub_ps(_mm256_setzero_ps(), absg));
     const __m256 num = _mm256_blendv_ps(_mm256_set1_ps(1.0f), e,
                                         _mm256_cmp_ps(g, _mm256_setzero_ps(), _CMP_LT_OQ));
     const __m256 sig = _mm256_div_ps(num, _mm256_add_ps(_mm256_set1_ps(1.0f), e));

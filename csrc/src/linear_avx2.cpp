@@ -17,6 +17,8 @@
 #pragma GCC target("avx2,fma")
 #endif
 
+#include "simd_avx2.h"
+
 namespace lc::linear {
 namespace {
 
@@ -46,11 +48,7 @@ inline float widen(uint16_t v) { return bf16_to_f32(v); }
 constexpr int kDotRows = 4;
 constexpr int64_t kPrefetchBytes = 1024;
 
-inline float hsum(__m256 v) {
-    __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
-    return _mm_cvtss_f32(_mm_add_ss(a, _mm_movehdup_ps(a)));
-}
+using simd::hsum;
 
 // res[r] = x[m0 + r] . wrow for r < R.
 template <int R, class WT>
@@ -159,25 +157,11 @@ void pack_panel(const WT* w, int64_t K, int64_t n0, int64_t nvalid, float* dst) 
     }
 }
 
+// Stores R rows x 16 columns (c0: columns 0-7, c1: 8-15) at (m0, n0), adding
+// the bias; full fp32 tiles directly, the rest through store_row.
 template <int R>
-void micro(const Job& job, const float* panel, int64_t m0, int64_t n0, int64_t nvalid) {
-    const int64_t K = job.K;
-    const float* xr[R];
-    LC_UNROLL
-    for (int r = 0; r < R; ++r) xr[r] = job.x + (m0 + r) * job.ldx;
-    __m256 c0[R], c1[R];
-    LC_UNROLL
-    for (int r = 0; r < R; ++r) c0[r] = c1[r] = _mm256_setzero_ps();
-    const float* b = panel;
-    for (int64_t k = 0; k < K; ++k, b += kNR) {
-        const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
-        LC_UNROLL
-        for (int r = 0; r < R; ++r) {
-            const __m256 a = _mm256_broadcast_ss(xr[r] + k);
-            c0[r] = _mm256_fmadd_ps(a, b0, c0[r]);
-            c1[r] = _mm256_fmadd_ps(a, b1, c1[r]);
-        }
-    }
+inline void store_tile(const Job& job, const __m256* c0, const __m256* c1, int64_t m0,
+                       int64_t n0, int64_t nvalid) {
     if (job.out_dtype == LC_DTYPE_F32 && nvalid == kNR) {
         __m256 bias0 = _mm256_setzero_ps(), bias1 = _mm256_setzero_ps();
         if (job.bias) {
@@ -199,6 +183,28 @@ void micro(const Job& job, const float* panel, int64_t m0, int64_t n0, int64_t n
         _mm256_storeu_ps(v + 8, c1[r]);
         store_row(job, m0 + r, n0, v, nvalid);
     }
+}
+
+template <int R>
+void micro(const Job& job, const float* panel, int64_t m0, int64_t n0, int64_t nvalid) {
+    const int64_t K = job.K;
+    const float* xr[R];
+    LC_UNROLL
+    for (int r = 0; r < R; ++r) xr[r] = job.x + (m0 + r) * job.ldx;
+    __m256 c0[R], c1[R];
+    LC_UNROLL
+    for (int r = 0; r < R; ++r) c0[r] = c1[r] = _mm256_setzero_ps();
+    const float* b = panel;
+    for (int64_t k = 0; k < K; ++k, b += kNR) {
+        const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
+        LC_UNROLL
+        for (int r = 0; r < R; ++r) {
+            const __m256 a = _mm256_broadcast_ss(xr[r] + k);
+            c0[r] = _mm256_fmadd_ps(a, b0, c0[r]);
+            c1[r] = _mm256_fmadd_ps(a, b1, c1[r]);
+        }
+    }
+    store_tile<R>(job, c0, c1, m0, n0, nvalid);
 }
 
 template <class WT>
@@ -309,27 +315,7 @@ void micro_packed(const Job& job, const WT* panel, int64_t m0, int64_t n0, int64
             c1[0][r] = _mm256_add_ps(c1[0][r], c1[kSets - 1][r]);
         }
     }
-    if (job.out_dtype == LC_DTYPE_F32 && nvalid == kNR) {
-        __m256 bias0 = _mm256_setzero_ps(), bias1 = _mm256_setzero_ps();
-        if (job.bias) {
-            bias0 = _mm256_loadu_ps(job.bias + n0);
-            bias1 = _mm256_loadu_ps(job.bias + n0 + 8);
-        }
-        LC_UNROLL
-        for (int r = 0; r < R; ++r) {
-            float* o = static_cast<float*>(job.out) + (m0 + r) * job.ldo + n0;
-            _mm256_storeu_ps(o, _mm256_add_ps(c0[0][r], bias0));
-            _mm256_storeu_ps(o + 8, _mm256_add_ps(c1[0][r], bias1));
-        }
-        return;
-    }
-    LC_UNROLL
-    for (int r = 0; r < R; ++r) {
-        float v[kNR];
-        _mm256_storeu_ps(v, c0[0][r]);
-        _mm256_storeu_ps(v + 8, c1[0][r]);
-        store_row(job, m0 + r, n0, v, nvalid);
-    }
+    store_tile<R>(job, c0[0], c1[0], m0, n0, nvalid);
 }
 
 template <class WT>
