@@ -8,8 +8,11 @@ a memcpy bandwidth measured in the same run. Sampling: the dict returned by
 scripts/bench_sampling.py's ``run(quick)``, when that script exists.
 
     PYTHONPATH=python python scripts/bench_kernels.py [--quick] > bench.json
+    PYTHONPATH=python python scripts/bench_kernels.py --attention-engine-shapes > engine.json
 
 Progress goes to stderr. ``--quick`` runs a few shapes with few repeats (CI smoke).
+``--attention-engine-shapes`` times only the steps the engine runs on SmolLM2-135M
+(see attention_engine_section) against torch SDPA on the same data.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import json
 import math
 import os
 import platform
+import random
 import statistics
 import sys
 import time
@@ -214,6 +218,173 @@ def attention_section(quick: bool) -> dict:
     }
 
 
+def ragged_cache(
+    q_lens: list[int], seq_lens: list[int], dtype: torch.dtype, gen: torch.Generator
+) -> dict:
+    """A paged cache holding every sequence's context under shuffled block ids."""
+    need = [math.ceil(n / BLOCK_SIZE) for n in seq_lens]
+    num_blocks = sum(need)
+    ids = torch.randperm(num_blocks, generator=gen).tolist()
+    width = max(need)
+    block_tables = torch.zeros(len(need), width, dtype=torch.int32)
+    for s, n in enumerate(need):
+        block_tables[s, :n] = torch.tensor([ids.pop() for _ in range(n)], dtype=torch.int32)
+    shape = (num_blocks, NUM_KV_HEADS, BLOCK_SIZE, HEAD_SIZE)
+    query_start = torch.tensor([0, *q_lens], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    return {
+        "k_cache": torch.randn(shape, generator=gen).to(dtype),
+        "v_cache": torch.randn(shape, generator=gen).to(dtype),
+        "q": torch.randn(sum(q_lens), NUM_HEADS, HEAD_SIZE, generator=gen).to(dtype),
+        "block_tables": block_tables,
+        "plan": llmcore.AttentionPlan(
+            query_start.numpy(),
+            torch.tensor(seq_lens, dtype=torch.int32).numpy(),
+            block_tables.numpy(),
+            None,
+            num_blocks=num_blocks,
+        ),
+    }
+
+
+def sdpa_step(
+    q_lens: list[int], seq_lens: list[int], data: dict
+) -> tuple[Callable[[], torch.Tensor], int]:
+    """torch SDPA over the same step with contiguous K/V (gathered outside the timing).
+
+    Sequences with one query token (decode) share one padded call with a boolean
+    mask, the way a dense engine batches them; every other sequence is one causal
+    call (its queries are the last q_len positions of its context). Returns the
+    step as a function giving the [tokens, heads, head_size] output, and the KV
+    bytes the step reads once.
+    """
+    scale = 1.0 / math.sqrt(HEAD_SIZE)
+    bt = data["block_tables"].long()
+
+    def dense(cache: torch.Tensor, s: int, n: int) -> torch.Tensor:
+        rows = cache[bt[s]].permute(1, 0, 2, 3).reshape(NUM_KV_HEADS, -1, HEAD_SIZE)
+        return rows[:, :n].contiguous()
+
+    starts = [0]
+    for n in q_lens:
+        starts.append(starts[-1] + n)
+    decode = [s for s, n in enumerate(q_lens) if n == 1]
+    prefill = [s for s, n in enumerate(q_lens) if n > 1]
+    q = data["q"]
+    kv_bytes = 2 * sum(seq_lens) * NUM_KV_HEADS * HEAD_SIZE * q.element_size()
+    parts = []
+    if decode:
+        ctx = max(seq_lens[s] for s in decode)
+        kd = torch.zeros(len(decode), NUM_KV_HEADS, ctx, HEAD_SIZE, dtype=q.dtype)
+        vd = torch.zeros_like(kd)
+        mask = torch.zeros(len(decode), 1, 1, ctx, dtype=torch.bool)
+        for i, s in enumerate(decode):
+            kd[i, :, : seq_lens[s]] = dense(data["k_cache"], s, seq_lens[s])
+            vd[i, :, : seq_lens[s]] = dense(data["v_cache"], s, seq_lens[s])
+            mask[i, ..., : seq_lens[s]] = True
+        rows = torch.tensor([starts[s] for s in decode])
+        qd = q[rows].unsqueeze(2)
+        parts.append((rows, lambda qd=qd, kd=kd, vd=vd, mask=mask: F.scaled_dot_product_attention(
+            qd, kd, vd, attn_mask=mask, scale=scale, enable_gqa=True).squeeze(2)))
+    for s in prefill:
+        n, ql = seq_lens[s], q_lens[s]
+        ks, vs = dense(data["k_cache"], s, n), dense(data["v_cache"], s, n)
+        qs = q[starts[s] : starts[s + 1]].transpose(0, 1).contiguous()
+        # Causal with the queries at the end of the context (a cached prefix).
+        mask = torch.ones(ql, n, dtype=torch.bool).tril(n - ql) if ql != n else None
+        rows = torch.arange(starts[s], starts[s + 1])
+        parts.append((rows, lambda qs=qs, ks=ks, vs=vs, mask=mask: F.scaled_dot_product_attention(
+            qs, ks, vs, attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=True
+        ).transpose(0, 1)))
+
+    def step() -> torch.Tensor:
+        out = torch.empty_like(q)
+        for rows, fn in parts:
+            out[rows] = fn()
+        return out
+
+    return step, kv_bytes
+
+
+def engine_case(
+    name: str, q_lens: list[int], seq_lens: list[int], dtype_name: str, repeats: int,
+    memcpy: Memcpy, seed: int,
+) -> dict:
+    dtype = DTYPES[dtype_name]
+    gen = torch.Generator().manual_seed(seed)
+    data = ragged_cache(q_lens, seq_lens, dtype, gen)
+    q, plan = data["q"], data["plan"]
+    out = torch.empty_like(q)
+    scale = 1.0 / math.sqrt(HEAD_SIZE)
+
+    def ours() -> None:
+        llmcore.paged_attention(plan, q, data["k_cache"], data["v_cache"], out, scale)
+
+    step, kv_bytes = sdpa_step(q_lens, seq_lens, data)
+    t_ours, _ = median_pair(ours, memcpy, repeats)
+    with torch.inference_mode():
+        want = step()
+        t_sdpa, _ = median_pair(step, memcpy, repeats)
+    diff = (out.float() - want.float()).abs().max().item()
+    # q.k and p.v over every visible (query row, position) pair.
+    visible = sum(
+        sum(min(n, n - ql + t + 1) for t in range(ql)) for ql, n in zip(q_lens, seq_lens)
+    )
+    macs = 2 * visible * NUM_HEADS * HEAD_SIZE
+    return {
+        "case": name,
+        "dtype": dtype_name,
+        "num_seqs": len(q_lens),
+        "num_tokens": sum(q_lens),
+        "ours_us": round(t_ours * 1e6, 1),
+        "sdpa_us": round(t_sdpa * 1e6, 1),
+        "speedup_vs_sdpa": round(t_sdpa / t_ours, 3),
+        "kv_gb_per_s": round(kv_bytes / t_ours / 1e9, 2),
+        "gmac_per_s": round(macs / t_ours / 1e9, 2),
+        "max_abs_diff_vs_sdpa": diff,
+    }
+
+
+def engine_shapes(rng: random.Random) -> list[tuple[str, list[int], list[int]]]:
+    """The steps the engine runs on SmolLM2-135M (seeded, so every run times the same)."""
+    decode_ctx = [rng.randint(200, 330) for _ in range(64)]
+    prompts = [rng.randint(180, 220) for _ in range(10)]
+    mixed_prompts = [rng.randint(180, 220) for _ in range(5)]
+    mixed_ctx = [rng.randint(200, 330) for _ in range(32)]
+    return [
+        ("decode_64", [1] * 64, decode_ctx),
+        ("prefill_10x200", prompts, prompts),
+        ("mixed_5x200_32decode", mixed_prompts + [1] * 32, mixed_prompts + mixed_ctx),
+    ]
+
+
+def attention_engine_section(repeats: int) -> dict:
+    memcpy = Memcpy(128 << 20)
+    cases = []
+    for name, q_lens, seq_lens in engine_shapes(random.Random(2024)):
+        for dtype_name in DTYPES:
+            log(f"engine shape {name} {dtype_name}")
+            case = engine_case(name, q_lens, seq_lens, dtype_name, repeats, memcpy, len(cases))
+            log(
+                f"  ours {case['ours_us']:.1f} us, sdpa {case['sdpa_us']:.1f} us "
+                f"(x{case['speedup_vs_sdpa']:.2f}), {case['gmac_per_s']:.1f} GMAC/s, "
+                f"{case['kv_gb_per_s']:.2f} GB/s"
+            )
+            cases.append(case)
+    return {
+        "geometry": {
+            "num_heads": NUM_HEADS,
+            "num_kv_heads": NUM_KV_HEADS,
+            "head_size": HEAD_SIZE,
+            "block_size": BLOCK_SIZE,
+            "block_tables": "shuffled",
+            "q_dtype": "same as the cache",
+        },
+        "repeats": repeats,
+        "statistic": "median, each timed alternately with a 128 MiB copy (cold caches)",
+        "cases": cases,
+    }
+
+
 def sampling_section(quick: bool) -> dict | None:
     scripts = str(Path(__file__).resolve().parent)
     if scripts not in sys.path:
@@ -227,6 +398,12 @@ def sampling_section(quick: bool) -> dict | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few shapes, few repeats")
+    parser.add_argument(
+        "--attention-engine-shapes",
+        action="store_true",
+        help="only the engine's decode / prefill / mixed attention steps vs torch SDPA",
+    )
+    parser.add_argument("--repeats", type=int, default=15, help="with --attention-engine-shapes")
     args = parser.parse_args()
     report: dict[str, object] = {
         "machine": {
@@ -241,9 +418,13 @@ def main() -> None:
             "torch": torch.__version__,
             "llmcore": llmcore.version(),
         },
-        "quick": args.quick,
-        "attention": attention_section(args.quick),
     }
+    if args.attention_engine_shapes:
+        report["attention_engine_shapes"] = attention_engine_section(args.repeats)
+        print(json.dumps(report, indent=2))
+        return
+    report["quick"] = args.quick
+    report["attention"] = attention_section(args.quick)
     sampling = sampling_section(args.quick)
     if sampling is not None:
         report["sampling"] = sampling

@@ -190,6 +190,37 @@ def test_long_context_split_matches_single_thread() -> None:
     assert_close(split, want, torch.float32)
 
 
+def at_threads(threads: int, fn):  # noqa: ANN001, ANN201 - a thunk and its result
+    saved = llmcore.get_num_threads()
+    try:
+        llmcore.set_num_threads(threads)
+        return fn()
+    finally:
+        llmcore.set_num_threads(saved)
+
+
+# The engine's steps on SmolLM2-135M (9 query heads, 3 KV heads, head size 64,
+# block size 16), cut down to test size: batched decode (items then read whole
+# blocks, every KV head), whole prompts from position 0 (query tiles of many
+# rows), and both in one call.
+ENGINE_STEPS = {
+    "decode": ([1] * 24, [200 + 5 * i for i in range(24)]),
+    "prefill": ([70, 45, 64, 3], [70, 45, 64, 3]),
+    "mixed": ([70, 1, 1, 33, *[1] * 10], [70, 210, 64, 33, *range(20, 300, 31)]),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("step", sorted(ENGINE_STEPS))
+@pytest.mark.parametrize(("window", "softcap"), [(0, 0.0), (50, 0.0), (0, 5.0)])
+def test_engine_steps(dtype: torch.dtype, step: str, window: int, softcap: float) -> None:
+    q_lens, seq_lens = ENGINE_STEPS[step]
+    batch = Batch(q_lens, seq_lens, 3, 3, 64, 16, dtype, seed=len(step) + window)
+    want = batch.reference(window, softcap)
+    for threads in (1, 2):
+        assert_close(at_threads(threads, lambda: batch.run(window, softcap)), want, dtype)
+
+
 def test_mixed_dtypes_and_strided_q() -> None:
     batch = Batch([4, 1], [10, 30], 2, 3, 64, 16, torch.bfloat16, seed=11)
     # q as a view into a fused qkv projection: non-contiguous rows.

@@ -30,7 +30,7 @@ IsaSetting& isa_setting() {
     return setting;
 }
 
-using RunItem = void (*)(const Job&, const WorkItem&);
+using RunItem = void (*)(const Job&, const WorkItem&, const WorkItem*);
 
 RunItem kernel_for(Isa isa) {
     switch (isa) {
@@ -43,9 +43,7 @@ RunItem kernel_for(Isa isa) {
     }
 }
 
-int64_t item_cost(const WorkItem& it) {
-    return int64_t(it.tok_count) * it.head_count * (it.ctx_end - it.ctx_begin);
-}
+int64_t item_cost(const WorkItem& it) { return int64_t(it.rows()) * (it.ctx_end - it.ctx_begin); }
 
 // Items whose context was split, and the output rows their partials merge into.
 struct SplitGroup {
@@ -53,10 +51,11 @@ struct SplitGroup {
     int32_t num_items;
 };
 
-// Base items: sequence x KV head x query-token block (x head chunk when a
-// KV head serves more than kMaxRows query heads).
+// Base items: sequence x KV heads x query-token block (x head chunk when a
+// KV head serves more than kMaxRows query heads). A token block with few rows
+// per KV head (decode) takes up to `kv_merge` KV heads, as rows allow.
 std::vector<WorkItem> make_items(const lc_attn_plan& plan, int32_t num_kv_heads, int32_t group,
-                                 int32_t window) {
+                                 int32_t window, int32_t kv_merge) {
     const int32_t hc = std::min(group, kMaxRows);
     const int32_t tok_block = std::max(1, kMaxRows / hc);
     std::vector<WorkItem> items;
@@ -72,9 +71,12 @@ std::vector<WorkItem> make_items(const lc_attn_plan& plan, int32_t num_kv_heads,
             const int32_t first = seq_len - q_len + tb;
             it.ctx_begin = window > 0 ? std::max(0, first - window + 1) : 0;
             it.ctx_end = first + it.tok_count;
-            for (int32_t kvh = 0; kvh < num_kv_heads; ++kvh)
+            const int32_t per_head = it.tok_count * hc;
+            const int32_t kc = hc == group ? std::max(1, std::min(kv_merge, kMaxRows / per_head)) : 1;
+            for (int32_t kvh = 0; kvh < num_kv_heads; kvh += kc)
                 for (int32_t hb = 0; hb < group; hb += hc) {
                     it.kv_head = kvh;
+                    it.kv_count = std::min(kc, num_kv_heads - kvh);
                     it.head_begin = hb;
                     it.head_count = std::min(hc, group - hb);
                     items.push_back(it);
@@ -108,7 +110,7 @@ std::vector<WorkItem> split_items(const std::vector<WorkItem>& base, int threads
             part.ctx_begin = b;
             part.ctx_end = std::min(it.ctx_end, b + chunk);
             part.partial = partial_floats;
-            partial_floats += int64_t(it.tok_count) * it.head_count * partial_row_floats(head_size);
+            partial_floats += int64_t(it.rows()) * partial_row_floats(head_size);
             items.push_back(part);
             ++groups.back().num_items;
         }
@@ -121,7 +123,7 @@ void merge_group(const Job& job, const WorkItem* items, const SplitGroup& g) {
     const WorkItem& first = items[g.first_item];
     const int32_t d = job.head_size;
     const int64_t row_floats = partial_row_floats(d);
-    const int32_t rows = first.tok_count * first.head_count;
+    const int32_t rows = first.rows();
     const int32_t group = job.num_heads / job.num_kv_heads;
     const int32_t q0 = job.plan->query_start[first.seq];
     std::vector<float> acc(size_t(d), 0.0f);
@@ -141,8 +143,8 @@ void merge_group(const Job& job, const WorkItem* items, const SplitGroup& g) {
             }
         }
         const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-        const int32_t t = r / first.head_count;
-        const int32_t h = first.kv_head * group + first.head_begin + r % first.head_count;
+        const int32_t t = first.row_token(r);
+        const int32_t h = first.row_head(r, group);
         const int64_t base =
             int64_t(q0 + first.tok_begin + t) * job.out_stride_t + int64_t(h) * job.out_stride_h;
         if (job.out_dtype == LC_DTYPE_BF16) {
@@ -187,15 +189,21 @@ void paged_attention_cpu(const lc_attn_plan& plan, const lc_tensor& q, const lc_
     job.softcap = params.softcap;
     const RunItem run = kernel_for(current_isa());
 
+    const int threads = num_threads();
+    const int32_t group = job.num_heads / job.num_kv_heads;
+    // Whole blocks (every KV head) per decode item when there are sequences
+    // enough to keep the threads busy without splitting KV heads apart.
+    const int32_t kv_merge =
+        int64_t(plan.num_seqs) >= 4 * int64_t(threads) ? job.num_kv_heads : 1;
     std::vector<WorkItem> items =
-        make_items(plan, job.num_kv_heads, job.num_heads / job.num_kv_heads, params.sliding_window);
+        make_items(plan, job.num_kv_heads, group, params.sliding_window, kv_merge);
     int64_t macs = 0;
     for (const WorkItem& it : items) macs += item_cost(it);
     macs *= job.head_size;
-    const int threads = num_threads();
     if (threads <= 1 || macs < kSerialMacs) {
         job.items = items.data();
-        for (const WorkItem& it : items) run(job, it);
+        for (size_t i = 0; i < items.size(); ++i)
+            run(job, items[i], i + 1 < items.size() ? &items[i + 1] : nullptr);
         return;
     }
 
@@ -216,11 +224,18 @@ void paged_attention_cpu(const lc_attn_plan& plan, const lc_tensor& q, const lc_
     std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
         return item_cost(items[size_t(a)]) > item_cost(items[size_t(b)]);
     });
+    // Each worker claims its next item before running the current one, so
+    // the kernel can prefetch that item's first tile.
     std::atomic<int64_t> next{0};
     const int64_t n = int64_t(order.size());
     parallel_for(threads, 1, [&](int64_t, int64_t) {
-        for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;)
-            run(job, items[size_t(order[size_t(i)])]);
+        int64_t cur = next.fetch_add(1, std::memory_order_relaxed);
+        while (cur < n) {
+            const int64_t nxt = next.fetch_add(1, std::memory_order_relaxed);
+            run(job, items[size_t(order[size_t(cur)])],
+                nxt < n ? &items[size_t(order[size_t(nxt)])] : nullptr);
+            cur = nxt;
+        }
     });
     if (!groups.empty()) {
         parallel_for(int64_t(groups.size()), 4, [&](int64_t b, int64_t e) {

@@ -1,18 +1,23 @@
 // The CPU paged-attention kernel: how a call is cut into work items and the
 // per-instruction-set entry points that run them.
 //
-// A work item is one sequence x one KV head x a block of its query tokens
-// (x, for a long context with few items, one slice of the context: split-K).
-// Its rows are (token, query head of the KV head's group) pairs, so every K/V
-// row loaded from the cache serves all query heads that share it.
+// A work item is one sequence x one or more KV heads x a block of its query
+// tokens (x, for a long context with few items, one slice of the context:
+// split-K). Its rows are (KV head, token, query head of the KV head's group)
+// triples, so every K/V row loaded from the cache serves all query heads that
+// share it, and a decode item can read whole blocks (all KV heads of a block
+// are adjacent in the cache) instead of one head's rows of each.
 //
-//   rows of an item:  r = t * head_count + h      (t: token, h: head in group)
+//   rows of an item:  r = (k * tok_count + t) * head_count + h
+//                     (k: KV head from kv_head, t: token, h: head in group)
 //   context:          [ctx_begin, ctx_end) of the sequence's positions
 #pragma once
 
 #include "cpu_isa.h"
 
 #include <cstdint>
+#include <optional>
+#include <type_traits>
 
 #include "attn_plan.h"
 #include "llmcore/llmcore.h"
@@ -25,6 +30,7 @@ constexpr int kTile = 64;     // context positions per online-softmax step
 struct WorkItem {
     int32_t seq = 0;
     int32_t kv_head = 0;
+    int32_t kv_count = 1;    // KV heads kv_head .. kv_head + kv_count - 1
     int32_t head_begin = 0;  // first query head of the group (within the group)
     int32_t head_count = 0;
     int32_t tok_begin = 0;  // first query token, counted within the sequence's queries
@@ -32,6 +38,13 @@ struct WorkItem {
     int32_t ctx_begin = 0;
     int32_t ctx_end = 0;
     int64_t partial = -1;  // float offset of this item's partial results; -1 = write out
+
+    int32_t rows() const { return kv_count * tok_count * head_count; }
+    int32_t row_token(int32_t r) const { return r / head_count % tok_count; }
+    // The query head of row r, given the number of query heads per KV head.
+    int32_t row_head(int32_t r, int32_t group) const {
+        return (kv_head + r / (head_count * tok_count)) * group + head_begin + r % head_count;
+    }
 };
 
 // Partial results of a split row: [m, l, acc[head_size]] (max logit, sum of
@@ -57,11 +70,13 @@ struct Job {
     float* partials = nullptr;
 };
 
-// Runs one work item. One definition per instruction set; each is compiled
-// for its own target and chosen at run time.
-void run_item_scalar(const Job& job, const WorkItem& item);
-void run_item_avx2(const Job& job, const WorkItem& item);
-void run_item_avx512(const Job& job, const WorkItem& item);
+// Runs one work item; `next` (may be null) is the item the calling worker
+// runs next, whose first K/V tile is prefetched while this item finishes.
+// One definition per instruction set; each is compiled for its own target
+// and chosen at run time.
+void run_item_scalar(const Job& job, const WorkItem& item, const WorkItem* next);
+void run_item_avx2(const Job& job, const WorkItem& item, const WorkItem* next);
+void run_item_avx512(const Job& job, const WorkItem& item, const WorkItem* next);
 
 using Isa = lc::Isa;
 using lc::isa_name;

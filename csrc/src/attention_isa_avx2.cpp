@@ -21,9 +21,10 @@ namespace {
 struct Avx2Ops {
     using V = __m256;
     static constexpr int W = 8;
-    static constexpr int kQkAcc = 8;   // dot-product accumulators kept in registers
-    static constexpr int kPvAcc = 8;
+    static constexpr int kRegs = 16;     // vector registers
+    static constexpr int kRowBlock = 3;  // query rows per register block
 
+    static void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
     static V zero() { return _mm256_setzero_ps(); }
     static V set1(float x) { return _mm256_set1_ps(x); }
     static V load(const float* p) { return _mm256_loadu_ps(p); }
@@ -91,8 +92,8 @@ struct Avx2Ops {
 
 namespace lc::attn {
 
-void run_item_avx2(const Job& job, const WorkItem& item) {
-    kernel::run_item_any<Avx2Ops>(job, item);
+void run_item_avx2(const Job& job, const WorkItem& item, const WorkItem* next) {
+    kernel::run_item_any<Avx2Ops>(job, item, next);
 }
 
 }  // namespace lc::attn
@@ -106,7 +107,7 @@ void run_item_avx2(const Job& job, const WorkItem& item) {
 #else  // not x86: never selected (best_isa() reports scalar)
 
 namespace lc::attn {
-void run_item_avx2(const Job&, const WorkItem&) {
+void run_item_avx2(const Job&, const WorkItem&, const WorkItem*) {
     fail(LC_ERR_INTERNAL, "AVX2 kernel called on a non-x86 build");
 }
 }  // namespace lc::attn

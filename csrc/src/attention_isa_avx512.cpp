@@ -26,9 +26,10 @@ namespace {
 struct Avx512Ops {
     using V = __m512;
     static constexpr int W = 16;
-    static constexpr int kQkAcc = 16;
-    static constexpr int kPvAcc = 16;
+    static constexpr int kRegs = 32;     // vector registers
+    static constexpr int kRowBlock = 4;  // query rows per register block
 
+    static void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
     static V zero() { return _mm512_setzero_ps(); }
     static V set1(float x) { return _mm512_set1_ps(x); }
     static V load(const float* p) { return _mm512_loadu_ps(p); }
@@ -87,8 +88,8 @@ struct Avx512Ops {
 
 namespace lc::attn {
 
-void run_item_avx512(const Job& job, const WorkItem& item) {
-    kernel::run_item_any<Avx512Ops>(job, item);
+void run_item_avx512(const Job& job, const WorkItem& item, const WorkItem* next) {
+    kernel::run_item_any<Avx512Ops>(job, item, next);
 }
 
 }  // namespace lc::attn
@@ -103,7 +104,7 @@ void run_item_avx512(const Job& job, const WorkItem& item) {
 #else  // not x86: never selected (best_isa() reports scalar)
 
 namespace lc::attn {
-void run_item_avx512(const Job&, const WorkItem&) {
+void run_item_avx512(const Job&, const WorkItem&, const WorkItem*) {
     fail(LC_ERR_INTERNAL, "AVX-512 kernel called on a non-x86 build");
 }
 }  // namespace lc::attn

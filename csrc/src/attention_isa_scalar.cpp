@@ -13,9 +13,10 @@ namespace {
 struct ScalarOps {
     using V = float;
     static constexpr int W = 1;
-    static constexpr int kQkAcc = 8;
-    static constexpr int kPvAcc = 8;
+    static constexpr int kRegs = 16;     // vector registers
+    static constexpr int kRowBlock = 4;  // query rows per register block
 
+    static void prefetch(const void* p) { __builtin_prefetch(p); }
     static V zero() { return 0.0f; }
     static V set1(float x) { return x; }
     static V load(const float* p) { return *p; }
@@ -42,8 +43,8 @@ struct ScalarOps {
 
 namespace lc::attn {
 
-void run_item_scalar(const Job& job, const WorkItem& item) {
-    kernel::run_item_any<ScalarOps>(job, item);
+void run_item_scalar(const Job& job, const WorkItem& item, const WorkItem* next) {
+    kernel::run_item_any<ScalarOps>(job, item, next);
 }
 
 }  // namespace lc::attn

@@ -255,6 +255,21 @@ int main() {
         {"split-k long decode", {1}, {3000}, 9, 3, 64, 16, LC_DTYPE_BF16},
         {"split-k window", {2}, {2500}, 4, 1, 64, 16, LC_DTYPE_F32, 700},
         {"many heads per kv", {2}, {20}, 40, 1, 64, 16, LC_DTYPE_F32},
+        // Eight or more sequences: decode items take every KV head of a block.
+        {"batched decode gqa3 bf16",
+         {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1},
+         {1, 15, 16, 17, 63, 64, 65, 128, 200, 257, 300, 331},
+         9, 3, 64, 16, LC_DTYPE_BF16},
+        {"batched decode window softcap", {1, 1, 1, 1, 1, 1, 1, 1, 1},
+         {5, 40, 41, 90, 130, 64, 200, 7, 99}, 8, 2, 80, 16, LC_DTYPE_F32, 40, 4.0f},
+        {"batched decode mha d128 odd block", {1, 1, 1, 1, 1, 1, 1, 1},
+         {3, 9, 70, 71, 140, 33, 12, 65}, 4, 4, 128, 7, LC_DTYPE_BF16},
+        // Prefill tiles of many query rows (bf16 tiles widened once per item)
+        // with ragged ends, next to decode rows in one call.
+        {"mixed prefill and decode gqa3", {45, 1, 1, 1, 1, 1, 1, 1, 1, 33, 1},
+         {45, 20, 70, 130, 5, 64, 300, 17, 33, 80, 140}, 9, 3, 64, 16, LC_DTYPE_BF16},
+        {"prefill window odd block bf16", {45, 33}, {45, 70}, 6, 2, 96, 7, LC_DTYPE_BF16, 50},
+        {"prefill softcap f32", {70}, {70}, 9, 3, 64, 16, LC_DTYPE_F32, 0, 3.0f},
     };
     std::printf("best ISA: %s\n", lc::attn::isa_name(lc::attn::best_isa()));
     for (const Case& c : cases) run_case(c, rng);
