@@ -15,6 +15,8 @@
 #pragma GCC target("avx2,fma")
 #endif
 
+#include "simd_avx2.h"
+
 namespace lc::attn {
 namespace {
 
@@ -63,26 +65,8 @@ struct Avx2Ops {
         _mm256_storeu_ps(dst, _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
                                             _mm256_permute2f128_ps(u0, u1, 0x31)));
     }
-    // exp(x) = 2^n e^r, n = round(x log2 e) (Cephes expf polynomial, ~1 ulp);
-    // exactly 0 below -87.3 (so -inf masks become 0).
-    static V exp(V x) {
-        const V dead = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_LT_OQ);
-        x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
-        const V n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        V r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-        r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-        V p = _mm256_set1_ps(1.9875691500e-4f);
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-        p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-        const __m256i e =
-            _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-        return _mm256_andnot_ps(dead, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
-    }
+    // exp(x) (Cephes polynomial, ~1 ulp); exactly 0 below -87.3, so -inf masks become 0.
+    static V exp(V x) { return simd::exp(x); }
 };
 
 }  // namespace
