@@ -85,8 +85,11 @@ def test_admission_full_gets_503(small_server):
 
 def test_sigterm_drains_streams_then_exits_0(small_server):
     url = small_server.url
+    # Long enough that both streams are still running when the probes below arrive
+    # (16 tokens finish in a quarter of a second).
+    long = dict(STREAM, max_tokens=200)
     with httpx.Client(base_url=url, timeout=60) as c:
-        streams = [c.stream("POST", "/v1/completions", json=STREAM) for _ in range(2)]
+        streams = [c.stream("POST", "/v1/completions", json=long) for _ in range(2)]
         responses = [s.__enter__() for s in streams]
         lines = [r.iter_lines() for r in responses]
         firsts = [next(it) for it in lines]  # both streams are under way
@@ -103,7 +106,7 @@ def test_sigterm_drains_streams_then_exits_0(small_server):
             chunks = [orjson.loads(d) for d in data[:-1]]
             assert [ch["choices"][0]["finish_reason"] for ch in chunks if ch["choices"]][-1] \
                 == "length"
-            assert chunks[-1]["usage"]["completion_tokens"] == 16
+            assert chunks[-1]["usage"]["completion_tokens"] == 200
     assert small_server.wait(120) == 0
 
 
