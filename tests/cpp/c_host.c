@@ -189,11 +189,77 @@ static int exercise_sampling(void) {
     return 0;
 }
 
+/* The pieces of one decoder layer a host would chain: pack a projection once,
+ * multiply, add the residual and normalise, gate the MLP, rotate. Checked against
+ * plain loops. */
+#define LN 20 /* output columns: one full panel of 16 and a ragged one */
+#define LK 24
+static float lw[LN * LK], lx[2 * LK], ly[2 * LN], lbias[LN];
+static int exercise_layer_ops(void) {
+    for (int i = 0; i < LN * LK; ++i) lw[i] = (float)((i * 7) % 13) / 13.0f - 0.5f;
+    for (int i = 0; i < 2 * LK; ++i) lx[i] = (float)((i * 5) % 11) / 11.0f - 0.5f;
+    for (int i = 0; i < LN; ++i) lbias[i] = 0.01f * (float)i;
+    const int64_t wshape[2] = {LN, LK}, xshape[2] = {2, LK}, yshape[2] = {2, LN}, bshape[1] = {LN};
+    lc_tensor wt = make_tensor(lw, 2, wshape), xt = make_tensor(lx, 2, xshape);
+    lc_tensor yt = make_tensor(ly, 2, yshape), bt = make_tensor(lbias, 1, bshape);
+    lc_weight* w = NULL;
+    HOST_CHECK(lc_weight_pack(&wt, &w) == LC_OK);
+    int64_t n = 0, k = 0, nbytes = 0;
+    int32_t dtype = -1;
+    HOST_CHECK(lc_weight_info(w, &n, &k, &dtype, &nbytes) == LC_OK);
+    HOST_CHECK(n == LN && k == LK && dtype == LC_DTYPE_F32 && nbytes >= LN * LK * 4);
+    HOST_CHECK(lc_linear_packed(&xt, w, &bt, &yt, NULL) == LC_OK);
+    for (int m = 0; m < 2; ++m)
+        for (int c = 0; c < LN; ++c) {
+            float want = lbias[c];
+            for (int i = 0; i < LK; ++i) want += lx[m * LK + i] * lw[c * LK + i];
+            HOST_CHECK(fabsf(ly[m * LN + c] - want) < 1e-4f);
+        }
+    /* A row lookup (a tied embedding) returns the source row. */
+    const int64_t ids[1] = {LN - 1};
+    float row[LK];
+    const int64_t rshape[2] = {1, LK};
+    lc_tensor rt = make_tensor(row, 2, rshape);
+    HOST_CHECK(lc_weight_rows(w, ids, 1, &rt) == LC_OK);
+    HOST_CHECK(memcmp(row, lw + (LN - 1) * LK, sizeof row) == 0);
+    lc_weight_destroy(w);
+
+    /* residual += y; y = rms_norm(residual) * 1: every row has mean square 1. */
+    float res[2 * LN] = {0}, ones[LN];
+    for (int i = 0; i < LN; ++i) ones[i] = 1.0f;
+    const int64_t oshape[1] = {LN};
+    lc_tensor rest = make_tensor(res, 2, yshape), onest = make_tensor(ones, 1, oshape);
+    HOST_CHECK(lc_rms_norm(&yt, &rest, &onest, 0.0f, &yt) == LC_OK);
+    for (int m = 0; m < 2; ++m) {
+        float ss = 0.0f;
+        for (int c = 0; c < LN; ++c) ss += ly[m * LN + c] * ly[m * LN + c];
+        HOST_CHECK(fabsf(ss / LN - 1.0f) < 1e-4f);
+    }
+    HOST_CHECK(lc_rms_norm(&yt, &yt, &onest, 0.0f, &yt) == LC_ERR_INVALID_ARGUMENT);
+
+    /* silu(g) * u on [1, 2 x 2]: silu(0) = 0, silu(big) = big. */
+    float gu[4] = {0.0f, 30.0f, 5.0f, 2.0f}, act[2];
+    const int64_t gshape[2] = {1, 4}, ashape[2] = {1, 2};
+    lc_tensor gt = make_tensor(gu, 2, gshape), at = make_tensor(act, 2, ashape);
+    HOST_CHECK(lc_silu_mul(&gt, &at) == LC_OK);
+    HOST_CHECK(act[0] == 0.0f && fabsf(act[1] - 60.0f) < 1e-4f);
+
+    /* Rotating by 90 degrees maps (a, b) to (-b, a). */
+    float q[4] = {1.0f, 2.0f, 3.0f, 4.0f}, cs[2] = {0.0f, 0.0f}, sn[2] = {1.0f, 1.0f};
+    const int64_t qshape[3] = {1, 1, 4}, tshape[2] = {1, 2};
+    lc_tensor qt = make_tensor(q, 3, qshape), ct = make_tensor(cs, 2, tshape),
+              st = make_tensor(sn, 2, tshape);
+    HOST_CHECK(lc_rope(&qt, NULL, &ct, &st) == LC_OK);
+    HOST_CHECK(q[0] == -3.0f && q[1] == -4.0f && q[2] == 1.0f && q[3] == 2.0f);
+    return 0;
+}
+
 int main(void) {
     printf("llmcore %s (%s)\n", lc_version(), lc_build_features());
     if (lc_abi_version() != LC_ABI_VERSION) return 1;
     if (exercise_block_pool() != 0) return 1;
     if (exercise_attention() != 0) return 1;
     if (exercise_sampling() != 0) return 1;
+    if (exercise_layer_ops() != 0) return 1;
     return 0;
 }
