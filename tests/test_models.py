@@ -191,8 +191,9 @@ class GrowingCacheAttention:
 
     def attn(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         prev_k, prev_v = self.k[layer], self.v[layer]
-        self.k[layer] = k if prev_k is None else torch.cat([prev_k, k])
-        self.v[layer] = v if prev_v is None else torch.cat([prev_v, v])
+        # k/v are views of a buffer the model reuses after this call: keep copies.
+        self.k[layer] = k.clone() if prev_k is None else torch.cat([prev_k, k])
+        self.v[layer] = v.clone() if prev_v is None else torch.cat([prev_v, v])
         keys, values = self.k[layer], self.v[layer]
         group = q.shape[1] // keys.shape[1]
         keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)

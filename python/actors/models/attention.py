@@ -41,7 +41,9 @@ class AttentionBackend(Protocol):
         -> out [T, num_heads, head_size].
 
         Stores k/v for the batch's tokens (if the backend has a cache) and attends each
-        query over its own sequence's keys up to and including its position.
+        query over its own sequence's keys up to and including its position. q/k/v may be
+        views of a buffer the model reuses once the call returns: a backend that keeps them
+        must copy.
         """
         ...
 

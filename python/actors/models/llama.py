@@ -209,6 +209,7 @@ class LlamaForCausalLM(nn.Module):
             compute_dtype = torch.float32 if dtype == torch.bfloat16 else dtype
         self.config = cfg
         self._native = True
+        self._plan: list[tuple] | None = None
         self._tied_packed: llmcore.PackedWeight | None = None
         self.dtype = dtype
         self.compute_dtype = compute_dtype
@@ -260,28 +261,48 @@ class LlamaForCausalLM(nn.Module):
         c = self.config
         t, eps = x.shape[0], c.rms_norm_eps
         cos, sin = rope[0][:, 0], rope[1][:, 0]
-        layers = self.model.layers
+        plan = self._native_plan()
         residual = x  # the embedding rows: a fresh tensor, updated in place from here on
         h = torch.empty_like(x)
-        llmcore.rms_norm(residual, layers[0].input_layernorm.weight, eps, h)
-        q_end, k_end = c.q_size, c.q_size + c.kv_size
+        # One buffer per projection output, reused by every layer: each is consumed before
+        # the next layer writes it (q/k/v views of qkv by the attention call).
+        qkv = x.new_empty((t, c.q_size + 2 * c.kv_size))
+        mid = x.new_empty((t, c.hidden_size))
+        gu = x.new_empty((t, 2 * c.intermediate_size))
         act = x.new_empty((t, c.intermediate_size))
-        for i, layer in enumerate(layers):
-            sa, mlp = layer.self_attn, layer.mlp
-            qkv = sa.qkv_proj.forward(h)
-            q = qkv[:, :q_end].view(t, c.num_heads, c.head_dim)
-            k = qkv[:, q_end:k_end].view(t, c.num_kv_heads, c.head_dim)
-            v = qkv[:, k_end:].view(t, c.num_kv_heads, c.head_dim)
-            llmcore.rope(q, k, cos, sin)
-            o = attn.attn(i, q, k, v).reshape(t, c.q_size)
-            o = sa.o_proj.forward(o)
-            llmcore.rms_norm(o, layer.post_attention_layernorm.weight, eps, h, residual=residual)
-            gu = mlp.gate_up_proj.forward(h)
-            llmcore.silu_mul(gu, act)
-            d = mlp.down_proj.forward(act)
-            nxt = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.model.norm
-            llmcore.rms_norm(d, nxt.weight, eps, h, residual=residual)
+        q = qkv[:, :c.q_size].view(t, c.num_heads, c.head_dim)
+        k = qkv[:, c.q_size:c.q_size + c.kv_size].view(t, c.num_kv_heads, c.head_dim)
+        v = qkv[:, c.q_size + c.kv_size:].view(t, c.num_kv_heads, c.head_dim)
+        lin, norm, rope_, q_size = llmcore._C.linear, llmcore._C.rms_norm, llmcore._C.rope, c.q_size
+        norm(residual, plan[0][0], eps, h, None)
+        for i, (_, qkv_w, qkv_b, o_w, post_norm, gu_w, down_w, next_norm) in enumerate(plan):
+            lin(h, qkv_w, qkv_b, qkv)
+            rope_(q, k, cos, sin)
+            o = attn.attn(i, q, k, v).reshape(t, q_size)
+            norm(lin(o, o_w, None, mid), post_norm, eps, h, residual)
+            llmcore._C.silu_mul(lin(h, gu_w, None, gu), act)
+            norm(lin(act, down_w, None, mid), next_norm, eps, h, residual)
         return h
+
+    def _native_plan(self) -> list[tuple]:
+        """Per layer, what the fused forward reads: (input norm, qkv matrix, qkv bias,
+        o matrix, post-attention norm, gate/up matrix, down matrix, next norm), built
+        once so that a step does no module attribute lookups."""
+        if self._plan is None:
+            layers = self.model.layers
+            plan = []
+            for i, layer in enumerate(layers):
+                sa, mlp = layer.self_attn, layer.mlp
+                nxt = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.model.norm
+
+                def w(lin: Linear) -> object:
+                    return lin.packed if lin.packed is not None else lin.weight
+
+                plan.append((layer.input_layernorm.weight, w(sa.qkv_proj), sa.qkv_proj.bias,
+                             w(sa.o_proj), layer.post_attention_layernorm.weight,
+                             w(mlp.gate_up_proj), w(mlp.down_proj), nxt.weight))
+            self._plan = plan
+        return self._plan
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self._tied_packed is not None:  # the tied matrix lives packed: gather its rows
@@ -303,6 +324,7 @@ class LlamaForCausalLM(nn.Module):
         it is stored once). Call after load_weights."""
         if self.compute_dtype != torch.float32 or self.model.embed_tokens.weight.is_cuda:
             return
+        self._plan = None
         for mod in self.modules():
             if isinstance(mod, Linear) and mod.packed is None:
                 mod.pack()
