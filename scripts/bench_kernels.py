@@ -39,6 +39,12 @@ NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE = 9, 3, 64, 16
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
+
+def geometry() -> dict[str, object]:
+    """The attention geometry every case shares."""
+    return {"num_heads": NUM_HEADS, "num_kv_heads": NUM_KV_HEADS, "head_size": HEAD_SIZE,
+            "block_size": BLOCK_SIZE, "block_tables": "shuffled"}
+
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
@@ -197,13 +203,7 @@ def attention_section(quick: bool) -> dict:
         summary["min_bandwidth_ratio_context_4096"] = min(long_ctx)
         summary["target_bandwidth_met"] = min(long_ctx) >= 0.5
     return {
-        "geometry": {
-            "num_heads": NUM_HEADS,
-            "num_kv_heads": NUM_KV_HEADS,
-            "head_size": HEAD_SIZE,
-            "block_size": BLOCK_SIZE,
-            "block_tables": "shuffled",
-        },
+        "geometry": geometry(),
         "repeats": repeats,
         "statistic": "median",
         "memcpy": {
@@ -371,14 +371,7 @@ def attention_engine_section(repeats: int) -> dict:
             )
             cases.append(case)
     return {
-        "geometry": {
-            "num_heads": NUM_HEADS,
-            "num_kv_heads": NUM_KV_HEADS,
-            "head_size": HEAD_SIZE,
-            "block_size": BLOCK_SIZE,
-            "block_tables": "shuffled",
-            "q_dtype": "same as the cache",
-        },
+        "geometry": {**geometry(), "q_dtype": "same as the cache"},
         "repeats": repeats,
         "statistic": "median, each timed alternately with a 128 MiB copy (cold caches)",
         "cases": cases,
