@@ -15,6 +15,11 @@ are equal except for bf16 weights on a CPU without bf16 arithmetic: there the ma
 bf16 (half the bytes per token) and every product runs in fp32 through ``llmcore.linear``,
 which widens the weights in registers. Every parameter (norm weights and biases included)
 is stored in ``dtype``; a bf16 norm weight times an fp32 activation promotes to fp32.
+
+On the CPU with fp32 activations, ``pack_weights`` (the loader calls it) moves every matrix
+into the core's packed layout, and the forward pass runs as ten native calls a layer
+(``_hidden_states_native``); the module-by-module path below is what other devices run,
+and is tested equal to it.
 """
 
 from __future__ import annotations
