@@ -12,20 +12,10 @@
 #include "attention_cpu.h"
 #include "internal.h"
 #include "llmcore/llmcore.h"
+#include "check.h"
 
 namespace {
 
-int g_failures = 0;
-
-#define CHECK(cond, ...)                                                                  \
-    do {                                                                                  \
-        if (!(cond)) {                                                                    \
-            std::fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond); \
-            std::fprintf(stderr, __VA_ARGS__);                                            \
-            std::fprintf(stderr, "\n");                                                   \
-            ++g_failures;                                                                 \
-        }                                                                                 \
-    } while (0)
 
 lc_tensor make_tensor(void* data, int32_t dtype, std::vector<int64_t> shape) {
     lc_tensor t{};
@@ -275,10 +265,7 @@ int main() {
     for (const Case& c : cases) run_case(c, rng);
     test_kv_store();
     test_plan_errors();
-    if (g_failures) {
-        std::fprintf(stderr, "%d check(s) failed\n", g_failures);
-        return 1;
-    }
+    if (lctest::failures) return lctest::finish();
     std::printf("ok\n");
     return 0;
 }

@@ -11,6 +11,7 @@
 
 #include "block_pool.h"
 #include "llmcore/llmcore.h"
+#include "check.h"
 
 namespace lc {
 // Reaches into the pool's private state: only this test does.
@@ -30,14 +31,6 @@ struct BlockPoolTestAccess {
 
 using Access = lc::BlockPoolTestAccess;
 
-static int g_failures = 0;
-#define CHECK(cond)                                                            \
-    do {                                                                       \
-        if (!(cond)) {                                                         \
-            std::fprintf(stderr, "%s:%d: CHECK(%s) failed\n", __FILE__, __LINE__, #cond); \
-            ++g_failures;                                                      \
-        }                                                                      \
-    } while (0)
 #define CHECK_OK(expr) CHECK((expr) == LC_OK)
 
 static lc_block_pool_stats stats_of(const lc_block_pool* p) {
@@ -416,7 +409,6 @@ int main() {
     test_check_catches_corruption();
     test_random_against_model();
     report_timings();
-    if (g_failures) std::fprintf(stderr, "%d check(s) failed\n", g_failures);
-    else std::printf("test_block_pool: all checks passed\n");
-    return g_failures ? 1 : 0;
+    if (!lctest::failures) std::printf("test_block_pool: all checks passed\n");
+    return lctest::finish();
 }

@@ -9,20 +9,10 @@
 #include "internal.h"
 #include "linear.h"
 #include "llmcore/llmcore.h"
+#include "check.h"
 
 namespace {
 
-int g_failures = 0;
-
-#define CHECK(cond, ...)                                                                  \
-    do {                                                                                  \
-        if (!(cond)) {                                                                    \
-            std::fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond); \
-            std::fprintf(stderr, __VA_ARGS__);                                            \
-            std::fprintf(stderr, "\n");                                                   \
-            ++g_failures;                                                                 \
-        }                                                                                 \
-    } while (0)
 
 lc_tensor view2(void* data, int32_t dtype, int64_t rows, int64_t cols, int64_t ld) {
     lc_tensor t{};
@@ -180,6 +170,5 @@ int main() {
         errors();
     }
     lc::linear::set_isa(lc::linear::best_isa());
-    if (g_failures) std::fprintf(stderr, "%d failures\n", g_failures);
-    return g_failures ? 1 : 0;
+    return lctest::finish();
 }

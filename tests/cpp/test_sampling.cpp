@@ -13,15 +13,8 @@
 #include "llmcore/llmcore.h"
 #include "rng.h"
 #include "sampling_kernels.h"
+#include "check.h"
 
-static int g_failures = 0;
-#define CHECK(cond)                                                       \
-    do {                                                                  \
-        if (!(cond)) {                                                    \
-            std::fprintf(stderr, "%s:%d: CHECK(%s)\n", __FILE__, __LINE__, #cond); \
-            ++g_failures;                                                 \
-        }                                                                 \
-    } while (0)
 
 static lc_tensor logits_f32(std::vector<float>& v, int64_t rows, int64_t vocab) {
     lc_tensor t{};
@@ -209,6 +202,5 @@ int main() {
     test_batch_invariance();
     test_errors();
     std::printf("sampling kernels: %s\n", lc::sampling::kernels().isa);
-    if (g_failures) std::fprintf(stderr, "%d check(s) failed\n", g_failures);
-    return g_failures ? 1 : 0;
+    return lctest::finish();
 }
