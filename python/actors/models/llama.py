@@ -292,7 +292,8 @@ class LlamaForCausalLM(nn.Module):
     def _native_plan(self) -> list[tuple]:
         """Per layer, what the fused forward reads: (input norm, qkv matrix, qkv bias,
         o matrix, post-attention norm, gate/up matrix, down matrix, next norm), built
-        once so that a step does no module attribute lookups."""
+        once so that a step does no module attribute lookups. It snapshots the weights at
+        the first forward pass (serving never edits them; pack_weights rebuilds it)."""
         if self._plan is None:
             layers = self.model.layers
             plan = []
@@ -303,9 +304,12 @@ class LlamaForCausalLM(nn.Module):
                 def w(lin: Linear) -> object:
                     return lin.packed if lin.packed is not None else lin.weight
 
-                plan.append((layer.input_layernorm.weight, w(sa.qkv_proj), sa.qkv_proj.bias,
-                             w(sa.o_proj), layer.post_attention_layernorm.weight,
-                             w(mlp.gate_up_proj), w(mlp.down_proj), nxt.weight))
+                # Norm weights and the qkv bias as fp32 once (no-op copies for an fp32
+                # model), so the core does not widen bf16 vectors on every call.
+                qkv_bias = None if sa.qkv_proj.bias is None else sa.qkv_proj.bias.float()
+                plan.append((layer.input_layernorm.weight.float(), w(sa.qkv_proj), qkv_bias,
+                             w(sa.o_proj), layer.post_attention_layernorm.weight.float(),
+                             w(mlp.gate_up_proj), w(mlp.down_proj), nxt.weight.float()))
             self._plan = plan
         return self._plan
 
