@@ -6,6 +6,8 @@ nothing running, nothing waiting, no admission slot held, the canary's greedy te
 
 from __future__ import annotations
 
+import re
+import threading
 from functools import partial
 
 import httpx
@@ -132,6 +134,20 @@ BAD_REQUESTS = [
     ("/detokenize", {"tokens": [1], "model": "nope"}, 404),
 ]
 
+# Refused at the edge with the field named: these once reached the engine (which refused
+# them with a generic message) or got a 503 that no retry could ever turn into a 200.
+HI = [{"role": "user", "content": "hi"}]
+BAD_PARAMS = [
+    # Choice i samples with seed + i: the last one would overflow int64.
+    ("/v1/completions", {"prompt": "x", "n": 2, "temperature": 1, "seed": 2**63 - 1}, "seed"),
+    # With max_tokens null nothing is compared at the edge; min_tokens >= max_model_len can
+    # never be met whatever the prompt.
+    ("/v1/chat/completions", {"messages": HI, "min_tokens": 1024}, "min_tokens"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": None, "min_tokens": 5000}, "min_tokens"),
+    # 64 prompts x n=16 is more sequences than the server ever admits: 400, not 503.
+    ("/v1/completions", {"prompt": ["a"] * 64, "n": 16, "temperature": 1}, "n"),
+]
+
 
 
 def check_envelope(r: httpx.Response, status: int) -> None:
@@ -152,6 +168,12 @@ def test_bad_requests_then_canary(server):
         for path, body, status in BAD_REQUESTS:
             check_envelope(c.post(path, json=body), status)
             cases += 1
+        for path, body, param in BAD_PARAMS:
+            r = c.post(path, json=body)
+            check_envelope(r, 400)
+            assert r.json()["error"]["param"] == param, (body, r.text)
+            assert "Retry-After" not in r.headers
+            cases += 1
         raw_cases = [
             ("POST", "/v1/completions", b"{not json", 400),
             ("POST", "/v1/completions", b"[1, 2]", 400),
@@ -159,6 +181,7 @@ def test_bad_requests_then_canary(server):
             ("POST", "/v1/chat/completions", b"", 400),
             ("GET", "/v1/completions", b"", 405),
             ("DELETE", "/v1/models", b"", 405),
+            ("BREW", "/v1/models", b"", 405),
             ("GET", "/no/such/route", b"", 404),
         ]
         for method, path, content, status in raw_cases:
@@ -167,7 +190,17 @@ def test_bad_requests_then_canary(server):
             cases += 1
         check_envelope(c.post("/v1/completions", content=b"x" * (5 * 1024 * 1024),
                               headers={"Content-Type": "application/json"}), 413)
-        cases += 1
+        # The same without a Content-Length (chunked): the limit holds while reading.
+        chunks = (b"x" * (256 * 1024) for _ in range(24))
+        check_envelope(c.post("/v1/completions", content=chunks,
+                              headers={"Content-Type": "application/json"}), 413)
+        # Not JSON: wrong media type, invalid UTF-8, a lone surrogate.
+        check_envelope(c.post("/v1/completions", content=b'{"prompt": "x"}',
+                              headers={"Content-Type": "text/plain"}), 400)
+        for raw in (b'{"prompt": "\xff\xfe x"}', b'{"prompt": "\\ud800 x"}'):
+            check_envelope(c.post("/v1/completions", content=raw,
+                                  headers={"Content-Type": "application/json"}), 400)
+        cases += 5
         # Validation comes before tokenizing: an over-long prompt with a bad field is
         # refused for the field, not for the prompt it never tokenized.
         r = c.post("/v1/completions", json={"prompt": "x " * 1100, "temperature": -1})
@@ -253,7 +286,16 @@ async def test_disconnects_abort_and_free(server):
 def test_metrics_names_and_labels(server):
     httpx.post(server + "/v1/completions", json={"prompt": "Hi", "max_tokens": 3,
                                                 "ignore_eos": True})
+    # Any token is a valid HTTP method; label values must come from a closed set all the same.
+    for method in ("BREW", "X" * 40):
+        assert httpx.request(method, server + "/v1/models").status_code == 405
     text = httpx.get(server + "/metrics").text
+    assert "BREW" not in text and "X" * 40 not in text
+    assert metric(text, "http_requests_total", handler="unmatched", method="other",
+                  status="4xx") >= 2
+    labels = {line.split("{", 1)[1].split("}", 1)[0] for line in text.splitlines()
+              if line.startswith("http_requests_total{")}
+    assert all(re.search(r'method="(GET|POST|OPTIONS|HEAD|other)"', lb) for lb in labels)
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting",
                  "vllm:kv_cache_usage_perc", "vllm:prefix_cache_queries_total",
                  "vllm:prefix_cache_hits_total", "vllm:num_preemptions_total",
@@ -267,3 +309,54 @@ def test_metrics_names_and_labels(server):
                   finished_reason="length") >= 1
     assert metric(text, "http_requests_total", handler="/v1/completions", method="POST",
                   status="2xx") >= 1
+
+
+def test_context_boundary(server):
+    """The exact edge of the context: max_model_len - 1 prompt tokens still get one token
+    (finish_reason "length"), max_model_len tokens get a 400 with the real numbers; a
+    max_tokens beyond the room left is clamped to it, not refused."""
+    token = 1000
+    with httpx.Client(base_url=server, timeout=120) as c:
+        r = c.post("/v1/completions", json={"prompt": [token] * 1023, "max_tokens": None,
+                                            "temperature": 0, "ignore_eos": True})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["usage"] == {"prompt_tokens": 1023, "completion_tokens": 1,
+                                 "total_tokens": 1024}
+        assert body["choices"][0]["finish_reason"] == "length"
+        r = c.post("/v1/completions", json={"prompt": [token] * 1020, "max_tokens": 100,
+                                            "temperature": 0, "ignore_eos": True})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 4
+        assert r.json()["choices"][0]["finish_reason"] == "length"
+        r = c.post("/v1/completions", json={"prompt": [token] * 1024, "max_tokens": 1})
+        check_envelope(r, 400)
+        assert "1024" in r.json()["error"]["message"]
+        assert r.json()["error"]["param"] == "prompt"
+        # Streamed, the refusal is still a real 400 (no SSE stream is started for it).
+        r = c.post("/v1/completions", json={"prompt": [token] * 1024, "stream": True})
+        check_envelope(r, 400)
+
+
+def test_same_request_id_header_concurrently(server):
+    """X-Request-Id is the client's: two requests sharing one must not share anything."""
+    prompts = ["The three primary colours are", "My favourite season is"]
+    want = [httpx.post(server + "/v1/completions", json={"prompt": p, "max_tokens": 12,
+                                                       "temperature": 0}).json()
+            ["choices"][0]["text"] for p in prompts]
+    got: dict[int, httpx.Response] = {}
+
+    def one(i: int) -> None:
+        got[i] = httpx.post(server + "/v1/completions", timeout=60,
+                            headers={"X-Request-Id": "same-id"},
+                            json={"prompt": prompts[i], "max_tokens": 12, "temperature": 0})
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i in range(2):
+        assert got[i].status_code == 200, got[i].text
+        assert got[i].json()["id"] == "cmpl-same-id"
+        assert got[i].json()["choices"][0]["text"] == want[i]

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -20,10 +21,12 @@ import httpx
 import orjson
 import pytest
 
-from server_helpers import ServerProcess, sse_data
+from server_helpers import ServerProcess, metric, sse_data
 from subproc import child_env
 
 pytestmark = pytest.mark.slow
+
+MODEL = "SmolLM2-135M-Instruct"
 
 STREAM = {"prompt": "Write a poem about the sea.", "max_tokens": 16, "ignore_eos": True,
           "stream": True, "stream_options": {"include_usage": True}}
@@ -81,6 +84,54 @@ def test_admission_full_gets_503(small_server):
     assert all(r.json()["usage"]["completion_tokens"] == 8 for r in ok)
     for r in full:
         assert r.headers["Retry-After"] and r.json()["error"]["code"] == 503
+
+
+def _idle(url: str) -> bool:
+    text = httpx.get(url + "/metrics").text
+    return (metric(text, "vllm:num_requests_running", model_name=MODEL) == 0
+            and metric(text, "vllm:num_requests_waiting", model_name=MODEL) == 0)
+
+
+def test_stalled_readers_do_not_hold_capacity(small_server):
+    """Clients that stop reading their streams keep their own output buffered, but once the
+    engine has finished their sequences the capacity is free for everyone else."""
+    url, port = small_server.url, small_server.port
+    body = orjson.dumps({"prompt": "Tell me a story.", "max_tokens": 150, "ignore_eos": True,
+                         "stream": True, "logprobs": 20})  # ~1 KB per token: fills buffers
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+            f"\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    stalled = []
+    try:
+        for _ in range(4):  # --max-num-seqs 2 + --max-queued-requests 2: all of capacity
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.connect(("127.0.0.1", port))
+            s.sendall(head + body)
+            stalled.append(s)
+        time.sleep(0.5)
+        deadline = time.monotonic() + 60
+        while not _idle(url):
+            assert time.monotonic() < deadline, "the engine did not finish the stalled streams"
+            time.sleep(0.2)
+        r = httpx.post(url + "/v1/completions", timeout=60,
+                       json={"prompt": "Hi", "max_tokens": 2, "ignore_eos": True})
+        assert r.status_code == 200, r.text
+        # The stalled clients still get their whole streams when they read again.
+        s = stalled[0]
+        s.settimeout(30)
+        data = b""
+        while b"data: [DONE]" not in data:
+            piece = s.recv(1 << 16)
+            assert piece, data[-300:]
+            data += piece
+        assert data.count(b'"finish_reason":"length"') == 1
+    finally:
+        for s in stalled:
+            s.close()
+    deadline = time.monotonic() + 10
+    while httpx.get(url + "/load").json()["server_load"] != 0:
+        assert time.monotonic() < deadline, "closed connections still count as load"
+        time.sleep(0.1)
 
 
 def test_sigterm_drains_streams_then_exits_0(small_server):

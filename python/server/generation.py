@@ -1,8 +1,12 @@
 """One generation request's life at the HTTP edge: admit, submit, read, retire.
 
-    admit (slots or 503) -> submit to the tokenizer -> wait until the prompt is ready
-        (or its 400) -> read the Outbox ... -> retire: abort what still runs, and once every
-        sequence has retired, release the slots
+    admit (slots or 400/503) -> submit to the tokenizer -> wait until the prompt is ready
+        (or its 400) -> read the Outbox ... -> retire: abort what still runs
+
+The admission slots go back as soon as every sequence has retired in the engine, whether or
+not the handler has written the output yet: a client that stops reading keeps its own
+response in memory, but never the capacity other requests need. The registry entry (what
+/load and the drain count) stays until the handler retires the request.
 
 `retire` never awaits: it runs in `finally` of a handler that may be cancelled because the
 client went away, and the wait for retirement happens in a reaper task of the server.
@@ -18,7 +22,7 @@ import trio
 
 from actors.sampling_params import SamplingParams
 from actors.runtime.request import PromptInput, RequestState
-from server.errors import APIError, overloaded
+from server.errors import APIError, bad_request, overloaded
 from server.state import ServerState
 
 log = logging.getLogger("server.requests")
@@ -51,6 +55,8 @@ class Generation:
         self.public_id = request_id
         self.created = int(time.time())
         self._retired = False
+        self._slots_held = False
+        self._registered = False
 
     async def start(self) -> None:
         """Admit and wait until the prompt is tokenized. Raises APIError (503, 400...)."""
@@ -58,19 +64,30 @@ class Generation:
         if not srv.health.serving:
             raise APIError(503, "The server is not accepting requests now.",
                            headers={"Retry-After": "5"})
+        capacity = srv.admission.capacity  # type: ignore[union-attr]
+        if self.slots > capacity:
+            # Waiting cannot help: the server could not hold this request even when idle.
+            raise bad_request(
+                f"this request needs {self.slots} sequences (prompts x n) but the server "
+                f"runs at most {capacity} at once", "n",
+            )
         if not srv.admission.try_acquire(self.slots):  # type: ignore[union-attr]
             raise overloaded()
+        self._slots_held = True
         try:
             srv.registry.add(self.state)  # type: ignore[union-attr]
         except Exception:
-            srv.admission.release(self.slots)  # type: ignore[union-attr]
+            self._release_slots()
             raise
+        self._registered = True
         try:
             await srv.submit_send.send(self.state)  # type: ignore[union-attr]
         except BaseException:
             self.state.retired.set()  # never reached the tokenizer: nothing else holds it
             self.retire()
             raise
+        if srv.reaper is not None:
+            srv.reaper.start_soon(self._release_slots_when_retired)
         try:
             await self.state.ready.wait()
         except BaseException:
@@ -105,6 +122,19 @@ class Generation:
             log.error("request %s did not retire in %.0f s", self.state.request_id, RETIRE_TIMEOUT)
         self._release()
 
+    async def _release_slots_when_retired(self) -> None:
+        """No timeout: a request legitimately holds its slots for as long as it generates."""
+        await self.state.retired.wait()
+        self._release_slots()
+
     def _release(self) -> None:
-        self.srv.registry.remove(self.state)  # type: ignore[union-attr]
-        self.srv.admission.release(self.slots)  # type: ignore[union-attr]
+        if self._registered:
+            self._registered = False
+            self.srv.registry.remove(self.state)  # type: ignore[union-attr]
+        self._release_slots()
+
+    def _release_slots(self) -> None:
+        """Idempotent: the reaper and the handler's retire may both get here."""
+        if self._slots_held:
+            self._slots_held = False
+            self.srv.admission.release(self.slots)  # type: ignore[union-attr]

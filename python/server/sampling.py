@@ -101,7 +101,9 @@ def build_params(
                 f"max_model_len={limits.max_model_len}",
                 "max_tokens",
             )
-    min_tokens = _int(req.min_tokens, "min_tokens", 0, None)
+    # A prompt takes at least one position, so min_tokens >= max_model_len can never be met
+    # (with max_tokens null the cap is only known after tokenizing; the engine checks that).
+    min_tokens = _int(req.min_tokens, "min_tokens", 0, limits.max_model_len - 1)
     if max_tokens is not None and min_tokens > max_tokens:
         raise bad_request(
             f"min_tokens ({min_tokens}) must be less than or equal to max_tokens ({max_tokens})",
@@ -129,6 +131,9 @@ def build_params(
     seed = req.seed
     if seed == -1:
         seed = None
+    if seed is not None and seed + n - 1 > INT64_MAX:
+        # Choice i samples with seed + i; each of them must be a valid seed too.
+        raise bad_request(f"seed must be at most {INT64_MAX - (n - 1)} when n={n}", "seed")
     skip = req.skip_special_tokens
     if skip is None:
         skip = bool(defaults.get("skip_special_tokens", True))
