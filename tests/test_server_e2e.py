@@ -236,3 +236,73 @@ def test_raw_http_shapes(server):
     assert [c["choices"][0]["finish_reason"] for c in chunks][-1] == "length"
     assert httpx.get(server + "/version").json()["version"]
     assert httpx.get(server + "/openapi.json").json()["paths"]["/v1/completions"]
+
+
+def test_stop_prefix_held_back_is_flushed_at_length(client, model):
+    """Text held back because it might begin a stop string is sent when the sequence ends
+    for another reason (length): nothing is lost, streamed or not."""
+    kw = dict(model=model, prompt="1, 2, 3, 4,", max_tokens=10, temperature=0,
+              extra_body={"ignore_eos": True})
+    full = client.completions.create(**kw).choices[0].text
+    stop = full[-3:] + "@#%"  # its prefix is the end of the output; it never matches
+    r = client.completions.create(stop=[stop], **kw).choices[0]
+    assert (r.text, r.finish_reason) == (full, "length")
+    chunks = [c.choices[0] for c in client.completions.create(stop=[stop], stream=True, **kw)
+              if c.choices]
+    assert "".join(c.text for c in chunks) == full and chunks[-1].finish_reason == "length"
+
+
+def test_stop_on_first_token_with_logprobs(client, model):
+    kw = dict(model=model, prompt="1, 2, 3,", max_tokens=5, temperature=0, logprobs=2)
+    first = client.completions.create(**dict(kw, max_tokens=1)).choices[0].text
+    assert first
+    r = client.completions.create(stop=[first], **kw).choices[0]
+    assert (r.text, r.finish_reason, r.stop_reason) == ("", "stop", first)
+    assert len(r.logprobs.tokens) == len(r.logprobs.token_logprobs) == len(
+        r.logprobs.text_offset)
+    chunks = [c.choices[0] for c in client.completions.create(stop=[first], stream=True, **kw)
+              if c.choices]
+    assert "".join(c.text for c in chunks) == "" and chunks[-1].finish_reason == "stop"
+    out = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Say hi"}], max_tokens=4,
+        temperature=0, logprobs=True, top_logprobs=2)
+    word = out.choices[0].message.content[:2]
+    out = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Say hi"}], max_tokens=4,
+        temperature=0, logprobs=True, top_logprobs=2, stop=[word])
+    assert out.choices[0].finish_reason == "stop" and word not in out.choices[0].message.content
+
+
+def test_multibyte_characters_stream_whole(server, client, model):
+    """Emoji span several byte-level tokens: a stream never shows half a character, and a
+    prompt that ends inside one does not make the stream repeat the prompt."""
+    ids = tokenize(server, "I love emoji: " + "\N{SLIGHTLY SMILING FACE}" * 6)
+    kw = dict(model=model, max_tokens=8, temperature=0)
+    whole = client.completions.create(prompt=ids, **kw).choices[0].text
+    assert "\N{SLIGHTLY SMILING FACE}" in whole and "\ufffd" not in whole
+    pieces = [c.choices[0].text for c in client.completions.create(prompt=ids, stream=True, **kw)
+              if c.choices]
+    assert "".join(pieces) == whole and not any("\ufffd" in p for p in pieces)
+    # The last emoji's first token only: the prompt ends inside a character.
+    cut = ids[:-1]
+    whole = client.completions.create(prompt=cut, **kw).choices[0].text
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        prompt=cut, stream=True, **kw) if c.choices)
+    assert streamed == whole and "emoji" not in whole
+
+
+def test_request_template_sandbox(client, model):
+    """Request templates run sandboxed: no Python internals, and the failure is a 400 that
+    does not echo internals either."""
+    import openai
+
+    for template in ("{{ ''.__class__.__mro__[1].__subclasses__() }}",
+                     "{{ messages.__class__.__init__.__globals__ }}",
+                     "{{ cycler.__init__.__globals__.os.popen('id').read() }}"):
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+                extra_body={"chat_template": template})
+        err = info.value.body
+        assert err["code"] == 400 and "Traceback" not in err["message"], err
+        assert "uid=" not in err["message"] and "object at 0x" not in err["message"]
