@@ -306,3 +306,29 @@ def test_request_template_sandbox(client, model):
         err = info.value.body
         assert err["code"] == 400 and "Traceback" not in err["message"], err
         assert "uid=" not in err["message"] and "object at 0x" not in err["message"]
+
+
+def test_request_template_bounded(client, model):
+    """A trusted request template still cannot wedge or exhaust the server: rendering is
+    bounded in time and output, and huge strings or numbers are refused before they are
+    built (each case below runs for minutes or allocates gigabytes when unbounded)."""
+    import time
+
+    import openai
+
+    def render_fails(template: str) -> float:
+        started = time.monotonic()
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+                extra_body={"chat_template": template}, timeout=30)
+        assert info.value.body["code"] == 400
+        return time.monotonic() - started
+
+    nested = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+    assert render_fails(nested) < 15
+    for template in ("{{ 'a' * 1000000000 }}", "{{ [0] * 1000000000 }}", "{{ 9 ** 999999999 }}",
+                     "{% for i in range(100000) %}{{ 'a' * 4000000 }}{% endfor %}"):
+        assert render_fails(template) < 5, template
+    r = client.completions.create(model=model, prompt="Hi", max_tokens=2)
+    assert r.usage.completion_tokens >= 1

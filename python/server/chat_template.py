@@ -4,13 +4,22 @@ Template choice: the request's `chat_template` (only with --trust-request-chat-t
 else --chat-template (a file or a literal template), else the tokenizer's own. A request
 may pass `chat_template_kwargs`, but only names the template actually reads, and never
 the names the renderer itself controls.
+
+A template is a program: besides the sandbox (no Python internals), a render is bounded in
+time (RENDER_TIMEOUT), in output (MAX_RENDERED_CHARS, counted while it is produced) and in
+the size of any one string or number it builds (`*` and `**` are checked before they run).
+Rendering runs on the thread that prepares every prompt, so an unbounded template would
+stall all requests, not just its own.
 """
 
 from __future__ import annotations
 
 import functools
 import re
+import sys
+import time
 from datetime import datetime
+from types import FrameType
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +37,33 @@ RESERVED_KWARGS = frozenset(
      "raise_exception", "strftime_now", "range", "namespace", "loop"}
 )  # fmt: skip
 MAX_RENDERED_CHARS = 4 * 1024 * 1024
+RENDER_TIMEOUT = 5.0  # seconds; real chat templates render in milliseconds
+MAX_POWER_BITS = 4096  # largest integer `**` may build
 
 
 class _TemplateRaised(Exception):
     pass
+
+
+class _RenderTimeout(Exception):
+    pass
+
+
+class _BoundedEnvironment(ImmutableSandboxedEnvironment):
+    """The sandbox, with `*` and `**` checked before they allocate."""
+
+    intercepted_binops = frozenset({"*", "**"})
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        if operator == "*":
+            for seq, times in ((left, right), (right, left)):
+                if isinstance(seq, (str, list, tuple)) and isinstance(times, int):
+                    if len(seq) * max(times, 0) > MAX_RENDERED_CHARS:
+                        raise jinja2.exceptions.SecurityError("repetition result too large")
+        elif operator == "**" and isinstance(left, int) and isinstance(right, int):
+            if right > 0 and abs(left) > 1 and right * max(abs(left).bit_length(), 1) > MAX_POWER_BITS:
+                raise jinja2.exceptions.SecurityError("power result too large")
+        return super().call_binop(context, operator, left, right)
 
 
 def _raise(message: str) -> None:
@@ -44,7 +76,7 @@ def _strftime_now(fmt: str) -> str:
 
 @functools.lru_cache(maxsize=1)
 def _environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env = _BoundedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = _strftime_now
     return env
@@ -187,10 +219,40 @@ def _normalise(message: dict[str, Any], parts: bool, knows_developer: bool) -> d
     return msg
 
 
+def _render_bounded(template: jinja2.Template, context: dict[str, Any]) -> str:
+    """template.render with a deadline and an output cap (in the calling thread only)."""
+    deadline = time.monotonic() + RENDER_TIMEOUT
+
+    def check(frame: FrameType, event: str, arg: Any) -> Any:
+        # Called on every call in this thread and on every line of template code: loops
+        # that print nothing still run lines, so no render can outlive the deadline.
+        if time.monotonic() > deadline:
+            raise _RenderTimeout()
+        return check if frame.f_code.co_filename in template_files else None
+
+    template_files = {template.filename or "<template>", "<template>"}
+
+    previous = sys.gettrace()
+    sys.settrace(check)
+    try:
+        pieces, size = [], 0
+        for piece in template.generate(**context):
+            size += len(piece)
+            if size > MAX_RENDERED_CHARS:
+                raise APIError(400, "the rendered chat prompt is too long")
+            pieces.append(piece)
+        return "".join(pieces)
+    finally:
+        sys.settrace(previous)
+
+
 def _render(template: jinja2.Template, context: dict[str, Any], final: Any) -> str:
     """Runs in the tokenizer's worker thread. Template failures become 400s."""
     try:
-        text = template.render(**context)
+        text = _render_bounded(template, context)
+    except _RenderTimeout:
+        raise APIError(400, f"the chat template did not render within {RENDER_TIMEOUT:.0f} s") \
+            from None
     except _TemplateRaised as exc:
         raise APIError(400, f"the chat template rejected the request: {exc}"[:500]) from None
     except jinja2.exceptions.SecurityError:
