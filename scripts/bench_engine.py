@@ -62,7 +62,8 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.perf_counter()
     llm = LLM(args.model, dtype=args.dtype, num_threads=args.threads,
               max_num_seqs=64, max_num_batched_tokens=args.max_num_batched_tokens,
-              kv_cache_memory=args.kv_cache_memory, max_model_len=2048)
+              kv_cache_memory=args.kv_cache_memory, kv_cache_dtype=args.kv_cache_dtype,
+              max_model_len=2048)
     load_s = time.perf_counter() - t0
     work = workload(llm.tokenizer, args.quick)
     eng = llm.engine
@@ -96,6 +97,7 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "load_s": round(load_s, 2),
         "dtype": str(eng.dtype).removeprefix("torch."),
+        "kv_cache_dtype": str(eng.kv_cache_dtype).removeprefix("torch."),
         "prefill_s": round(prefill_s, 4),
         "prefill_tokens": len(prompt),
         "decode_tok_s": round(len(decode) / sum(decode), 2),
@@ -190,6 +192,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None, help="CPU threads (default: all)")
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
     ap.add_argument("--kv-cache-memory", type=int, default=1 << 30)
+    ap.add_argument("--kv-cache-dtype", default="auto", help="auto | float32 | bfloat16")
     ap.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
     ap.add_argument("--side", choices=["ours", "hf"], help=argparse.SUPPRESS)
     args = ap.parse_args()

@@ -161,3 +161,21 @@ def test_eos_stops_and_blocks_return(base: LLM) -> None:
     pool = base.engine.kv.pool
     assert pool.num_free() == pool.num_blocks
     pool.check()
+
+
+def test_kv_cache_dtype_bfloat16_holds_twice_the_tokens(loaded: Any, base: LLM) -> None:
+    """A bf16 cache under an fp32 model: twice the blocks in the same memory, and next-token
+    log-probabilities within bf16 rounding of the exact (fp32) cache."""
+    assert base.engine.kv_cache_dtype == torch.float32  # auto: as computed
+    half = make_llm(loaded, kv_cache_dtype="bfloat16")
+    assert half.engine.runner.k_caches[0].dtype == torch.bfloat16
+    assert half.engine.num_blocks == 2 * base.engine.num_blocks
+    params = SamplingParams(temperature=0.0, max_tokens=4, logprobs=5, ignore_eos=True)
+    prompts = token_ids(base, [SYSTEM + " " + p for p in PROMPTS])
+    for want, got in zip(base.generate(prompts, params), half.generate(prompts, params)):
+        a, b = want.outputs[0].logprobs[0], got.outputs[0].logprobs[0]
+        assert a.top_token_ids[0] == b.top_token_ids[0]
+        assert abs(a.logprob - b.logprob) < 0.05
+        assert set(a.top_token_ids[:3]) <= set(b.top_token_ids)
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        make_llm(loaded, kv_cache_dtype="fp8")

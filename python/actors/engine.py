@@ -38,6 +38,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     block_size: int = 16
     kv_cache_memory: int = 2 * GiB  # bytes for the KV cache of all layers
+    kv_cache_dtype: str = "auto"  # auto (the compute dtype) | float32 | bfloat16
     enable_prefix_caching: bool = True
     seed: int | None = None
     scheduling_policy: str = "fcfs"  # fcfs | priority
@@ -68,6 +69,7 @@ class LLMEngine:
         self.model_config = mc
         self.model_dir: Path = loaded.model_dir
         self.dtype = loaded.dtype
+        self.kv_cache_dtype = _kv_cache_dtype(config.kv_cache_dtype, self.dtype)
         max_model_len = config.max_model_len or mc.max_position_embeddings
         if max_model_len > mc.max_position_embeddings:
             raise ValueError(
@@ -83,7 +85,7 @@ class LLMEngine:
         self.generation_defaults = _generation_defaults(self.model_dir, config.generation_config)
 
         per_block = kv_bytes_per_block(mc.num_layers, mc.num_kv_heads, mc.head_dim,
-                                       config.block_size, self.dtype)
+                                       config.block_size, self.kv_cache_dtype)
         num_blocks = max(1, config.kv_cache_memory // per_block)
         need = -(-max_model_len // config.block_size)
         if num_blocks < need:
@@ -96,7 +98,7 @@ class LLMEngine:
         log.info(
             "KV cache: %d blocks x %d tokens = %d tokens (%.2f GiB, %s)",
             num_blocks, config.block_size, num_blocks * config.block_size,
-            num_blocks * per_block / GiB, str(self.dtype).removeprefix("torch."),
+            num_blocks * per_block / GiB, str(self.kv_cache_dtype).removeprefix("torch."),
         )
 
         pool = llmcore.BlockPool(num_blocks, config.block_size)
@@ -121,7 +123,7 @@ class LLMEngine:
             vocab_size=mc.vocab_size,
             num_blocks=num_blocks,
             block_size=config.block_size,
-            dtype=self.dtype,
+            dtype=self.kv_cache_dtype,
             sliding_windows=mc.sliding_windows,
             max_logprobs=config.max_logprobs,
         )
@@ -171,6 +173,24 @@ class LLMEngine:
     def default_sampling_params(self, **overrides: Any) -> SamplingParams:
         """SamplingParams with the model's generation defaults, then the overrides."""
         return SamplingParams(**{**self.generation_defaults, **overrides})
+
+
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16")
+
+
+def _kv_cache_dtype(name: str, compute: Any) -> Any:
+    """The KV cache's element type. 'auto' stores K/V as computed (exact); bfloat16 halves the
+    cache (twice the tokens in the same memory) and the bytes a decode step reads, at the
+    cost of rounding K/V to 8 mantissa bits."""
+    import torch
+
+    if name == "auto":
+        return compute
+    table = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+    if name not in table:
+        raise ValueError(f"kv_cache_dtype={name!r} is not supported; choose one of "
+                         f"{', '.join(KV_CACHE_DTYPES)}")
+    return table[name]
 
 
 def _load_tokenizer(model_dir: Path):

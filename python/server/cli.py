@@ -53,7 +53,7 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 # The engine's defaults (actors.engine.EngineConfig), repeated here so that `--help` needs
 # no heavy imports; tests/test_server_lifecycle.py checks they agree.
 ENGINE_DEFAULTS = {"max_num_seqs": 128, "max_num_batched_tokens": 2048,
-                   "kv_cache_memory": 2 << 30}
+                   "kv_cache_memory": 2 << 30, "kv_cache_dtype": "auto"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -81,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--block-size", type=int, default=16, help="tokens per KV cache block")
     a("--kv-cache-memory", type=_size, default=ENGINE_DEFAULTS["kv_cache_memory"],
       help="bytes of KV cache for all layers, e.g. 512m or 2g. Default: 2g")
+    a("--kv-cache-dtype", default=ENGINE_DEFAULTS["kv_cache_dtype"], choices=["auto", "float32", "bfloat16"],
+      help="element type of the KV cache: 'auto' stores K/V in the model's dtype; bfloat16 "
+      "holds twice the tokens of float32 in the same memory")
     a("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
       help="reuse KV blocks of shared prompt prefixes")
     a("--dtype", default="auto", choices=["auto", "float32", "float", "bfloat16", "float16", "half"],
@@ -128,6 +131,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         max_num_batched_tokens=args.max_num_batched_tokens,
         block_size=args.block_size,
         kv_cache_memory=args.kv_cache_memory,
+        kv_cache_dtype=args.kv_cache_dtype,
         enable_prefix_caching=args.enable_prefix_caching,
         dtype=args.dtype,
         seed=args.seed,

@@ -18,6 +18,7 @@ class ServerConfig:
     max_num_batched_tokens: int | None = None
     block_size: int = 16
     kv_cache_memory: int | None = None
+    kv_cache_dtype: str = "auto"
     enable_prefix_caching: bool = True
     dtype: str = "auto"
     seed: int = 0

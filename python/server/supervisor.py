@@ -54,6 +54,7 @@ def make_engine_factory(config: ServerConfig) -> Callable[[], Any]:
             "max_num_batched_tokens": config.max_num_batched_tokens,
             "block_size": config.block_size,
             "kv_cache_memory": config.kv_cache_memory,
+            "kv_cache_dtype": config.kv_cache_dtype,
             "enable_prefix_caching": config.enable_prefix_caching,
             "seed": config.seed,
             "generation_config": config.generation_config,
