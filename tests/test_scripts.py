@@ -58,5 +58,15 @@ def test_bench_serve_against_a_real_server() -> None:
     assert all(r["errors"] == 0 and r["output_tokens"] == 16 for r in out["served"])
 
 
+def test_profile_step_smoke() -> None:
+    out = run_json(str(SCRIPTS / "profile_step.py"), "--batch", "2", "--context", "20",
+                   "--steps", "2")
+    parts = out["ms_per_step"]
+    assert out["batch"] == 2 and out["step_ms_median"] > 0
+    for name in ("attention.paged", "lm_head", "linear.qkv_proj", "linear.down_proj", "sampling"):
+        assert parts[name] > 0, name
+    assert out["calls_per_step"] >= 10 * 30  # ten native calls per layer of the default model
+
+
 def test_gpu_check_script_parses() -> None:
     subprocess.run(["bash", "-n", str(SCRIPTS / "gpu_check.sh")], check=True)
