@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from functools import partial
 
 import httpx
@@ -311,6 +312,100 @@ def test_metrics_names_and_labels(server):
                   status="2xx") >= 1
 
 
+def _labels_of(text: str, name: str) -> list[dict[str, str]]:
+    return [dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', line.split("{", 1)[1]))
+            for line in text.splitlines() if line.startswith(name + "{")]
+
+
+def _wait_for_success(url: str, before: str, reason: str, n: int) -> str:
+    """/metrics once `n` more sequences finished with `reason` (the metrics actor applies
+    events asynchronously, so a response can arrive a moment before its metrics)."""
+    want = metric(before, "vllm:request_success_total", model_name=MODEL,
+                  finished_reason=reason) + n
+    for _ in range(100):
+        text = httpx.get(url + "/metrics").text
+        if metric(text, "vllm:request_success_total", model_name=MODEL,
+                  finished_reason=reason) >= want:
+            return text
+        time.sleep(0.05)
+    raise AssertionError(f"{n} sequences did not finish with {reason!r}")
+
+
+def test_metrics_vllm_invariants(server):
+    """vLLM's own metric invariants after N completions of P prompt tokens and M tokens each
+    (the same prompt, so the later ones hit the prefix cache), then one n=2 request."""
+    n_req, p, m = 3, 40, 5
+    prompt = list(range(3000, 3000 + p))  # ids no other test sends
+    before = httpx.get(server + "/metrics").text
+    for _ in range(n_req):
+        r = httpx.post(server + "/v1/completions", timeout=60, json={
+            "prompt": prompt, "max_tokens": m, "ignore_eos": True, "temperature": 0})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == m, r.text
+    after = _wait_for_success(server, before, "length", n_req)
+
+    def d(name: str, **labels: str) -> float:
+        return metric(after, name, model_name=MODEL, **labels) - metric(
+            before, name, model_name=MODEL, **labels)
+
+    assert d("vllm:time_to_first_token_seconds_count") == n_req
+    assert d("vllm:inter_token_latency_seconds_count") == n_req * (m - 1)
+    assert d("vllm:request_prompt_tokens_sum") == n_req * p
+    assert d("vllm:prompt_tokens_total") == n_req * p
+    assert d("vllm:generation_tokens_total") == n_req * m
+    assert d("vllm:iteration_tokens_total_sum") == n_req * (p + m)
+    assert d("vllm:request_params_n_count") == d("vllm:request_params_n_sum") == n_req
+    assert d("vllm:request_params_max_tokens_sum") == n_req * m
+    assert d("vllm:request_max_num_generation_tokens_count") == n_req
+    assert d("vllm:request_max_num_generation_tokens_sum") == n_req * m
+    for name in ("vllm:request_time_per_output_token_seconds", "vllm:request_queue_time_seconds",
+                 "vllm:request_inference_time_seconds", "vllm:request_prefill_time_seconds",
+                 "vllm:request_decode_time_seconds", "vllm:request_num_preemptions",
+                 "vllm:request_prefill_kv_computed_tokens"):
+        assert d(name + "_count") == n_req, name
+    assert d("vllm:request_num_preemptions_sum") == 0
+    # Phases: inference = prefill + decode; per-sequence TPOT = decode / (M - 1).
+    assert d("vllm:request_inference_time_seconds_sum") == pytest.approx(
+        d("vllm:request_prefill_time_seconds_sum") + d("vllm:request_decode_time_seconds_sum"),
+        abs=1e-6)
+    assert d("vllm:request_time_per_output_token_seconds_sum") * (m - 1) == pytest.approx(
+        d("vllm:request_decode_time_seconds_sum"), abs=1e-6)
+    assert d("vllm:request_decode_time_seconds_sum") > 0
+    # Prompt tokens by source: computed + cache hits = all; the repeats hit whole blocks.
+    cached = d("vllm:prompt_tokens_cached_total")
+    assert cached == d("vllm:prompt_tokens_by_source_total", source="local_cache_hit")
+    assert cached >= (n_req - 1) * 16
+    assert d("vllm:prompt_tokens_by_source_total", source="local_compute") + cached == n_req * p
+    assert d("vllm:prompt_tokens_by_source_total", source="external_kv_transfer") == 0
+    assert d("vllm:request_prefill_kv_computed_tokens_sum") == n_req * p - cached
+    # vLLM's buckets, exactly.
+    les = {lb["le"] for lb in _labels_of(after, "vllm:iteration_tokens_total_bucket")}
+    assert les == {f"{float(b)}" for b in (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096,
+                                           8192, 16384)} | {"+Inf"}
+    les = {lb["le"] for lb in _labels_of(after, "vllm:request_params_n_bucket")}
+    assert les == {"1.0", "2.0", "5.0", "10.0", "20.0", "+Inf"}
+    les = {lb["le"] for lb in _labels_of(after, "vllm:request_num_preemptions_bucket")}
+    assert les == {"1.0", "2.0", "3.0", "4.0", "5.0", "10.0", "20.0", "+Inf"}
+    # The cache config, as an info gauge.
+    (info,) = _labels_of(after, "vllm:cache_config_info")
+    assert metric(after, "vllm:cache_config_info", engine="0") == 1
+    assert info["block_size"] == "16" and info["enable_prefix_caching"] == "True"
+    assert info["cache_dtype"] == "auto" and info["engine"] == "0"
+    assert int(info["kv_cache_size_tokens"]) == 16 * int(info["num_gpu_blocks"]) > 1024
+    assert metric(after, "vllm:admission_rejections_total", model_name=MODEL,
+                  reason="max_num_queued_reqs") == 0
+
+    # n=2: one observation of n and of the longer of the two generations.
+    before = after
+    r = httpx.post(server + "/v1/completions", timeout=60, json={
+        "prompt": "Hi", "max_tokens": 3, "ignore_eos": True, "n": 2})
+    assert r.status_code == 200, r.text
+    after = _wait_for_success(server, before, "length", 2)
+    assert d("vllm:request_params_n_count") == 1 and d("vllm:request_params_n_sum") == 2
+    assert d("vllm:request_max_num_generation_tokens_count") == 1
+    assert d("vllm:request_max_num_generation_tokens_sum") == 3
+    assert d("vllm:request_params_max_tokens_count") == 2
+
+
 def test_context_boundary(server):
     """The exact edge of the context: max_model_len - 1 prompt tokens still get one token
     (finish_reason "length"), max_model_len tokens get a 400 with the real numbers; a
@@ -360,3 +455,4 @@ def test_same_request_id_header_concurrently(server):
         assert got[i].status_code == 200, got[i].text
         assert got[i].json()["id"] == "cmpl-same-id"
         assert got[i].json()["choices"][0]["text"] == want[i]
+
