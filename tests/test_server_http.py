@@ -433,6 +433,38 @@ def test_context_boundary(server):
         check_envelope(r, 400)
 
 
+def test_min_tokens_beyond_the_room_a_prompt_leaves(server):
+    """min_tokens that the context cannot hold after this prompt: an up-front 400 naming
+    min_tokens, streamed or not, with max_tokens unset or set (it is clamped to the room);
+    one token less than the room still runs to exactly min_tokens."""
+    prompt = [1000] * 1000  # leaves 24 of the 1024 positions
+    before = idle_state(server)
+    with httpx.Client(base_url=server, timeout=60) as c:
+        for extra in ({"max_tokens": None}, {"max_tokens": 100}):
+            for stream in (False, True):
+                body = {"prompt": prompt, "min_tokens": 25, "stream": stream, **extra}
+                r = c.post("/v1/completions", json=body)
+                check_envelope(r, 400)
+                assert r.headers["content-type"].startswith("application/json")
+                err = r.json()["error"]
+                assert err["param"] == "min_tokens" and err["type"] == "BadRequestError"
+                assert "1000" in err["message"] and "24" in err["message"], err["message"]
+        r = c.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "hello " * 1100}], "min_tokens": 1,
+            "max_tokens": None, "stream": True})
+        check_envelope(r, 400)  # the prompt itself is too long: that check comes first
+        assert r.json()["error"]["param"] == "prompt"
+        r = c.post("/v1/completions", json={"prompt": prompt, "min_tokens": 24,
+                                            "max_tokens": None, "temperature": 0})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 24
+    for _ in range(100):  # the gauges follow the engine a moment later
+        if idle_state(server) == before:
+            break
+        time.sleep(0.05)
+    assert idle_state(server) == before
+
+
 def test_same_request_id_header_concurrently(server):
     """X-Request-Id is the client's: two requests sharing one must not share anything."""
     prompts = ["The three primary colours are", "My favourite season is"]
