@@ -7,6 +7,7 @@ nothing running, nothing waiting, no admission slot held, the canary's greedy te
 from __future__ import annotations
 
 import re
+import socket
 import threading
 import time
 from functools import partial
@@ -24,11 +25,22 @@ MODEL = "SmolLM2-135M-Instruct"
 LEAKS = ("Traceback", "/work/", ".py", "site-packages", "Exception", "object at 0x")
 
 
+# A client that stops reading is dropped after STALL seconds (instead of 60); streams that
+# wait for a token longer than KEEPALIVE seconds get an SSE comment.
+STALL, KEEPALIVE = 2, 0.02
+
+
 @pytest.fixture(scope="module")
-def server():
-    srv = ServerProcess().wait_ready()
-    yield srv.url
+def server_proc():
+    srv = ServerProcess(env={"LLMSERVE_STALL_TIMEOUT": str(STALL),
+                             "LLMSERVE_SSE_KEEPALIVE": str(KEEPALIVE)}).wait_ready()
+    yield srv
     assert srv.stop() == 0, srv.log()
+
+
+@pytest.fixture(scope="module")
+def server(server_proc):
+    return server_proc.url
 
 
 def idle_state(url: str) -> dict[str, float | None]:
@@ -488,3 +500,64 @@ def test_same_request_id_header_concurrently(server):
         assert got[i].json()["id"] == "cmpl-same-id"
         assert got[i].json()["choices"][0]["text"] == want[i]
 
+
+def test_stalled_reader_is_dropped(server_proc):
+    """A client that stops reading its stream: once a send has been blocked for the stall
+    timeout, its request is aborted (engine idle again, KV freed) and its connection reset;
+    the server says so once in its log and keeps serving."""
+    url = server_proc.url
+    before = idle_state(url)
+    text = httpx.get(url + "/metrics").text
+    aborts = metric(text, "vllm:request_success_total", model_name=MODEL, finished_reason="abort")
+    body = orjson.dumps({"prompt": "Tell me a long story.", "max_tokens": 1000,
+                         "ignore_eos": True, "stream": True, "logprobs": 20})  # ~1 KB a token
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+            f"\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect(("127.0.0.1", server_proc.port))
+        s.sendall(head + body)
+        started = time.monotonic()
+        while True:  # 1000 tokens take far longer than filling the buffers + the timeout
+            text = httpx.get(url + "/metrics").text
+            if metric(text, "vllm:request_success_total", model_name=MODEL,
+                      finished_reason="abort") > aborts:
+                break
+            assert time.monotonic() - started < 60, "the stalled stream was not aborted"
+            time.sleep(0.2)
+        assert time.monotonic() - started >= STALL
+        s.settimeout(10)
+        got = b""
+        try:
+            while piece := s.recv(1 << 16):
+                got += piece
+        except ConnectionResetError:
+            pass
+        assert b"data: [DONE]" not in got and b"finish_reason\":\"length" not in got
+    for _ in range(100):
+        if idle_state(url) == before:
+            break
+        time.sleep(0.05)
+    assert idle_state(url) == before
+    assert server_proc.log().count("has not read for") == 1, server_proc.log()[-2000:]
+    r = httpx.post(url + "/v1/completions", timeout=30, json={"prompt": "Hi", "max_tokens": 2})
+    assert r.status_code == 200
+
+
+def test_keepalive_comments_change_no_event(server):
+    """With a keep-alive interval shorter than a decode step, comments arrive between the
+    chunks; every data event is exactly what it would be without them."""
+    # A fresh 600-token prompt (nothing cached): its prefill alone outlasts the interval.
+    body = {"prompt": [2500] * 600, "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+    with httpx.stream("POST", server + "/v1/completions", timeout=60,
+                      json=dict(body, stream=True)) as r:
+        raw = r.read()
+    want = httpx.post(server + "/v1/completions", timeout=60, json=body).json()
+    events = [e for e in raw.split(b"\n\n") if e]
+    comments = [e for e in events if e.startswith(b":")]
+    assert comments and set(comments) == {b": ping"}
+    data = [e for e in events if not e.startswith(b":")]
+    assert all(e.startswith(b"data: ") and b"\n" not in e for e in data)
+    assert data[-1] == b"data: [DONE]"
+    chunks = [orjson.loads(e[6:]) for e in data[:-1]]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == want["choices"][0]["text"]

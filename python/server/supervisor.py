@@ -79,6 +79,7 @@ class Supervisor:
     async def run(self, *, task_status: trio.TaskStatus[Supervisor] = trio.TASK_STATUS_IGNORED):
         app = create_app(self.srv)
         async with trio.open_nursery() as root:
+            await root.start(self.srv.write_watchdog.run)
             self.bound = await root.start(self._serve_http, app)
             log.info("listening on %s (loading the model)", ", ".join(self.bound))
             root.start_soon(self._watch_signals, root)
