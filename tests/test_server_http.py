@@ -7,7 +7,9 @@ nothing running, nothing waiting, no admission slot held, the canary's greedy te
 from __future__ import annotations
 
 import re
+import socket
 import threading
+import time
 from functools import partial
 
 import httpx
@@ -23,11 +25,22 @@ MODEL = "SmolLM2-135M-Instruct"
 LEAKS = ("Traceback", "/work/", ".py", "site-packages", "Exception", "object at 0x")
 
 
+# A client that stops reading is dropped after STALL seconds (instead of 60); streams that
+# wait for a token longer than KEEPALIVE seconds get an SSE comment.
+STALL, KEEPALIVE = 2, 0.02
+
+
 @pytest.fixture(scope="module")
-def server():
-    srv = ServerProcess().wait_ready()
-    yield srv.url
+def server_proc():
+    srv = ServerProcess(env={"LLMSERVE_STALL_TIMEOUT": str(STALL),
+                             "LLMSERVE_SSE_KEEPALIVE": str(KEEPALIVE)}).wait_ready()
+    yield srv
     assert srv.stop() == 0, srv.log()
+
+
+@pytest.fixture(scope="module")
+def server(server_proc):
+    return server_proc.url
 
 
 def idle_state(url: str) -> dict[str, float | None]:
@@ -311,6 +324,100 @@ def test_metrics_names_and_labels(server):
                   status="2xx") >= 1
 
 
+def _labels_of(text: str, name: str) -> list[dict[str, str]]:
+    return [dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', line.split("{", 1)[1]))
+            for line in text.splitlines() if line.startswith(name + "{")]
+
+
+def _wait_for_success(url: str, before: str, reason: str, n: int) -> str:
+    """/metrics once `n` more sequences finished with `reason` (the metrics actor applies
+    events asynchronously, so a response can arrive a moment before its metrics)."""
+    want = metric(before, "vllm:request_success_total", model_name=MODEL,
+                  finished_reason=reason) + n
+    for _ in range(100):
+        text = httpx.get(url + "/metrics").text
+        if metric(text, "vllm:request_success_total", model_name=MODEL,
+                  finished_reason=reason) >= want:
+            return text
+        time.sleep(0.05)
+    raise AssertionError(f"{n} sequences did not finish with {reason!r}")
+
+
+def test_metrics_vllm_invariants(server):
+    """vLLM's own metric invariants after N completions of P prompt tokens and M tokens each
+    (the same prompt, so the later ones hit the prefix cache), then one n=2 request."""
+    n_req, p, m = 3, 40, 5
+    prompt = list(range(3000, 3000 + p))  # ids no other test sends
+    before = httpx.get(server + "/metrics").text
+    for _ in range(n_req):
+        r = httpx.post(server + "/v1/completions", timeout=60, json={
+            "prompt": prompt, "max_tokens": m, "ignore_eos": True, "temperature": 0})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == m, r.text
+    after = _wait_for_success(server, before, "length", n_req)
+
+    def d(name: str, **labels: str) -> float:
+        return metric(after, name, model_name=MODEL, **labels) - metric(
+            before, name, model_name=MODEL, **labels)
+
+    assert d("vllm:time_to_first_token_seconds_count") == n_req
+    assert d("vllm:inter_token_latency_seconds_count") == n_req * (m - 1)
+    assert d("vllm:request_prompt_tokens_sum") == n_req * p
+    assert d("vllm:prompt_tokens_total") == n_req * p
+    assert d("vllm:generation_tokens_total") == n_req * m
+    assert d("vllm:iteration_tokens_total_sum") == n_req * (p + m)
+    assert d("vllm:request_params_n_count") == d("vllm:request_params_n_sum") == n_req
+    assert d("vllm:request_params_max_tokens_sum") == n_req * m
+    assert d("vllm:request_max_num_generation_tokens_count") == n_req
+    assert d("vllm:request_max_num_generation_tokens_sum") == n_req * m
+    for name in ("vllm:request_time_per_output_token_seconds", "vllm:request_queue_time_seconds",
+                 "vllm:request_inference_time_seconds", "vllm:request_prefill_time_seconds",
+                 "vllm:request_decode_time_seconds", "vllm:request_num_preemptions",
+                 "vllm:request_prefill_kv_computed_tokens"):
+        assert d(name + "_count") == n_req, name
+    assert d("vllm:request_num_preemptions_sum") == 0
+    # Phases: inference = prefill + decode; per-sequence TPOT = decode / (M - 1).
+    assert d("vllm:request_inference_time_seconds_sum") == pytest.approx(
+        d("vllm:request_prefill_time_seconds_sum") + d("vllm:request_decode_time_seconds_sum"),
+        abs=1e-6)
+    assert d("vllm:request_time_per_output_token_seconds_sum") * (m - 1) == pytest.approx(
+        d("vllm:request_decode_time_seconds_sum"), abs=1e-6)
+    assert d("vllm:request_decode_time_seconds_sum") > 0
+    # Prompt tokens by source: computed + cache hits = all; the repeats hit whole blocks.
+    cached = d("vllm:prompt_tokens_cached_total")
+    assert cached == d("vllm:prompt_tokens_by_source_total", source="local_cache_hit")
+    assert cached >= (n_req - 1) * 16
+    assert d("vllm:prompt_tokens_by_source_total", source="local_compute") + cached == n_req * p
+    assert d("vllm:prompt_tokens_by_source_total", source="external_kv_transfer") == 0
+    assert d("vllm:request_prefill_kv_computed_tokens_sum") == n_req * p - cached
+    # vLLM's buckets, exactly.
+    les = {lb["le"] for lb in _labels_of(after, "vllm:iteration_tokens_total_bucket")}
+    assert les == {f"{float(b)}" for b in (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096,
+                                           8192, 16384)} | {"+Inf"}
+    les = {lb["le"] for lb in _labels_of(after, "vllm:request_params_n_bucket")}
+    assert les == {"1.0", "2.0", "5.0", "10.0", "20.0", "+Inf"}
+    les = {lb["le"] for lb in _labels_of(after, "vllm:request_num_preemptions_bucket")}
+    assert les == {"1.0", "2.0", "3.0", "4.0", "5.0", "10.0", "20.0", "+Inf"}
+    # The cache config, as an info gauge.
+    (info,) = _labels_of(after, "vllm:cache_config_info")
+    assert metric(after, "vllm:cache_config_info", engine="0") == 1
+    assert info["block_size"] == "16" and info["enable_prefix_caching"] == "True"
+    assert info["cache_dtype"] == "auto" and info["engine"] == "0"
+    assert int(info["kv_cache_size_tokens"]) == 16 * int(info["num_gpu_blocks"]) > 1024
+    assert metric(after, "vllm:admission_rejections_total", model_name=MODEL,
+                  reason="max_num_queued_reqs") == 0
+
+    # n=2: one observation of n and of the longer of the two generations.
+    before = after
+    r = httpx.post(server + "/v1/completions", timeout=60, json={
+        "prompt": "Hi", "max_tokens": 3, "ignore_eos": True, "n": 2})
+    assert r.status_code == 200, r.text
+    after = _wait_for_success(server, before, "length", 2)
+    assert d("vllm:request_params_n_count") == 1 and d("vllm:request_params_n_sum") == 2
+    assert d("vllm:request_max_num_generation_tokens_count") == 1
+    assert d("vllm:request_max_num_generation_tokens_sum") == 3
+    assert d("vllm:request_params_max_tokens_count") == 2
+
+
 def test_context_boundary(server):
     """The exact edge of the context: max_model_len - 1 prompt tokens still get one token
     (finish_reason "length"), max_model_len tokens get a 400 with the real numbers; a
@@ -338,6 +445,38 @@ def test_context_boundary(server):
         check_envelope(r, 400)
 
 
+def test_min_tokens_beyond_the_room_a_prompt_leaves(server):
+    """min_tokens that the context cannot hold after this prompt: an up-front 400 naming
+    min_tokens, streamed or not, with max_tokens unset or set (it is clamped to the room);
+    one token less than the room still runs to exactly min_tokens."""
+    prompt = [1000] * 1000  # leaves 24 of the 1024 positions
+    before = idle_state(server)
+    with httpx.Client(base_url=server, timeout=60) as c:
+        for extra in ({"max_tokens": None}, {"max_tokens": 100}):
+            for stream in (False, True):
+                body = {"prompt": prompt, "min_tokens": 25, "stream": stream, **extra}
+                r = c.post("/v1/completions", json=body)
+                check_envelope(r, 400)
+                assert r.headers["content-type"].startswith("application/json")
+                err = r.json()["error"]
+                assert err["param"] == "min_tokens" and err["type"] == "BadRequestError"
+                assert "1000" in err["message"] and "24" in err["message"], err["message"]
+        r = c.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "hello " * 1100}], "min_tokens": 1,
+            "max_tokens": None, "stream": True})
+        check_envelope(r, 400)  # the prompt itself is too long: that check comes first
+        assert r.json()["error"]["param"] == "prompt"
+        r = c.post("/v1/completions", json={"prompt": prompt, "min_tokens": 24,
+                                            "max_tokens": None, "temperature": 0})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 24
+    for _ in range(100):  # the gauges follow the engine a moment later
+        if idle_state(server) == before:
+            break
+        time.sleep(0.05)
+    assert idle_state(server) == before
+
+
 def test_same_request_id_header_concurrently(server):
     """X-Request-Id is the client's: two requests sharing one must not share anything."""
     prompts = ["The three primary colours are", "My favourite season is"]
@@ -360,3 +499,65 @@ def test_same_request_id_header_concurrently(server):
         assert got[i].status_code == 200, got[i].text
         assert got[i].json()["id"] == "cmpl-same-id"
         assert got[i].json()["choices"][0]["text"] == want[i]
+
+
+def test_stalled_reader_is_dropped(server_proc):
+    """A client that stops reading its stream: once a send has been blocked for the stall
+    timeout, its request is aborted (engine idle again, KV freed) and its connection reset;
+    the server says so once in its log and keeps serving."""
+    url = server_proc.url
+    before = idle_state(url)
+    text = httpx.get(url + "/metrics").text
+    aborts = metric(text, "vllm:request_success_total", model_name=MODEL, finished_reason="abort")
+    body = orjson.dumps({"prompt": "Tell me a long story.", "max_tokens": 1000,
+                         "ignore_eos": True, "stream": True, "logprobs": 20})  # ~1 KB a token
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+            f"\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect(("127.0.0.1", server_proc.port))
+        s.sendall(head + body)
+        started = time.monotonic()
+        while True:  # 1000 tokens take far longer than filling the buffers + the timeout
+            text = httpx.get(url + "/metrics").text
+            if metric(text, "vllm:request_success_total", model_name=MODEL,
+                      finished_reason="abort") > aborts:
+                break
+            assert time.monotonic() - started < 60, "the stalled stream was not aborted"
+            time.sleep(0.2)
+        assert time.monotonic() - started >= STALL
+        s.settimeout(10)
+        got = b""
+        try:
+            while piece := s.recv(1 << 16):
+                got += piece
+        except ConnectionResetError:
+            pass
+        assert b"data: [DONE]" not in got and b"finish_reason\":\"length" not in got
+    for _ in range(100):
+        if idle_state(url) == before:
+            break
+        time.sleep(0.05)
+    assert idle_state(url) == before
+    assert server_proc.log().count("has not read for") == 1, server_proc.log()[-2000:]
+    r = httpx.post(url + "/v1/completions", timeout=30, json={"prompt": "Hi", "max_tokens": 2})
+    assert r.status_code == 200
+
+
+def test_keepalive_comments_change_no_event(server):
+    """With a keep-alive interval shorter than a decode step, comments arrive between the
+    chunks; every data event is exactly what it would be without them."""
+    # A fresh 600-token prompt (nothing cached): its prefill alone outlasts the interval.
+    body = {"prompt": [2500] * 600, "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+    with httpx.stream("POST", server + "/v1/completions", timeout=60,
+                      json=dict(body, stream=True)) as r:
+        raw = r.read()
+    want = httpx.post(server + "/v1/completions", timeout=60, json=body).json()
+    events = [e for e in raw.split(b"\n\n") if e]
+    comments = [e for e in events if e.startswith(b":")]
+    assert comments and set(comments) == {b": ping"}
+    data = [e for e in events if not e.startswith(b":")]
+    assert all(e.startswith(b"data: ") and b"\n" not in e for e in data)
+    assert data[-1] == b"data: [DONE]"
+    chunks = [orjson.loads(e[6:]) for e in data[:-1]]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == want["choices"][0]["text"]

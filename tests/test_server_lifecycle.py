@@ -73,6 +73,12 @@ def test_admission_full_gets_503(small_server):
         results.append(httpx.post(small_server.url + "/v1/completions", timeout=120, json={
             "prompt": "Hi", "max_tokens": 8, "ignore_eos": True}))
 
+    def rejections() -> float:
+        return metric(httpx.get(small_server.url + "/metrics").text,
+                      "vllm:admission_rejections_total", model_name=MODEL,
+                      reason="max_num_queued_reqs")
+
+    rejected_before = rejections()
     threads = [threading.Thread(target=one) for _ in range(8)]
     for t in threads:
         t.start()
@@ -84,6 +90,7 @@ def test_admission_full_gets_503(small_server):
     assert all(r.json()["usage"]["completion_tokens"] == 8 for r in ok)
     for r in full:
         assert r.headers["Retry-After"] and r.json()["error"]["code"] == 503
+    assert rejections() - rejected_before == len(full)
 
 
 def _idle(url: str) -> bool:

@@ -15,6 +15,7 @@ from server.auth import APIKeyMiddleware
 from server.errors import APIError, envelope_bytes
 from server.routes import misc
 from server.state import ServerState
+from server.write_watchdog import WriteWatchdog
 
 log = logging.getLogger("server.http")
 
@@ -107,5 +108,6 @@ def create_app(srv: ServerState) -> Any:
                      elapsed * 1000)
         return response
 
-    app.asgi_app = APIKeyMiddleware(app.asgi_app, cfg.api_keys)  # type: ignore[method-assign]
+    srv.write_watchdog = WriteWatchdog(APIKeyMiddleware(app.asgi_app, cfg.api_keys))
+    app.asgi_app = srv.write_watchdog  # type: ignore[method-assign]
     return app

@@ -72,6 +72,8 @@ class Generation:
                 f"runs at most {capacity} at once", "n",
             )
         if not srv.admission.try_acquire(self.slots):  # type: ignore[union-attr]
+            if srv.metrics is not None:
+                srv.metrics.count_rejection("max_num_queued_reqs")
             raise overloaded()
         self._slots_held = True
         try:

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import orjson
 
 DONE = b"data: [DONE]\n\n"
+# A comment line: SSE parsers skip it, so it changes no event a client reads. Sent when a
+# stream has waited this long for its next chunk, so idle proxies keep the connection
+# open (and a client that stopped reading is noticed by the write watchdog).
+KEEPALIVE = b": ping\n\n"
+KEEPALIVE_ENV = "LLMSERVE_SSE_KEEPALIVE"
+KEEPALIVE_INTERVAL = float(os.environ.get(KEEPALIVE_ENV, "") or 15.0)
 
 
 def event(payload: dict[str, Any]) -> bytes:

@@ -45,6 +45,7 @@ class ServerState:
     submit_send: trio.MemorySendChannel[RequestState] | None = None
     reaper: trio.Nursery | None = None
     model_root: str = ""
+    write_watchdog: Any = None  # server.write_watchdog.WriteWatchdog, set by create_app
 
     @property
     def model_name(self) -> str:

@@ -79,6 +79,7 @@ class Supervisor:
     async def run(self, *, task_status: trio.TaskStatus[Supervisor] = trio.TASK_STATUS_IGNORED):
         app = create_app(self.srv)
         async with trio.open_nursery() as root:
+            await root.start(self.srv.write_watchdog.run)
             self.bound = await root.start(self._serve_http, app)
             log.info("listening on %s (loading the model)", ", ".join(self.bound))
             root.start_soon(self._watch_signals, root)
@@ -145,7 +146,8 @@ class Supervisor:
         tokenizer = TokenizerActor(engine.tokenizer, registry, scheduler, submit_recv,
                                    admit_send, batch_recv, vocab_size=limits.vocab_size)
         await nursery.start(tokenizer.run)
-        metrics = MetricsActor(cfg.served_model_names[0], limits.max_model_len, metrics_recv)
+        metrics = MetricsActor(cfg.served_model_names[0], limits.max_model_len, metrics_recv,
+                               cache_info=cache_config_info(engine, cfg))
         await nursery.start(metrics.run)
         srv.tokenizer = engine.tokenizer
         srv.limits = limits
@@ -208,6 +210,24 @@ class Supervisor:
                     await trio.sleep(0.05)
         await self._stop_serving()
         root_scope.cancel()
+
+
+def cache_config_info(engine: Any, cfg: ServerConfig) -> dict[str, str]:
+    """vllm:cache_config_info's labels, spelled as vLLM spells its CacheConfig."""
+    ec = getattr(engine, "config", None)
+    block_size = int(getattr(ec, "block_size", cfg.block_size))
+    num_blocks = int(getattr(engine, "num_blocks", 0))
+    max_model_len = int(getattr(engine, "max_model_len", 0) or 1)
+    size_tokens = num_blocks * block_size
+    return {
+        "block_size": str(block_size),
+        "cache_dtype": str(getattr(ec, "kv_cache_dtype", cfg.kv_cache_dtype)),
+        "enable_prefix_caching": str(bool(getattr(ec, "enable_prefix_caching",
+                                                  cfg.enable_prefix_caching))),
+        "num_gpu_blocks": str(num_blocks),
+        "kv_cache_size_tokens": str(size_tokens),
+        "kv_cache_max_concurrency": f"{size_tokens / max_model_len:.2f}",
+    }
 
 
 def abort_request(srv: ServerState, state: RequestState) -> None:

@@ -11,7 +11,13 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 import trio
 
-from actors.runtime.metric_events import EngineStats, MetricEvent, SequenceFinished
+from actors.runtime.metric_events import (
+    EngineStats,
+    GroupFinished,
+    MetricEvent,
+    SequenceFinished,
+    StepTokens,
+)
 
 # Bucket boundaries as vLLM's dashboards expect them.
 TTFT_BUCKETS = (
@@ -26,7 +32,13 @@ LATENCY_BUCKETS = (
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
     240.0, 480.0, 960.0, 1920.0, 7680.0,
 )  # fmt: skip
+ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+N_BUCKETS = (1, 2, 5, 10, 20)
+PREEMPTION_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
 FINISH_REASONS = ("stop", "length", "abort", "error")
+PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
+# vLLM's reasons; the server refuses on sequence count only (max_num_queued_reqs).
+REJECTION_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")
 STATUS_CLASSES = ("2xx", "3xx", "4xx", "5xx")
 METHODS = ("GET", "POST", "OPTIONS", "HEAD", "other")
 
@@ -53,7 +65,9 @@ class MetricsActor:
         model_name: str,
         max_model_len: int,
         recv: trio.MemoryReceiveChannel[MetricEvent],
+        cache_info: dict[str, str] | None = None,
     ) -> None:
+        """cache_info: vllm:cache_config_info's labels (besides engine), fixed at startup."""
         self.registry = CollectorRegistry(auto_describe=True)
         self._recv = recv
         self._last: EngineStats | None = None
@@ -78,6 +92,13 @@ class MetricsActor:
         self.prefix_hits = counter("vllm:prefix_cache_hits", "Prefix cache hits (tokens).")
         self.preemptions = counter("vllm:num_preemptions", "Preemptions.")
         self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens processed.")
+        self.prompt_by_source = counter(
+            "vllm:prompt_tokens_by_source", "Prompt tokens by where their KV came from.",
+            ("source",),
+        )
+        self.prompt_cached = counter(
+            "vllm:prompt_tokens_cached", "Prompt tokens whose KV came from a cache."
+        )
         self.generation_tokens = counter("vllm:generation_tokens", "Tokens generated.")
         self.success = counter(
             "vllm:request_success", "Finished sequences by reason.", ("finished_reason",)
@@ -88,6 +109,48 @@ class MetricsActor:
         self.queue = hist("vllm:request_queue_time_seconds", "Time waiting.", LATENCY_BUCKETS)
         self.prompt_len = hist("vllm:request_prompt_tokens", "Prompt length.", tokens)
         self.gen_len = hist("vllm:request_generation_tokens", "Generation length.", tokens)
+        self.iteration_tokens = hist(
+            "vllm:iteration_tokens_total", "Tokens per engine step.", ITERATION_TOKEN_BUCKETS
+        )
+        self.max_gen_len = hist(
+            "vllm:request_max_num_generation_tokens",
+            "Longest generation among the n sequences of a prompt.", tokens,
+        )
+        self.params_n = hist("vllm:request_params_n", "The n request parameter.", N_BUCKETS)
+        self.params_max_tokens = hist(
+            "vllm:request_params_max_tokens", "The max_tokens of each sequence.", tokens
+        )
+        self.tpot = hist(
+            "vllm:request_time_per_output_token_seconds",
+            "Decode time per output token after the first, per sequence.", ITL_BUCKETS,
+        )
+        self.inference = hist(
+            "vllm:request_inference_time_seconds", "Time running.", LATENCY_BUCKETS
+        )
+        self.prefill = hist("vllm:request_prefill_time_seconds", "Time in prefill.",
+                            LATENCY_BUCKETS)
+        self.decode = hist("vllm:request_decode_time_seconds", "Time in decode.", LATENCY_BUCKETS)
+        self.prefill_computed = hist(
+            "vllm:request_prefill_kv_computed_tokens",
+            "Prompt tokens whose KV was computed (not cached), per sequence.", tokens,
+        )
+        self.seq_preemptions = hist(
+            "vllm:request_num_preemptions", "Preemptions per sequence.", PREEMPTION_BUCKETS
+        )
+        self.rejections = Counter(
+            "vllm:admission_rejections",
+            "Requests refused because the server was at capacity.",
+            ["model_name", "reason"],
+            registry=r,
+        )
+        for reason in REJECTION_REASONS:
+            self.rejections.labels(model_name, reason)
+        if cache_info is not None:
+            info = dict(cache_info, engine="0")
+            Gauge(
+                "vllm:cache_config_info", "Information of the engine's cache config.",
+                list(info), registry=r,
+            ).labels(**info).set(1)
         self.http = Counter(
             "http_requests",
             "HTTP requests by route template, method and status class.",
@@ -103,8 +166,10 @@ class MetricsActor:
             g.labels(*self._lv).set(0)
         for c in (self.prefix_queries, self.prefix_hits, self.preemptions):
             c.labels(*self._lv)
-        for c in (self.prompt_tokens, self.generation_tokens):
+        for c in (self.prompt_tokens, self.generation_tokens, self.prompt_cached):
             c.labels(*self._lv)
+        for source in PROMPT_SOURCES:
+            self.prompt_by_source.labels(*self._lv, source)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED):
         async with self._recv:
@@ -128,26 +193,57 @@ class MetricsActor:
                 if delta > 0:
                     counter.labels(*lv).inc(delta)
             self._last = event
-        elif isinstance(event, SequenceFinished):
-            reason = event.finish_reason if event.finish_reason in FINISH_REASONS else "error"
-            self.success.labels(*lv, reason).inc()
+        elif isinstance(event, StepTokens):
+            computed = event.num_prompt_tokens - event.num_cached_prompt_tokens
             self.prompt_tokens.labels(*lv).inc(event.num_prompt_tokens)
+            self.prompt_by_source.labels(*lv, "local_compute").inc(computed)
+            self.prompt_by_source.labels(*lv, "local_cache_hit").inc(event.num_cached_prompt_tokens)
+            self.prompt_cached.labels(*lv).inc(event.num_cached_prompt_tokens)
             self.generation_tokens.labels(*lv).inc(event.num_generation_tokens)
-            self.prompt_len.labels(*lv).observe(event.num_prompt_tokens)
-            self.gen_len.labels(*lv).observe(event.num_generation_tokens)
-            self.e2e.labels(*lv).observe(event.e2e_seconds)
-            if event.queue_seconds is not None:
-                self.queue.labels(*lv).observe(event.queue_seconds)
-            if event.ttft_seconds is not None:
-                self.ttft.labels(*lv).observe(event.ttft_seconds)
-            for gap in event.inter_token_seconds:
-                self.itl.labels(*lv).observe(gap)
+            self.iteration_tokens.labels(*lv).observe(
+                event.num_prompt_tokens + event.num_generation_tokens
+            )
+        elif isinstance(event, SequenceFinished):
+            self._finished(event)
+        elif isinstance(event, GroupFinished):
+            self.params_n.labels(*lv).observe(event.n)
+            self.max_gen_len.labels(*lv).observe(event.max_num_generation_tokens)
+
+    def _finished(self, event: SequenceFinished) -> None:
+        lv = self._lv
+        reason = event.finish_reason if event.finish_reason in FINISH_REASONS else "error"
+        self.success.labels(*lv, reason).inc()
+        self.prompt_len.labels(*lv).observe(event.num_prompt_tokens)
+        self.gen_len.labels(*lv).observe(event.num_generation_tokens)
+        self.e2e.labels(*lv).observe(event.e2e_seconds)
+        self.seq_preemptions.labels(*lv).observe(event.num_preemptions)
+        if event.max_tokens:
+            self.params_max_tokens.labels(*lv).observe(event.max_tokens)
+        if event.queue_seconds is not None:
+            self.queue.labels(*lv).observe(event.queue_seconds)
+            computed = event.num_prompt_tokens - max(event.num_cached_tokens, 0)
+            self.prefill_computed.labels(*lv).observe(computed)
+        if event.ttft_seconds is not None:
+            self.ttft.labels(*lv).observe(event.ttft_seconds)
+        for gap in event.inter_token_seconds:
+            self.itl.labels(*lv).observe(gap)
+        if event.decode_seconds is not None:
+            self.prefill.labels(*lv).observe(event.prefill_seconds or 0.0)
+            self.decode.labels(*lv).observe(event.decode_seconds)
+            self.inference.labels(*lv).observe(event.inference_seconds or 0.0)
+            n = event.num_generation_tokens
+            self.tpot.labels(*lv).observe(event.decode_seconds / (n - 1) if n > 1 else 0.0)
 
     def count_http(self, handler: str, method: str, status: int) -> None:
         """Called by the HTTP edge (same thread). handler is a route template or 'unmatched'."""
         m = method if method in METHODS else "other"
         cls = f"{status // 100}xx" if 200 <= status < 600 else "5xx"
         self.http.labels(handler, m, cls).inc()
+
+    def count_rejection(self, reason: str = "max_num_queued_reqs") -> None:
+        """Called by the HTTP edge when admission refuses a request for capacity."""
+        self.rejections.labels(self._lv[0], reason if reason in REJECTION_REASONS else
+                               REJECTION_REASONS[0]).inc()
 
     def count_dropped(self, n: int = 1) -> None:
         self.dropped.inc(n)

@@ -56,6 +56,7 @@ class Child:
     finish_reason: str | None = None
     num_generated: int = 0
     num_cached_tokens: int = 0
+    num_preemptions: int = 0
     # timing, in time.monotonic() seconds
     admitted_at: float = 0.0
     scheduled_at: float | None = None

@@ -21,7 +21,13 @@ from typing import Any
 import trio
 
 from actors.runtime.engine_actor import EngineActor, EngineFailed
-from actors.runtime.metric_events import EngineStats, MetricEvent, SequenceFinished
+from actors.runtime.metric_events import (
+    EngineStats,
+    GroupFinished,
+    MetricEvent,
+    SequenceFinished,
+    StepTokens,
+)
 from actors.runtime.request import Child, Registry
 
 log = logging.getLogger("server.scheduler")
@@ -113,6 +119,7 @@ class SchedulerActor:
             await self.credits.acquire()
             started = time.monotonic()
             outputs = await self._engine.step()
+            self._count_preemptions(engine)
             self._account(outputs, started)
             self._batch_send.send_nowait(outputs)  # never raises WouldBlock: see credits
 
@@ -147,8 +154,17 @@ class SchedulerActor:
                 self._retire(child, child.finish_reason or "abort")
             # Otherwise its Admit has not arrived yet (it is retired then) or it is gone.
 
+    def _count_preemptions(self, engine: Any) -> None:
+        """Attribute the last step's preemptions to their sequences (engine id = child id)."""
+        scheduler = getattr(engine, "scheduler", None)
+        for engine_id in getattr(scheduler, "last_preempted", ()):
+            found = self._registry.children.get(engine_id)
+            if found is not None:
+                found[1].num_preemptions += 1
+
     def _account(self, outputs: list[Any], started: float) -> None:
         now = time.monotonic()
+        prompt = cached = generated = 0
         for out in outputs:
             found = self._registry.children.get(out.request_id)
             if found is None:
@@ -162,13 +178,17 @@ class SchedulerActor:
             if out.new_token_ids:
                 if child.first_token_at is None:
                     child.first_token_at = now
+                    prompt += len(child.prompt_token_ids)
+                    cached += child.num_cached_tokens
                 elif child.last_token_at is not None:
                     child.inter_token.append(now - child.last_token_at)
                 child.last_token_at = now
                 child.num_generated += len(out.new_token_ids)
+                generated += len(out.new_token_ids)
             if out.finished:
                 child.in_engine = False
                 self._retire(child, out.finish_reason or "stop")
+        self._emit(StepTokens(prompt, cached, generated))
 
     def _retire(self, child: Child, reason: str) -> None:
         if child.retired:
@@ -177,22 +197,13 @@ class SchedulerActor:
         if child.finish_reason is None:
             child.finish_reason = reason
         state_child = self._registry.children.get(child.engine_id)
-        now = time.monotonic()
-        queue = None if child.scheduled_at is None else child.scheduled_at - child.admitted_at
-        ttft = None if child.first_token_at is None else child.first_token_at - child.admitted_at
-        self._emit(
-            SequenceFinished(
-                finish_reason=child.finish_reason,
-                num_prompt_tokens=len(child.prompt_token_ids),
-                num_generation_tokens=child.num_generated,
-                e2e_seconds=now - child.admitted_at,
-                queue_seconds=queue,
-                ttft_seconds=ttft,
-                inter_token_seconds=tuple(child.inter_token),
-            )
-        )
+        self._emit(_finished(child, time.monotonic()))
         if state_child is not None:
-            state_child[0].note_retired()
+            state = state_child[0]
+            group = [c for c in state.children if c.prompt_index == child.prompt_index]
+            if all(c.retired for c in group):
+                self._emit(GroupFinished(len(group), max(c.num_generated for c in group)))
+            state.note_retired()
 
     def _publish_stats(self, engine: Any) -> None:
         s = engine.stats()
@@ -215,3 +226,23 @@ class SchedulerActor:
             self.metrics_dropped += 1
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             pass
+
+
+def _finished(child: Child, now: float) -> SequenceFinished:
+    scheduled, first, last = child.scheduled_at, child.first_token_at, child.last_token_at
+    started = scheduled is not None and first is not None and last is not None
+    return SequenceFinished(
+        finish_reason=child.finish_reason or "error",
+        num_prompt_tokens=len(child.prompt_token_ids),
+        num_generation_tokens=child.num_generated,
+        num_cached_tokens=child.num_cached_tokens,
+        num_preemptions=child.num_preemptions,
+        max_tokens=child.params.max_tokens,
+        e2e_seconds=now - child.admitted_at,
+        queue_seconds=None if scheduled is None else scheduled - child.admitted_at,
+        ttft_seconds=None if first is None else first - child.admitted_at,
+        inter_token_seconds=tuple(child.inter_token),
+        prefill_seconds=first - scheduled if started else None,  # type: ignore[operator]
+        decode_seconds=last - first if started else None,  # type: ignore[operator]
+        inference_seconds=last - scheduled if started else None,  # type: ignore[operator]
+    )

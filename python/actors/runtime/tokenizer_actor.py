@@ -120,6 +120,17 @@ class TokenizerActor:
                     "left for the completion.",
                     param="prompt",
                 )
+            room = limit - len(ids)
+            if state.params.min_tokens > room:
+                # max_tokens is clamped to the room a prompt leaves; min_tokens cannot be.
+                raise RequestError(
+                    400,
+                    f"min_tokens ({state.params.min_tokens}) is more than this prompt leaves "
+                    f"for the completion: the prompt has {len(ids)} tokens and the model's "
+                    f"maximum context length is {limit}, so at most {room} tokens can be "
+                    "generated.",
+                    param="min_tokens",
+                )
             results.append(PromptResult(ids, text))
         return results
 

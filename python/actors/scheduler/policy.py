@@ -64,6 +64,8 @@ class Scheduler:
         self._engine_known: set[int] = set()  # seq ids the engine holds state for
         self._released: list[int] = []
         self.num_preemptions = 0
+        # Request ids preempted by the latest schedule(), once per preemption (metrics).
+        self.last_preempted: list[str] = []
 
     # ------------------------------------------------------------------ requests in
 
@@ -118,6 +120,7 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         scheduled: dict[int, tuple[Sequence, int]] = {}
         preempted = False
+        self.last_preempted = []
 
         i = 0
         while i < len(self.running) and budget > 0:
@@ -251,6 +254,7 @@ class Scheduler:
         seq.status = SequenceStatus.PREEMPTED
         seq.num_preemptions += 1
         self.num_preemptions += 1
+        self.last_preempted.append(seq.request_id)
         self._release(seq)
         self.waiting.push_front(seq)
 

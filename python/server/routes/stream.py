@@ -6,6 +6,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import trio
+
 from actors.runtime.outbox import ChoiceUpdate, OutboxFailed, TokenLogprob
 from actors.runtime.detokenizer import token_text
 from server import sse
@@ -72,10 +74,14 @@ async def sse_stream(
         outbox = gen.state.outbox
         while not outbox.done:
             try:
-                updates = await outbox.get()
+                with trio.move_on_after(sse.KEEPALIVE_INTERVAL) as waiting:
+                    updates = await outbox.get()  # cancel-safe: nothing is lost
             except OutboxFailed as exc:
                 yield sse.error_event(exc.status, exc.message)
                 break
+            if waiting.cancelled_caught:
+                yield sse.KEEPALIVE  # e.g. queued behind a long prefill
+                continue
             for u in updates:
                 generated[u.index] += len(u.token_ids)
                 chunk = chunk_of(u)
