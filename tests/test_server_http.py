@@ -153,10 +153,13 @@ HI = [{"role": "user", "content": "hi"}]
 BAD_PARAMS = [
     # Choice i samples with seed + i: the last one would overflow int64.
     ("/v1/completions", {"prompt": "x", "n": 2, "temperature": 1, "seed": 2**63 - 1}, "seed"),
-    # With max_tokens null nothing is compared at the edge; min_tokens >= max_model_len can
-    # never be met whatever the prompt.
+    # With chat's max_tokens unset nothing is compared at the edge; min_tokens >=
+    # max_model_len can never be met whatever the prompt.
     ("/v1/chat/completions", {"messages": HI, "min_tokens": 1024}, "min_tokens"),
-    ("/v1/completions", {"prompt": "x", "max_tokens": None, "min_tokens": 5000}, "min_tokens"),
+    ("/v1/chat/completions", {"messages": HI, "max_tokens": None, "min_tokens": 5000},
+     "min_tokens"),
+    # On completions an explicit null is the default, 16.
+    ("/v1/completions", {"prompt": "x", "max_tokens": None, "min_tokens": 17}, "min_tokens"),
     # 64 prompts x n=16 is more sequences than the server ever admits: 400, not 503.
     ("/v1/completions", {"prompt": ["a"] * 64, "n": 16, "temperature": 1}, "n"),
 ]
@@ -452,7 +455,7 @@ def test_min_tokens_beyond_the_room_a_prompt_leaves(server):
     prompt = [1000] * 1000  # leaves 24 of the 1024 positions
     before = idle_state(server)
     with httpx.Client(base_url=server, timeout=60) as c:
-        for extra in ({"max_tokens": None}, {"max_tokens": 100}):
+        for extra in ({"max_tokens": 1000}, {"max_tokens": 100}):
             for stream in (False, True):
                 body = {"prompt": prompt, "min_tokens": 25, "stream": stream, **extra}
                 r = c.post("/v1/completions", json=body)
@@ -467,9 +470,14 @@ def test_min_tokens_beyond_the_room_a_prompt_leaves(server):
         check_envelope(r, 400)  # the prompt itself is too long: that check comes first
         assert r.json()["error"]["param"] == "prompt"
         r = c.post("/v1/completions", json={"prompt": prompt, "min_tokens": 24,
-                                            "max_tokens": None, "temperature": 0})
+                                            "max_tokens": 1000, "temperature": 0})
         assert r.status_code == 200, r.text
         assert r.json()["usage"]["completion_tokens"] == 24
+        # An explicit null on completions is the default (16), as in vLLM.
+        r = c.post("/v1/completions", json={"prompt": "Once upon a time", "max_tokens": None,
+                                            "temperature": 0, "ignore_eos": True})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 16
     for _ in range(100):  # the gauges follow the engine a moment later
         if idle_state(server) == before:
             break

@@ -1,17 +1,29 @@
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Any
+
+from pydantic import Field, model_validator
 
 from server.protocol.common import SamplingFields
 
 Prompt = str | list[str] | list[int] | list[list[int]]
+DEFAULT_MAX_TOKENS = 16
 
 
 class CompletionRequest(SamplingFields):
     prompt: Prompt | None = None
     echo: bool = False
-    max_tokens: int | None = 16
+    max_tokens: int | None = DEFAULT_MAX_TOKENS
     logprobs: int | None = None
     suffix: str | None = None
     add_special_tokens: bool = True
     best_of: int | None = Field(default=None, exclude=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_max_tokens_is_the_default(cls, data: Any) -> Any:
+        # As in vLLM: an explicit "max_tokens": null on /v1/completions means the field's
+        # default (16), not "up to the context limit" (that is chat's rule).
+        if isinstance(data, dict) and "max_tokens" in data and data["max_tokens"] is None:
+            data = {**data, "max_tokens": DEFAULT_MAX_TOKENS}
+        return data
