@@ -28,6 +28,7 @@ struct Avx512Ops {
     static constexpr int W = 16;
     static constexpr int kRegs = 32;     // vector registers
     static constexpr int kRowBlock = 4;  // query rows per register block
+    static constexpr bool kTransposedQk = false;  // no transpose() here yet
 
     static void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
     static V zero() { return _mm512_setzero_ps(); }

@@ -15,6 +15,7 @@ struct ScalarOps {
     static constexpr int W = 1;
     static constexpr int kRegs = 16;     // vector registers
     static constexpr int kRowBlock = 4;  // query rows per register block
+    static constexpr bool kTransposedQk = false;  // no transpose() here yet
 
     static void prefetch(const void* p) { __builtin_prefetch(p); }
     static V zero() { return 0.0f; }

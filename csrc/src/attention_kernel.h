@@ -5,8 +5,10 @@
 //
 // Ops provides: V (a vector of W floats), zero/set1/load(float*)/load(bf16
 // bits)/store/fma/mul/max, hmax, hsum8 (8 vectors -> 8 lane sums), exp (exact
-// 0 below -87.3 and for -inf), prefetch, kRegs (vector registers) and
-// kRowBlock (query rows per register block).
+// 0 below -87.3 and for -inf), prefetch, kRegs (vector registers),
+// kRowBlock (query rows per register block) and kTransposedQk (whether it
+// provides transpose(V[W]), a W x W transpose in registers, for the
+// transposed-tile q K^T below).
 //
 // Per item, an online softmax over tiles of up to kTile context positions
 // (tiles after the first start at multiples of kTile, so they cover whole
@@ -113,6 +115,81 @@ inline void qk_all(const float* q, int rows, const KT* k, int n, float* s) {
     row_blocks<Ops>(rows, [&](auto rb, int r0) {
         qk_rows<Ops, D, decltype(rb)::value>(q + r0 * D, k, n, s + r0 * kLd);
     });
+}
+
+// ---- q K^T against a transposed tile (many rows per KV head: prefill) ----
+// With kt[d * kTile + j] = k_j[d], the scores of RB rows and JV*W positions are
+// a small matrix product: per dimension, JV loads of kt, RB broadcasts of q and
+// RB*JV FMAs, written straight into s with no horizontal sums (the row-major
+// form needs a transposing reduction per 8 scores, which made q K^T cost 2-3x
+// p V per FMA).
+
+// kt[d * kTile + j] (d < D, j < npad) = the tile's K rows, widened; rows past
+// n are zero. rowp[j] points at position j's K row.
+template <class Ops, int D, class KT>
+inline void transpose_tile(const KT* const* rowp, int n, int npad, float* kt) {
+    using V = typename Ops::V;
+    constexpr int W = Ops::W;
+    for (int j0 = 0; j0 < npad; j0 += W) {
+        for (int d0 = 0; d0 < D; d0 += W) {
+            V blk[W];
+            for (int i = 0; i < W; ++i)
+                blk[i] = j0 + i < n ? Ops::load(rowp[j0 + i] + d0) : Ops::zero();
+            Ops::transpose(blk);
+            for (int i = 0; i < W; ++i) Ops::store(kt + (d0 + i) * kTile + j0, blk[i]);
+        }
+    }
+}
+
+template <class Ops, int D, int RB, int JV>
+inline void qkt_block(const float* q, const float* kt, float* s, int j0) {
+    using V = typename Ops::V;
+    constexpr int W = Ops::W;
+    V a[RB][JV];
+    for (int r = 0; r < RB; ++r)
+        for (int v = 0; v < JV; ++v) a[r][v] = Ops::zero();
+    for (int d = 0; d < D; ++d) {
+        V kk[JV];
+        for (int v = 0; v < JV; ++v) kk[v] = Ops::load(kt + d * kTile + j0 + v * W);
+        for (int r = 0; r < RB; ++r) {
+            const V qq = Ops::set1(q[r * D + d]);
+            for (int v = 0; v < JV; ++v) a[r][v] = Ops::fma(qq, kk[v], a[r][v]);
+        }
+    }
+    for (int r = 0; r < RB; ++r)
+        for (int v = 0; v < JV; ++v) Ops::store(s + r * kLd + j0 + v * W, a[r][v]);
+}
+
+template <class Ops, int D, int RB>
+inline void qkt_rows(const float* q, const float* kt, int npad, float* s) {
+    constexpr int W = Ops::W;
+    int j0 = 0;
+    for (; j0 + 2 * W <= npad; j0 += 2 * W) qkt_block<Ops, D, RB, 2>(q, kt, s, j0);
+    if (j0 < npad) qkt_block<Ops, D, RB, 1>(q, kt, s, j0);
+}
+
+// Rows per register block: RB x 2 accumulators, 2 kt vectors and a broadcast.
+template <class Ops>
+constexpr int kTransposedRows = (Ops::kRegs - 3) / 2;
+
+template <class Ops, int D>
+inline void qkt_all(const float* q, int rows, const float* kt, int npad, float* s) {
+    constexpr int RB = kTransposedRows<Ops>;
+    static_assert(RB >= 1 && RB <= 8, "remainder dispatch below handles up to 7");
+    int r0 = 0;
+    for (; r0 + RB <= rows; r0 += RB) qkt_rows<Ops, D, RB>(q + r0 * D, kt, npad, s + r0 * kLd);
+    const float* qr = q + r0 * D;
+    float* sr = s + r0 * kLd;
+    switch (rows - r0) {
+        case 1: qkt_rows<Ops, D, 1>(qr, kt, npad, sr); break;
+        case 2: if constexpr (RB > 2) qkt_rows<Ops, D, 2>(qr, kt, npad, sr); break;
+        case 3: if constexpr (RB > 3) qkt_rows<Ops, D, 3>(qr, kt, npad, sr); break;
+        case 4: if constexpr (RB > 4) qkt_rows<Ops, D, 4>(qr, kt, npad, sr); break;
+        case 5: if constexpr (RB > 5) qkt_rows<Ops, D, 5>(qr, kt, npad, sr); break;
+        case 6: if constexpr (RB > 6) qkt_rows<Ops, D, 6>(qr, kt, npad, sr); break;
+        case 7: if constexpr (RB > 7) qkt_rows<Ops, D, 7>(qr, kt, npad, sr); break;
+        default: break;
+    }
 }
 
 // acc[r][c0*W .. (c0+CB)*W) += sum_j p[r][j] v_j over n positions.
@@ -323,11 +400,17 @@ void run_item(const Job& job, const WorkItem& it, const WorkItem* next) {
     // Many row blocks per KV head: widen a bf16 tile once into `kv` rather
     // than once per row block.
     const bool widen_tile = kWiden && hrows > 2 * Ops::kRowBlock;
+    // Enough rows to amortize a transpose of each K tile (fp32 or bf16 cache).
+    // Decode items (a few rows) keep the row-major form: a transpose would cost
+    // about as much as their FMAs.
+    const bool transposed = Ops::kTransposedQk && hrows >= 2 * kTransposedRows<Ops>;
 
     alignas(64) float q[kMaxRows * D];
     alignas(64) float acc[kMaxRows * D];
     alignas(64) float s[kMaxRows * kLd];
     alignas(64) float kv[kWiden ? kTile * D : 1];
+    alignas(64) float kt[Ops::kTransposedQk ? kTile * D : 1];
+    const KT* rowp[kTile];
     float m[kMaxRows], l[kMaxRows];
     int32_t lo[kMaxRows], hi[kMaxRows];  // visible positions of row r: [lo, hi]
     Seg<KT> segs[kMaxSegs];
@@ -377,11 +460,21 @@ void run_item(const Job& job, const WorkItem& it, const WorkItem* next) {
             float* sk = s + k * hrows * kLd;
             const int64_t ho = k * head_elems;
             for (int g = 0; g < ns; ++g) {
-                if (widen_tile)
+                if (transposed)
+                    for (int j = 0; j < segs[g].len; ++j)
+                        rowp[segs[g].off + j] = segs[g].k + ho + int64_t(j) * D;
+                else if (widen_tile)
                     widen<Ops>(segs[g].k + ho, segs[g].len * D, kv + segs[g].off * D);
                 else
                     qk_all<Ops, D>(qk, hrows, segs[g].k + ho, segs[g].len, sk + segs[g].off);
                 if (k == 0) kpf.advance(t0 + segs[g].off + segs[g].len + ahead);
+            }
+            if constexpr (Ops::kTransposedQk) {
+                if (transposed) {
+                    transpose_tile<Ops, D>(rowp, n, npad, kt);
+                    qkt_all<Ops, D>(qk, hrows, kt, npad, sk);
+                    continue;
+                }
             }
             if constexpr (kWiden)
                 if (widen_tile) qk_all<Ops, D>(qk, hrows, kv, n, sk);
