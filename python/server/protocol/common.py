@@ -7,6 +7,8 @@ context, logprob limit) are checked in server.sampling.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 INT64_MIN = -(2**63)
@@ -44,6 +46,9 @@ class SamplingFields(APIModel):
     min_tokens: int = 0
     skip_special_tokens: bool | None = None
     prompt_logprobs: int | None = None
+    allowed_token_ids: list[int] | None = None
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1, le=INT64_MAX)
+    truncation_side: Literal["left", "right"] | None = None
     priority: int = Field(default=0, ge=INT64_MIN, le=INT64_MAX)
     request_id: str | None = Field(default=None, max_length=256)
     user: str | None = None
