@@ -481,3 +481,23 @@ def test_chat_role_without_generation_prompt(server):
     assert chunks[1]["choices"][0]["delta"] == {"content": "Tell me\na story"}
     text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
     assert text.startswith("Tell me\na story")
+
+
+def test_streamed_logprobs_cover_every_token(server):
+    """A token whose text is held back (half a character, a possible stop string) still
+    sends its chunk, with empty text and its logprobs, as vLLM does: streamed logprobs
+    cover every generated token."""
+    ids = tokenize(server, "I love emoji: " + "\N{SLIGHTLY SMILING FACE}" * 6)
+    for path, body, count in (
+            ("/v1/completions", {"prompt": ids, "logprobs": 0},
+             lambda c: len(c["logprobs"]["tokens"])),
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Reply with "
+                                                    + "\N{SLIGHTLY SMILING FACE}" * 4}],
+                                      "logprobs": True},
+             lambda c: len((c["logprobs"] or {"content": []})["content"]))):
+        chunks = _stream(server, path, dict(body, max_tokens=8, temperature=0,
+                                            stream_options={"include_usage": True}))
+        total = sum(count(c["choices"][0]) for c in chunks if c["choices"])
+        assert total == chunks[-1]["usage"]["completion_tokens"], path
+        whole = httpx.post(server + path, json=dict(body, max_tokens=8, temperature=0)).json()
+        assert total == whole["usage"]["completion_tokens"], path

@@ -140,9 +140,11 @@ async def handle(srv: ServerState, req: ChatCompletionRequest) -> Response:
         return chunks
 
     def chunk_of(u: Any) -> dict[str, Any] | None:
-        if not u.text and u.finish_reason is None:
+        if not u.text and not u.token_ids and u.finish_reason is None:
             return None
-        delta = {"content": u.text} if u.text else {}
+        # A token whose text is held back still gets its chunk (content "", its logprobs),
+        # as vLLM sends it; a finish without any token has an empty delta.
+        delta = {"content": u.text} if u.text or u.token_ids else {}
         choice: dict[str, Any] = {"index": u.index, "delta": delta,
                                   "logprobs": chat_logprobs(tok, u.logprobs, top or 0)
                                   if req.logprobs else None,

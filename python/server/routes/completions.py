@@ -118,8 +118,8 @@ async def handle(srv: ServerState, req: CompletionRequest) -> Response:
         if pending_echo[u.index]:
             pending_echo[u.index] = False
             text = prompt_text(u.index) + text
-        elif not text and u.finish_reason is None:
-            return None
+        elif not text and not u.token_ids and u.finish_reason is None:
+            return None  # nothing happened; a token with held-back text still goes out
         lp = None
         if req.logprobs is not None:
             lp = completion_logprobs(tok, u.logprobs, offsets[u.index], num_logprobs)
