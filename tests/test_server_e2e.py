@@ -356,7 +356,7 @@ def test_completion_logprobs_layout(server, client, model):
                                   seed=5, logprobs=2, extra_body={"ignore_eos": True})
     lp = r.choices[0].logprobs
     for tok, val, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
-        assert 2 <= len(top) <= 3 and list(top.items())[0] == (tok, val)
+        assert 2 <= len(top) <= 3 and next(iter(top.items())) == (tok, val)
         assert sorted(list(top.values())[1:], reverse=True) == list(top.values())[1:]
 
 
@@ -438,7 +438,7 @@ def test_echo_without_generation(server, client, model):
 
 def test_truncate_prompt_tokens(server, client, model):
     ids = tokenize(server, "One two three four five six seven eight nine ten")
-    want_ids, want_text = offline_greedy(ids[-4:], 5)
+    _, want_text = offline_greedy(ids[-4:], 5)
     r = client.completions.create(model=model, prompt=ids, max_tokens=5, temperature=0,
                                   extra_body={"truncate_prompt_tokens": 4})
     assert r.usage.prompt_tokens == 4 and r.choices[0].text == want_text

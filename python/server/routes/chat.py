@@ -81,7 +81,9 @@ async def handle(srv: ServerState, req: ChatCompletionRequest) -> Response:
     if top is not None and top != 0 and not req.logprobs:
         raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
     logprobs = (top or 0) if req.logprobs else None
-    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    max_tokens = req.max_completion_tokens
+    if max_tokens is None:
+        max_tokens = req.max_tokens
     params = build_params(req, max_tokens=max_tokens, logprobs=logprobs, defaults=srv.defaults,
                           limits=limits)
     render = render_call(srv, req)
