@@ -1,7 +1,8 @@
 """Fields shared by /v1/completions and /v1/chat/completions.
 
 Unknown fields are accepted and ignored (extra="allow"), as OpenAI clients send vendor
-extensions freely. Types are checked here; ranges that depend on the model (vocabulary,
+extensions freely; the vLLM extensions that would change the output and are not implemented
+are refused by name in server.unsupported. Types are checked here; ranges that depend on the model (vocabulary,
 context, logprob limit) are checked in server.sampling.
 """
 
