@@ -146,3 +146,8 @@ def test_logit_bias_and_allowed_ids() -> None:
     check(allowed_token_ids=[0, 1])
     rejects("allowed_token_ids", allowed_token_ids=[])
     rejects("allowed_token_ids", allowed_token_ids=[VOCAB])
+    check(truncate_prompt_tokens=-1)
+    check(truncate_prompt_tokens=5, truncation_side="right")
+    rejects("truncate_prompt_tokens", truncate_prompt_tokens=-2)
+    rejects("truncate_prompt_tokens", truncate_prompt_tokens=1.5)
+    rejects("truncation_side", truncation_side="middle")

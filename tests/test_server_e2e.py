@@ -71,7 +71,9 @@ def test_stream_n_logprobs_usage(client, model):
         for c in chunk.choices:
             assert c.index not in finishes, "text after the finish_reason"
             tokens[c.index] += len(c.logprobs.tokens)
-            assert all(len(top) <= 2 for top in c.logprobs.top_logprobs)
+            # The sampled token and the 2 most likely: 3 entries at most, the sampled first.
+            for tok, top in zip(c.logprobs.tokens, c.logprobs.top_logprobs):
+                assert 2 <= len(top) <= 3 and next(iter(top)) == tok
             assert all(lp <= 0 for lp in c.logprobs.token_logprobs)
             if c.finish_reason:
                 finishes[c.index] = c.finish_reason
@@ -126,12 +128,10 @@ def test_stop_string_across_tokens_streamed(client, model):
 def test_token_id_prompts_and_echo(server, client, model):
     ids = tokenize(server, "Hello there")
     r = client.completions.create(model=model, prompt=[ids, ids + ids[:1]], max_tokens=4,
-                                  temperature=0, echo=True, logprobs=1)
+                                  temperature=0, echo=True)
     assert [c.index for c in r.choices] == [0, 1]
     assert r.choices[0].text.startswith("Hello there") and len(r.choices[0].text) > 11
     assert r.usage.prompt_tokens == 2 * len(ids) + 1
-    lp = r.choices[0].logprobs
-    assert lp.text_offset[0] == len("Hello there") and len(lp.tokens) == 4
     # Two text prompts, streamed with echo: the prompt comes first in each choice.
     texts = {0: "", 1: ""}
     for chunk in client.completions.create(model=model, prompt=["Hi", "Bye"], max_tokens=3,
@@ -332,3 +332,172 @@ def test_request_template_bounded(client, model):
         assert render_fails(template) < 5, template
     r = client.completions.create(model=model, prompt="Hi", max_tokens=2)
     assert r.usage.completion_tokens >= 1
+
+
+def _stream(server: str, path: str, body: dict) -> list[dict]:
+    r = httpx.post(server + path, json=dict(body, stream=True), timeout=60)
+    assert r.status_code == 200, r.text
+    data = sse_data(r.text.splitlines())
+    assert data[-1] == "[DONE]"
+    return [orjson.loads(d) for d in data[:-1]]
+
+
+def test_completion_logprobs_layout(server, client, model):
+    """vLLM's legacy layout: top_logprobs holds the sampled token first, then the most likely
+    ones, logprobs + 1 entries at most; logprobs=0 still names the sampled token."""
+    ids = tokenize(server, "The capital of France is")
+    r = client.completions.create(model=model, prompt=ids, max_tokens=4, temperature=0,
+                                  logprobs=0)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == 4 and "".join(lp.tokens) == r.choices[0].text
+    assert lp.top_logprobs == [{t: v} for t, v in zip(lp.tokens, lp.token_logprobs)]
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(4)]
+    r = client.completions.create(model=model, prompt=ids, max_tokens=6, temperature=1.5,
+                                  seed=5, logprobs=2, extra_body={"ignore_eos": True})
+    lp = r.choices[0].logprobs
+    for tok, val, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert 2 <= len(top) <= 3 and next(iter(top.items())) == (tok, val)
+        assert sorted(list(top.values())[1:], reverse=True) == list(top.values())[1:]
+
+
+def test_fingerprint_and_response_shapes(server):
+    """A system_fingerprint string on every whole response and on the last chunk of a stream
+    (the usage chunk when there is one); usage details null; no empty tool_calls."""
+    comp = {"prompt": "Hi", "max_tokens": 2, "ignore_eos": True}
+    chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    a = httpx.post(server + "/v1/completions", json=comp).json()
+    b = httpx.post(server + "/v1/chat/completions", json=chat).json()
+    fp = a["system_fingerprint"]
+    assert fp.startswith("llmserve-") and b["system_fingerprint"] == fp
+    assert a["usage"]["prompt_tokens_details"] is None and a["service_tier"] is None
+    assert a["choices"][0]["prompt_logprobs"] is None
+    msg = b["choices"][0]["message"]
+    assert msg["role"] == "assistant" and "tool_calls" not in msg
+    assert msg["reasoning"] is None and msg["refusal"] is None
+    assert b["usage"]["prompt_tokens_details"] is None and b["prompt_logprobs"] is None
+    for path, body in (("/v1/completions", comp), ("/v1/chat/completions", chat)):
+        chunks = _stream(server, path, body)
+        finished = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+        assert [c.get("system_fingerprint") for c in chunks] == \
+            [fp if c in finished else None for c in chunks]
+        chunks = _stream(server, path, dict(body, stream_options={"include_usage": True}))
+        assert chunks[-1]["choices"] == [] and chunks[-1]["system_fingerprint"] == fp
+        assert set(chunks[-1]["usage"]) == {"prompt_tokens", "completion_tokens",
+                                            "total_tokens"}
+        assert all("system_fingerprint" not in c for c in chunks[:-1])
+    # An empty stream_options is no error without stream, as in vLLM.
+    r = httpx.post(server + "/v1/completions", json=dict(comp, stream_options={}))
+    assert r.status_code == 200, r.text
+
+
+def test_continuous_usage_is_per_choice(server):
+    """continuous_usage_stats: each chunk reports its own choice's prompt and tokens so far
+    (vLLM's numbers), the chat role chunk included (0 completion tokens)."""
+    body = {"prompt": ["Once upon a time", "The sky is"], "max_tokens": 3, "n": 2,
+            "temperature": 1, "seed": 3, "ignore_eos": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    prompt_lens = [len(tokenize(server, p)) for p in body["prompt"]]
+    chunks = _stream(server, "/v1/completions", body)
+    seen = [0, 0, 0, 0]
+    for c in chunks[:-1]:
+        (choice,) = c["choices"]
+        i = choice["index"]
+        seen[i] += 1  # one token per chunk here: no stop strings, ASCII text
+        assert c["usage"] == {"prompt_tokens": prompt_lens[i // 2], "completion_tokens": seen[i],
+                              "total_tokens": prompt_lens[i // 2] + seen[i]}
+    assert seen == [3, 3, 3, 3]
+    assert chunks[-1]["usage"]["completion_tokens"] == 12
+    assert chunks[-1]["usage"]["prompt_tokens"] == sum(prompt_lens)  # once per prompt
+    chunks = _stream(server, "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "n": 2,
+        "temperature": 1, "seed": 1, "ignore_eos": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
+    roles = [c for c in chunks if c["choices"] and "role" in c["choices"][0]["delta"]]
+    assert [c["choices"][0]["index"] for c in roles] == [0, 1]
+    prompt = chunks[-1]["usage"]["prompt_tokens"]
+    for c in roles:
+        assert c["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+        assert c["usage"] == {"prompt_tokens": prompt, "completion_tokens": 0,
+                              "total_tokens": prompt}
+    assert all(c["usage"]["completion_tokens"] <= 2 for c in chunks[:-1])
+
+
+def test_echo_without_generation(server, client, model):
+    """vLLM: echo with max_tokens=0 returns the prompt alone (streamed or not)."""
+    r = client.completions.create(model=model, prompt="Hello there", max_tokens=0, echo=True)
+    assert r.choices[0].text == "Hello there" and r.choices[0].finish_reason == "length"
+    chunks = _stream(server, "/v1/completions", {"prompt": "Hello there", "max_tokens": 0,
+                                                 "echo": True})
+    assert "".join(c["choices"][0]["text"] for c in chunks) == "Hello there"
+    # Streamed echo: the prompt leads the first chunk of each choice, not a chunk of its own.
+    chunks = _stream(server, "/v1/completions", {"prompt": "Hello there", "max_tokens": 3,
+                                                 "echo": True, "ignore_eos": True})
+    first = chunks[0]["choices"][0]["text"]
+    assert first.startswith("Hello there") and len(first) > len("Hello there")
+
+
+def test_truncate_prompt_tokens(server, client, model):
+    ids = tokenize(server, "One two three four five six seven eight nine ten")
+    _, want_text = offline_greedy(ids[-4:], 5)
+    r = client.completions.create(model=model, prompt=ids, max_tokens=5, temperature=0,
+                                  extra_body={"truncate_prompt_tokens": 4})
+    assert r.usage.prompt_tokens == 4 and r.choices[0].text == want_text
+    r = client.completions.create(model=model, prompt=ids, max_tokens=5, temperature=0,
+                                  extra_body={"truncate_prompt_tokens": 4,
+                                              "truncation_side": "right"})
+    assert r.usage.prompt_tokens == 4 and r.choices[0].text == offline_greedy(ids[:4], 5)[1]
+    # -1: as much as the context holds, one position left to generate.
+    long = ids * 120
+    r = client.completions.create(model=model, prompt=long, max_tokens=5,
+                                  extra_body={"truncate_prompt_tokens": -1})
+    assert r.usage.prompt_tokens == 1023 and r.usage.completion_tokens == 1
+    # Chat prompts are truncated after the template.
+    out = client.chat.completions.create(model=model, messages=[{"role": "user",
+                                                                 "content": "hi " * 2000}],
+                                         max_tokens=2, extra_body={"truncate_prompt_tokens": 100})
+    assert out.usage.prompt_tokens == 100
+
+
+def test_allowed_token_ids(server, client, model):
+    (x,) = tokenize(server, " banana")[:1]
+    r = client.completions.create(model=model, prompt="I like", max_tokens=3, temperature=1,
+                                  seed=0, logprobs=0, extra_body={"allowed_token_ids": [x],
+                                                                  "ignore_eos": True})
+    assert r.choices[0].logprobs.tokens == [httpx.post(server + "/detokenize", json={
+        "tokens": [x]}).json()["prompt"]] * 3
+
+
+def test_chat_role_without_generation_prompt(server):
+    """vLLM: without a generation prompt the model continues the last message, and the
+    response (and its echo) carries that message's role."""
+    body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "Tell me"},
+                                                      {"type": "text", "text": "a story"}]}],
+            "add_generation_prompt": False, "echo": True, "max_tokens": 3, "ignore_eos": True}
+    r = httpx.post(server + "/v1/chat/completions", json=body).json()
+    msg = r["choices"][0]["message"]
+    assert msg["role"] == "user" and msg["content"].startswith("Tell me\na story")
+    chunks = _stream(server, "/v1/chat/completions", body)
+    assert chunks[0]["choices"][0]["delta"] == {"role": "user", "content": ""}
+    assert chunks[1]["choices"][0]["delta"] == {"content": "Tell me\na story"}
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    assert text.startswith("Tell me\na story")
+
+
+def test_streamed_logprobs_cover_every_token(server):
+    """A token whose text is held back (half a character, a possible stop string) still
+    sends its chunk, with empty text and its logprobs, as vLLM does: streamed logprobs
+    cover every generated token."""
+    ids = tokenize(server, "I love emoji: " + "\N{SLIGHTLY SMILING FACE}" * 6)
+    for path, body, count in (
+            ("/v1/completions", {"prompt": ids, "logprobs": 0},
+             lambda c: len(c["logprobs"]["tokens"])),
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Reply with "
+                                                    + "\N{SLIGHTLY SMILING FACE}" * 4}],
+                                      "logprobs": True},
+             lambda c: len((c["logprobs"] or {"content": []})["content"]))):
+        chunks = _stream(server, path, dict(body, max_tokens=8, temperature=0,
+                                            stream_options={"include_usage": True}))
+        total = sum(count(c["choices"][0]) for c in chunks if c["choices"])
+        assert total == chunks[-1]["usage"]["completion_tokens"], path
+        whole = httpx.post(server + path, json=dict(body, max_tokens=8, temperature=0)).json()
+        assert total == whole["usage"]["completion_tokens"], path

@@ -162,6 +162,46 @@ BAD_PARAMS = [
     ("/v1/completions", {"prompt": "x", "max_tokens": None, "min_tokens": 17}, "min_tokens"),
     # 64 prompts x n=16 is more sequences than the server ever admits: 400, not 503.
     ("/v1/completions", {"prompt": ["a"] * 64, "n": 16, "temperature": 1}, "n"),
+    # The field that is wrong is named, as vLLM names it.
+    ("/v1/completions", {"prompt": "x", "stop_token_ids": [1] * 257}, "stop_token_ids"),
+    ("/v1/completions", {"prompt": "x", "stop_token_ids": [10**7]}, "stop_token_ids"),
+    # Any non-empty stream_options needs stream=true, even one that asks for nothing.
+    ("/v1/completions", {"prompt": "x", "stream_options": {"include_usage": False}},
+     "stream_options"),
+    ("/v1/chat/completions", {"messages": HI, "stream": False,
+                              "stream_options": {"continuous_usage_stats": False}},
+     "stream_options"),
+    ("/v1/completions", {"prompt": "x", "allowed_token_ids": []}, "allowed_token_ids"),
+    ("/v1/completions", {"prompt": "x", "allowed_token_ids": [10**6]}, "allowed_token_ids"),
+    ("/v1/chat/completions", {"messages": HI, "allowed_token_ids": [-1]}, "allowed_token_ids"),
+    ("/v1/completions", {"prompt": "x", "truncate_prompt_tokens": 1025},
+     "truncate_prompt_tokens"),
+    ("/v1/completions", {"prompt": "x", "truncate_prompt_tokens": -2},
+     "truncate_prompt_tokens"),
+    ("/v1/completions", {"prompt": "x", "truncate_prompt_tokens": 0},
+     "truncate_prompt_tokens"),
+    ("/v1/completions", {"prompt": "x", "truncation_side": "middle"}, "truncation_side"),
+    # Not implemented yet: refused by name rather than silently ignored.
+    ("/v1/completions", {"prompt": "x", "echo": True, "logprobs": 1}, "echo"),
+    ("/v1/completions", {"prompt": "x", "use_beam_search": True}, "use_beam_search"),
+    ("/v1/chat/completions", {"messages": HI, "use_beam_search": True}, "use_beam_search"),
+    ("/v1/completions", {"prompt": "x", "response_format": {"type": "json_object"}},
+     "response_format"),
+    ("/v1/chat/completions", {"messages": HI, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "a", "schema": {}}}}, "response_format"),
+    ("/v1/chat/completions", {"messages": HI, "response_format": {"type": "yaml"}},
+     "response_format"),
+    ("/v1/chat/completions", {"messages": HI, "structured_outputs": {"choice": ["a"]}},
+     "structured_outputs"),
+    ("/v1/completions", {"prompt": "x", "structured_outputs": {"regex": "a+"}},
+     "structured_outputs"),
+    ("/v1/chat/completions", {"messages": HI, "bad_words": ["hello"]}, "bad_words"),
+    ("/v1/completions", {"prompt": "x", "logprobs": 1, "logprob_token_ids": [5]},
+     "logprob_token_ids"),
+    ("/v1/completions", {"prompt": "x", "return_token_ids": True}, "return_token_ids"),
+    ("/v1/chat/completions", {"messages": HI, "tool_choice": "required",
+                              "tools": [{"type": "function", "function": {"name": "f"}}]},
+     "tool_choice"),
 ]
 
 
@@ -432,7 +472,7 @@ def test_context_boundary(server):
         assert r.status_code == 200, r.text
         body = r.json()
         assert body["usage"] == {"prompt_tokens": 1023, "completion_tokens": 1,
-                                 "total_tokens": 1024}
+                                 "total_tokens": 1024, "prompt_tokens_details": None}
         assert body["choices"][0]["finish_reason"] == "length"
         r = c.post("/v1/completions", json={"prompt": [token] * 1020, "max_tokens": 100,
                                             "temperature": 0, "ignore_eos": True})

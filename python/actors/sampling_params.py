@@ -63,6 +63,11 @@ class SamplingParams:
     spaces_between_special_tokens: bool = True
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: tuple[int, ...] | None = None
+    # Applied to the prompt's token ids by the tokenizer: keep this many (-1: as many as the
+    # context holds with one position left to generate), from the end ("left" drops the
+    # start) or from the start ("right"). None: no truncation.
+    truncate_prompt_tokens: int | None = None
+    truncation_side: str = "left"
     priority: int = 0  # lower is served first under the priority policy
 
     def __post_init__(self) -> None:
@@ -156,6 +161,12 @@ class SamplingParams:
                 )
             for t in self.allowed_token_ids:
                 _token_id(t, "allowed_token_ids", vocab_size)
+        if self.truncate_prompt_tokens is not None:
+            _int_in(self.truncate_prompt_tokens, "truncate_prompt_tokens", -1, INT64_MAX)
+        if self.truncation_side not in ("left", "right"):
+            raise SamplingParamsError(
+                "truncation_side must be 'left' or 'right'", "truncation_side"
+            )
 
     def _validate_stop(self, vocab_size: int) -> None:
         if len(self.stop) > MAX_STOP_STRINGS:

@@ -113,7 +113,9 @@ def build_params(
     stop = _stop_strings(req.stop)
     stop_ids = list(req.stop_token_ids or [])
     if len(stop_ids) > MAX_STOP_TOKEN_IDS:
-        raise bad_request(f"at most {MAX_STOP_TOKEN_IDS} stop_token_ids are allowed", "stop")
+        raise bad_request(
+            f"at most {MAX_STOP_TOKEN_IDS} stop_token_ids are allowed", "stop_token_ids"
+        )
     for t in stop_ids:
         _token(t, "stop_token_ids", limits.vocab_size)
 
@@ -126,6 +128,22 @@ def build_params(
             raise bad_request("prompt_logprobs is not supported with stream=true", "prompt_logprobs")
         raise APIError(
             400, "prompt_logprobs is not supported by this server", param="prompt_logprobs"
+        )
+
+    allowed = req.allowed_token_ids
+    if allowed is not None:
+        if not allowed:
+            raise bad_request("allowed_token_ids must not be empty", "allowed_token_ids")
+        if len(allowed) > limits.vocab_size:
+            raise bad_request("allowed_token_ids is longer than the vocabulary",
+                              "allowed_token_ids")
+        for t in allowed:
+            _token(t, "allowed_token_ids", limits.vocab_size)
+    truncate = req.truncate_prompt_tokens
+    if truncate is not None and truncate > limits.max_model_len:
+        raise bad_request(
+            f"truncate_prompt_tokens ({truncate}) is greater than max_model_len "
+            f"({limits.max_model_len})", "truncate_prompt_tokens",
         )
 
     seed = req.seed
@@ -158,13 +176,18 @@ def build_params(
         logprobs=logprobs,
         prompt_logprobs=None,
         logit_bias=_logit_bias(req.logit_bias, limits.vocab_size),
+        allowed_token_ids=None if allowed is None else tuple(dict.fromkeys(allowed)),
+        truncate_prompt_tokens=truncate,
+        truncation_side=req.truncation_side or "left",
         priority=req.priority,
     )
 
 
 def check_stream_options(req: SamplingFields) -> None:
+    # As vLLM (and OpenAI): any non-empty stream_options without stream=true is an error,
+    # {"include_usage": false} included; an empty object or null is not.
     opts = req.stream_options
-    if opts is not None and not req.stream and (opts.include_usage or opts.continuous_usage_stats):
+    if opts is not None and not req.stream and (opts.model_fields_set or opts.model_extra):
         raise bad_request(
             "Stream options can only be defined when `stream=True`.", "stream_options"
         )

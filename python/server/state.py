@@ -14,6 +14,7 @@ from actors.runtime.request import Registry, RequestState
 from actors.runtime.scheduler_actor import SchedulerActor
 from server.chat_template import ChatRenderer
 from server.config import ServerConfig
+from server.fingerprint import system_fingerprint
 from server.sampling import Limits
 
 
@@ -46,7 +47,14 @@ class ServerState:
     reaper: trio.Nursery | None = None
     model_root: str = ""
     write_watchdog: Any = None  # server.write_watchdog.WriteWatchdog, set by create_app
+    _fingerprint: str | None = field(default=None, repr=False)
 
     @property
     def model_name(self) -> str:
         return self.config.served_model_names[0]
+
+    @property
+    def fingerprint(self) -> str:
+        if self._fingerprint is None:
+            self._fingerprint = system_fingerprint(self.config, self.model_root)
+        return self._fingerprint

@@ -112,6 +112,13 @@ class TokenizerActor:
             if not ids:
                 raise RequestError(400, "The prompt is empty after tokenization.", "prompt")
             limit = state.max_model_len
+            truncated = _truncate(ids, state.params, limit)
+            if truncated is not ids:
+                if not truncated:
+                    raise RequestError(400, "The prompt is empty after truncation.",
+                                       "truncate_prompt_tokens")
+                ids = truncated
+                text = self._backend.decode(ids, skip_special_tokens=False)
             if len(ids) >= limit:
                 raise RequestError(
                     400,
@@ -205,3 +212,20 @@ def _logprobs(token_ids: list[int], out: Any) -> list[TokenLogprob]:
         TokenLogprob(tid, float(lp.logprob), list(zip(lp.top_token_ids, lp.top_logprobs)))
         for tid, lp in zip(token_ids, lps)
     ]
+
+
+def _truncate(ids: list[int], params: Any, max_model_len: int) -> list[int]:
+    """The prompt after the request's truncate_prompt_tokens; `ids` itself when unchanged.
+
+    -1 keeps as much as the context holds while leaving one position to generate.
+    """
+    keep = getattr(params, "truncate_prompt_tokens", None)
+    if keep is None:
+        return ids
+    if keep == -1:
+        keep = max_model_len - 1
+    if len(ids) <= keep:
+        return ids
+    if getattr(params, "truncation_side", "left") == "right":
+        return ids[:keep]
+    return ids[len(ids) - keep:] if keep > 0 else []

@@ -1,11 +1,14 @@
 """Fields shared by /v1/completions and /v1/chat/completions.
 
 Unknown fields are accepted and ignored (extra="allow"), as OpenAI clients send vendor
-extensions freely. Types are checked here; ranges that depend on the model (vocabulary,
+extensions freely; the vLLM extensions that would change the output and are not implemented
+are refused by name in server.unsupported. Types are checked here; ranges that depend on the model (vocabulary,
 context, logprob limit) are checked in server.sampling.
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -44,6 +47,9 @@ class SamplingFields(APIModel):
     min_tokens: int = 0
     skip_special_tokens: bool | None = None
     prompt_logprobs: int | None = None
+    allowed_token_ids: list[int] | None = None
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1, le=INT64_MAX)
+    truncation_side: Literal["left", "right"] | None = None
     priority: int = Field(default=0, ge=INT64_MIN, le=INT64_MAX)
     request_id: str | None = Field(default=None, max_length=256)
     user: str | None = None

@@ -11,9 +11,10 @@ from server.errors import bad_request
 from server.generation import Generation, new_request_id
 from server.protocol.chat import ChatCompletionRequest
 from server.routes.common import check_model, json_response, sse_response
-from server.routes.stream import chat_logprobs, collect, sse_stream, usage
+from server.routes.stream import chat_logprobs, collect, response_usage, sse_stream
 from server.sampling import build_params, check_stream_options
 from server.state import ServerState
+from server.unsupported import check_unsupported
 
 
 def render_call(srv: ServerState, req: Any) -> Any:
@@ -45,19 +46,44 @@ def check_tools(req: ChatCompletionRequest) -> None:
     )
 
 
+def response_role(req: ChatCompletionRequest) -> str:
+    """As vLLM: the assistant's, unless no generation prompt is added (the model then
+    continues the last message, whose role the response reports)."""
+    return "assistant" if req.add_generation_prompt else req.messages[-1].role
+
+
+def echo_text(req: ChatCompletionRequest, role: str) -> str:
+    """echo: the last message's content when it has the response's role ("" otherwise);
+    text parts are joined with newlines, as the template sees them."""
+    last = req.messages[-1]
+    if not req.echo or last.role != role:
+        return ""
+    content = last.content
+    if content is None or isinstance(content, str):
+        return content or ""
+    return "\n".join(p.text or "" for p in content)
+
+
+def message(role: str, content: str) -> dict[str, Any]:
+    # vLLM's shape: tool_calls is left out when there are none; the rest are null.
+    return {"role": role, "content": content, "refusal": None, "annotations": None,
+            "audio": None, "function_call": None, "reasoning": None}
+
+
 async def handle(srv: ServerState, req: ChatCompletionRequest) -> Response:
     model = check_model(srv, req.model)
     check_stream_options(req)
     check_tools(req)
-    if req.response_format and req.response_format.get("type") not in (None, "text"):
-        raise bad_request("response_format other than text is not supported", "response_format")
+    check_unsupported(req)
     limits = srv.limits
     assert limits is not None
     top = req.top_logprobs
     if top is not None and top != 0 and not req.logprobs:
         raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
     logprobs = (top or 0) if req.logprobs else None
-    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    max_tokens = req.max_completion_tokens
+    if max_tokens is None:
+        max_tokens = req.max_tokens
     params = build_params(req, max_tokens=max_tokens, logprobs=logprobs, defaults=srv.defaults,
                           limits=limits)
     render = render_call(srv, req)
@@ -67,11 +93,8 @@ async def handle(srv: ServerState, req: ChatCompletionRequest) -> Response:
     await gen.start()
     response_id = f"chatcmpl-{rid}"
     tok = srv.tokenizer.backend_tokenizer
-    echo_text = ""
-    if req.echo and req.messages[-1].role == "assistant":
-        content = req.messages[-1].content
-        echo_text = content if isinstance(content, str) else "".join(
-            p.text or "" for p in content or [])
+    role = response_role(req)
+    echoed = echo_text(req, role)
 
     if not req.stream:
         try:
@@ -81,8 +104,7 @@ async def handle(srv: ServerState, req: ChatCompletionRequest) -> Response:
         choices = [
             {
                 "index": r.index,
-                "message": {"role": "assistant", "content": echo_text + r.text, "refusal": None,
-                            "tool_calls": []},
+                "message": message(role, echoed + r.text),
                 "logprobs": chat_logprobs(tok, r.logprobs, top or 0) if req.logprobs else None,
                 "finish_reason": r.finish_reason,
                 "stop_reason": r.stop_reason,
@@ -91,8 +113,10 @@ async def handle(srv: ServerState, req: ChatCompletionRequest) -> Response:
         ]
         return json_response({
             "id": response_id, "object": "chat.completion", "created": gen.created,
-            "model": model, "choices": choices, "system_fingerprint": None,
-            "usage": usage(gen, sum(r.num_tokens for r in results)),
+            "model": model, "choices": choices, "service_tier": None,
+            "system_fingerprint": srv.fingerprint,
+            "usage": response_usage(gen, sum(r.num_tokens for r in results)),
+            "prompt_logprobs": None,
         })
 
     opts = req.stream_options
@@ -103,26 +127,39 @@ async def handle(srv: ServerState, req: ChatCompletionRequest) -> Response:
                 "model": model}
 
     def first_chunks() -> list[dict[str, Any]]:
-        return [
-            dict(base(), choices=[{"index": i, "delta": {"role": "assistant", "content": echo_text},
+        # One role chunk per choice, then (echo) one chunk per choice with the echoed text.
+        chunks = [
+            dict(base(), choices=[{"index": i, "delta": {"role": role, "content": ""},
                                    "logprobs": None, "finish_reason": None}])
             for i in range(gen.state.num_choices)
         ]
+        if echoed:
+            chunks += [
+                dict(base(), choices=[{"index": i, "delta": {"content": echoed},
+                                       "logprobs": None, "finish_reason": None}])
+                for i in range(gen.state.num_choices)
+            ]
+        return chunks
 
     def chunk_of(u: Any) -> dict[str, Any] | None:
-        if not u.text and u.finish_reason is None:
+        if not u.text and not u.token_ids and u.finish_reason is None:
             return None
-        delta = {"content": u.text} if u.text else {}
+        # A token whose text is held back still gets its chunk (content "", its logprobs),
+        # as vLLM sends it; a finish without any token has an empty delta.
+        delta = {"content": u.text} if u.text or u.token_ids else {}
         choice: dict[str, Any] = {"index": u.index, "delta": delta,
                                   "logprobs": chat_logprobs(tok, u.logprobs, top or 0)
                                   if req.logprobs else None,
                                   "finish_reason": u.finish_reason}
+        chunk = dict(base(), choices=[choice])
         if u.finish_reason is not None:
             choice["stop_reason"] = u.stop_reason
-        return dict(base(), choices=[choice])
+            if not include_usage:
+                chunk["system_fingerprint"] = srv.fingerprint
+        return chunk
 
     def final_chunk(use: dict[str, int]) -> dict[str, Any]:
-        return dict(base(), choices=[], usage=use)
+        return dict(base(), choices=[], usage=use, system_fingerprint=srv.fingerprint)
 
     return sse_response(sse_stream(
         gen, first_chunks=first_chunks, chunk_of=chunk_of,

@@ -11,9 +11,10 @@ from server.errors import bad_request
 from server.generation import Generation, new_request_id
 from server.protocol.completions import CompletionRequest
 from server.routes.common import check_model, json_response, sse_response
-from server.routes.stream import collect, completion_logprobs, sse_stream, usage
+from server.routes.stream import collect, completion_logprobs, response_usage, sse_stream
 from server.sampling import MAX_PROMPTS, build_params, check_stream_options
 from server.state import ServerState
+from server.unsupported import check_unsupported
 
 
 def prompts_of(req: CompletionRequest, vocab_size: int) -> list[PromptInput]:
@@ -49,12 +50,24 @@ async def handle(srv: ServerState, req: CompletionRequest) -> Response:
     if req.suffix is not None:
         raise bad_request("suffix is not supported by this model", "suffix")
     check_stream_options(req)
+    check_unsupported(req)
+    if req.echo and req.logprobs is not None:
+        # vLLM answers this with the prompt's own logprobs in front of the completion's;
+        # this server does not compute prompt logprobs, and a layout without them would
+        # silently mislead a scorer (lm-eval's loglikelihood uses exactly this).
+        raise bad_request(
+            "echo with logprobs needs prompt logprobs, which this server does not compute "
+            "yet", "echo",
+        )
     limits = srv.limits
     assert limits is not None
     prompts = prompts_of(req, limits.vocab_size)
+    # As vLLM: echo with max_tokens=0 returns the prompt alone (one token is generated and
+    # dropped, and counted in usage as vLLM counts it).
+    echo_only = req.echo and req.max_tokens == 0
     params = build_params(
-        req, max_tokens=req.max_tokens, logprobs=req.logprobs, defaults=srv.defaults,
-        limits=limits,
+        req, max_tokens=1 if echo_only else req.max_tokens, logprobs=req.logprobs,
+        defaults=srv.defaults, limits=limits,
     )
     rid = new_request_id(request.headers.get("X-Request-Id"), req.request_id)
     gen = Generation(srv, rid, prompts, params)
@@ -62,6 +75,7 @@ async def handle(srv: ServerState, req: CompletionRequest) -> Response:
     response_id = f"cmpl-{rid}"
     tok = srv.tokenizer.backend_tokenizer
     n = params.n
+    num_logprobs = -1 if req.logprobs is None else req.logprobs
 
     def prompt_text(index: int) -> str:
         return gen.state.prompt_results[index // n].text
@@ -73,49 +87,55 @@ async def handle(srv: ServerState, req: CompletionRequest) -> Response:
             gen.retire()
         choices = []
         for r in results:
-            text = (prompt_text(r.index) if req.echo else "") + r.text
+            text = "" if echo_only else r.text
+            if req.echo:
+                text = prompt_text(r.index) + text
             lp = None
             if req.logprobs is not None:
-                lp = completion_logprobs(tok, r.logprobs, len(prompt_text(r.index)) if req.echo else 0)
+                lp = completion_logprobs(tok, r.logprobs, 0, num_logprobs)
             choices.append({"index": r.index, "text": text, "logprobs": lp,
-                            "finish_reason": r.finish_reason, "stop_reason": r.stop_reason})
+                            "finish_reason": r.finish_reason, "stop_reason": r.stop_reason,
+                            "prompt_logprobs": None})
         return json_response({
             "id": response_id, "object": "text_completion", "created": gen.created,
-            "model": model, "choices": choices, "system_fingerprint": None,
-            "usage": usage(gen, sum(r.num_tokens for r in results)),
+            "model": model, "choices": choices, "service_tier": None,
+            "system_fingerprint": srv.fingerprint,
+            "usage": response_usage(gen, sum(r.num_tokens for r in results)),
         })
 
     opts = req.stream_options
     include_usage = bool(opts and opts.include_usage)
-    offsets = [len(prompt_text(i)) if req.echo else 0 for i in range(gen.state.num_choices)]
+    offsets = [0] * gen.state.num_choices
+    # The echoed prompt goes out in front of each choice's first chunk, as vLLM sends it.
+    pending_echo = [req.echo] * gen.state.num_choices
 
     def base() -> dict[str, Any]:
         return {"id": response_id, "object": "text_completion", "created": gen.created,
                 "model": model}
 
-    def first_chunks() -> list[dict[str, Any]]:
-        if not req.echo:
-            return []
-        return [dict(base(), choices=[{"index": i, "text": prompt_text(i), "logprobs": None,
-                                       "finish_reason": None, "stop_reason": None}])
-                for i in range(gen.state.num_choices)]
-
     def chunk_of(u: Any) -> dict[str, Any] | None:
-        if not u.text and u.finish_reason is None:
-            return None
+        text = "" if echo_only else u.text
+        if pending_echo[u.index]:
+            pending_echo[u.index] = False
+            text = prompt_text(u.index) + text
+        elif not text and not u.token_ids and u.finish_reason is None:
+            return None  # nothing happened; a token with held-back text still goes out
         lp = None
         if req.logprobs is not None:
-            lp = completion_logprobs(tok, u.logprobs, offsets[u.index])
+            lp = completion_logprobs(tok, u.logprobs, offsets[u.index], num_logprobs)
             offsets[u.index] += sum(len(t) for t in lp["tokens"])
-        return dict(base(), choices=[{"index": u.index, "text": u.text, "logprobs": lp,
-                                      "finish_reason": u.finish_reason,
-                                      "stop_reason": u.stop_reason}])
+        chunk = dict(base(), choices=[{"index": u.index, "text": text, "logprobs": lp,
+                                       "finish_reason": u.finish_reason,
+                                       "stop_reason": u.stop_reason}])
+        if u.finish_reason is not None and not include_usage:
+            chunk["system_fingerprint"] = srv.fingerprint
+        return chunk
 
     def final_chunk(use: dict[str, int]) -> dict[str, Any]:
-        return dict(base(), choices=[], usage=use)
+        return dict(base(), choices=[], usage=use, system_fingerprint=srv.fingerprint)
 
     return sse_response(sse_stream(
-        gen, first_chunks=first_chunks, chunk_of=chunk_of,
+        gen, first_chunks=list, chunk_of=chunk_of,
         final_chunk=final_chunk if include_usage else None,
         continuous_usage=include_usage and bool(opts and opts.continuous_usage_stats),
     ))

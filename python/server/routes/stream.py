@@ -50,12 +50,27 @@ async def collect(gen: Generation) -> list[ChoiceResult]:
 
 
 def usage(gen: Generation, completion_tokens: int) -> dict[str, int]:
+    """Usage of the whole request (every prompt, every choice)."""
     prompt = sum(len(p.token_ids) for p in gen.state.prompt_results)
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt + completion_tokens,
-    }
+    return _usage(prompt, completion_tokens)
+
+
+def response_usage(gen: Generation, completion_tokens: int) -> dict[str, Any]:
+    """Usage as a whole (non-streamed) response reports it: the details are null, as vLLM
+    reports them unless --enable-prompt-tokens-details (not implemented here) is given."""
+    return {**usage(gen, completion_tokens), "prompt_tokens_details": None}
+
+
+def choice_usage(gen: Generation, index: int, completion_tokens: int) -> dict[str, int]:
+    """continuous_usage_stats: one choice's own prompt and the tokens it generated so far."""
+    n = gen.state.params.n
+    prompt = len(gen.state.prompt_results[index // n].token_ids)
+    return _usage(prompt, completion_tokens)
+
+
+def _usage(prompt: int, completion: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
 
 
 async def sse_stream(
@@ -66,10 +81,16 @@ async def sse_stream(
     final_chunk: Callable[[dict[str, int]], dict[str, Any]] | None,
     continuous_usage: bool,
 ) -> AsyncIterator[bytes]:
-    """The SSE body. `finally` retires the request, also when the client disconnects."""
+    """The SSE body. `finally` retires the request, also when the client disconnects.
+
+    With continuous_usage, every chunk carries the usage of the one choice it is about
+    (its prompt, its tokens so far), as vLLM reports it.
+    """
     generated = [0] * gen.state.num_choices
     try:
         for chunk in first_chunks():
+            if continuous_usage:
+                chunk["usage"] = choice_usage(gen, chunk["choices"][0]["index"], 0)
             yield sse.event(chunk)
         outbox = gen.state.outbox
         while not outbox.done:
@@ -88,7 +109,7 @@ async def sse_stream(
                 if chunk is None:
                     continue
                 if continuous_usage:
-                    chunk["usage"] = usage(gen, sum(generated))
+                    chunk["usage"] = choice_usage(gen, u.index, generated[u.index])
                 yield sse.event(chunk)
         else:
             if final_chunk is not None:
@@ -99,15 +120,22 @@ async def sse_stream(
 
 
 def completion_logprobs(
-    tokenizer: Any, items: list[TokenLogprob], start_offset: int
+    tokenizer: Any, items: list[TokenLogprob], start_offset: int, num: int
 ) -> dict[str, Any]:
+    """The legacy completions layout. Each position's top_logprobs holds the sampled token
+    and the `num` most likely ones (so num + 1 entries at most, one for logprobs=0), the
+    sampled token first, as OpenAI's completions API and vLLM report them."""
     tokens, token_lps, tops, offsets = [], [], [], []
     offset = start_offset
     for lp in items:
         text = token_text(tokenizer, lp.token_id)
         tokens.append(text)
         token_lps.append(max(lp.logprob, MIN_LOGPROB))
-        tops.append({token_text(tokenizer, t): max(v, MIN_LOGPROB) for t, v in lp.top} or None)
+        ranked = [(lp.token_id, lp.logprob)]
+        ranked += [(t, v) for t, v in lp.top if t != lp.token_id]
+        if num >= 0:
+            ranked = ranked[: num + 1]
+        tops.append({token_text(tokenizer, t): max(v, MIN_LOGPROB) for t, v in ranked})
         offsets.append(offset)
         offset += len(text)
     return {"text_offset": offsets, "token_logprobs": token_lps, "tokens": tokens,
