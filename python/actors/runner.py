@@ -192,12 +192,13 @@ class ModelRunner:
             first_row = int(query_start[i])
             rows.append(np.arange(first_row, first_row + hi - lo, dtype=np.int64))
             targets.append(prompt[lo + 1: hi + 1].astype(np.int64))
-            spans.append((s.seq_id, lo + 1, hi - lo, int(s.prompt_logprobs or 0)))
+            k = int(s.prompt_logprobs or 0)  # validated; -1: the whole vocabulary
+            spans.append((s.seq_id, lo + 1, hi - lo, self.vocab_size if k < 0 else k))
         if not spans:
             return ()
         all_rows = torch.from_numpy(np.concatenate(rows))
         all_targets = torch.from_numpy(np.concatenate(targets))
-        k = min(max(sp[3] for sp in spans), self.max_logprobs)
+        k = min(max(sp[3] for sp in spans), self.vocab_size)
         tok_lp, ranks, top_ids, top_lp = [], [], [], []
         for b in range(0, len(all_rows), PROMPT_LOGPROB_ROWS):
             r = all_rows[b: b + PROMPT_LOGPROB_ROWS]
