@@ -179,3 +179,68 @@ def test_kv_cache_dtype_bfloat16_holds_twice_the_tokens(loaded: Any, base: LLM) 
         assert set(a.top_token_ids[:3]) <= set(b.top_token_ids)
     with pytest.raises(ValueError, match="kv_cache_dtype"):
         make_llm(loaded, kv_cache_dtype="fp8")
+
+
+def reference_prompt_logprobs(loaded: Any, prompt: list[int]) -> torch.Tensor:
+    """log_softmax of transformers' logits: row p scores prompt token p + 1."""
+    ref = gguf_reference(loaded.source)
+    with torch.inference_mode():
+        logits = ref(torch.tensor([prompt])).logits[0].float()
+    return torch.log_softmax(logits, dim=-1)
+
+
+def check_prompt_logprobs(got: Any, prompt: list[int], ref: torch.Tensor, k: int) -> None:
+    assert got is not None and len(got) == len(prompt)
+    assert got[0] is None
+    for i in range(1, len(prompt)):
+        lp = got[i]
+        want = ref[i - 1]
+        assert abs(lp.logprob - float(want[prompt[i]])) < 1e-3, i
+        assert lp.rank == int((want >= want[prompt[i]]).sum()) or abs(
+            float(want.sort(descending=True).values[lp.rank - 1]) - lp.logprob) < 1e-3, i
+        top = want.topk(k)
+        assert len(lp.top_token_ids) == k
+        assert list(lp.top_logprobs) == pytest.approx(top.values.tolist(), abs=1e-3)
+        assert lp.top_token_ids[0] == int(top.indices[0]) or abs(
+            float(want[lp.top_token_ids[0]]) - float(top.values[0])) < 1e-3
+
+
+def test_prompt_logprobs_match_transformers(loaded: Any) -> None:
+    """Whole prompt in one step, with the prompt's blocks already in the prefix cache, and
+    in chunks of 7 tokens beside other prompts: it is computed every time and scores the
+    same as transformers."""
+    llm = make_llm(loaded)
+    prompt = token_ids(llm, [f"{SYSTEM}\n\nQ: Where is parcel 1234?\nA:"])[0]
+    ref = reference_prompt_logprobs(loaded, prompt)
+    params = SamplingParams(temperature=0.0, max_tokens=2, prompt_logprobs=3)
+    first = llm.generate([prompt], params)[0]
+    check_prompt_logprobs(first.prompt_logprobs, prompt, ref, 3)
+    assert first.outputs[0].token_ids  # generation still runs
+
+    # Warm cache: a plain request hits, one asking for prompt logprobs does not.
+    plain = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=1))[0]
+    assert plain.num_cached_tokens >= 32 and plain.prompt_logprobs is None
+    warm = llm.generate([prompt], params)[0]
+    assert warm.num_cached_tokens == 0
+    check_prompt_logprobs(warm.prompt_logprobs, prompt, ref, 3)
+    assert warm.outputs[0].token_ids == first.outputs[0].token_ids
+
+    chunked = make_llm(loaded, max_num_batched_tokens=7, max_num_seqs=4)
+    other = token_ids(llm, PROMPTS[2:4])
+    outs = chunked.generate([prompt, *other], [params] + [SamplingParams(max_tokens=3)] * 2)
+    check_prompt_logprobs(outs[0].prompt_logprobs, prompt, ref, 3)
+    assert outs[1].prompt_logprobs is None
+
+
+def test_prompt_logprobs_once_per_request(base: LLM) -> None:
+    """n > 1 scores its prompt once; k = 0 gives each token's own logprob and rank only;
+    a one-token prompt has the single None entry."""
+    prompt = token_ids(base, ["The quick brown fox jumps over the lazy dog"])[0]
+    out = base.generate([prompt], SamplingParams(n=3, temperature=1.0, seed=3, max_tokens=4,
+                                                 prompt_logprobs=0))[0]
+    pl = out.prompt_logprobs
+    assert pl is not None and len(pl) == len(prompt) and pl[0] is None
+    assert all(e.top_token_ids == () and e.rank >= 1 and e.logprob <= 0 for e in pl[1:])
+    assert [len(o.token_ids) for o in out.outputs] == [4, 4, 4]
+    one = base.generate([prompt[:1]], SamplingParams(max_tokens=1, prompt_logprobs=2))[0]
+    assert one.prompt_logprobs == [None]

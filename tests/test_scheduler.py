@@ -18,7 +18,8 @@ import pytest
 import llmcore  # the real pool: build the core first
 
 from actors.kv_manager import KVManager
-from actors.messages import Admit, RequestOutput, SampledToken, StepPlan, StepResult
+from actors.messages import Admit, Logprobs, PromptLogprobs, RequestOutput, SampledToken
+from actors.messages import StepPlan, StepResult
 from actors.sampling_params import SamplingParams
 from actors.scheduler import Scheduler, SchedulerConfig
 from actors.sequence import FinishReason, Sequence, SequenceStatus
@@ -49,6 +50,7 @@ class Driver:
         self.finished: dict[tuple[str, int], RequestOutput] = {}
         self.plans: list[StepPlan] = []
         self.planted: dict[tuple[str, int, int], int] = {}  # (rid, idx, pos) -> token
+        self.prompt_lps: dict[str, list] = {}  # request id -> delivered prompt logprobs
 
     def add(self, rid: str, prompt: list[int], t: float = 0.0, **params: object) -> None:
         sp = SamplingParams(**params)  # type: ignore[arg-type]
@@ -64,15 +66,21 @@ class Driver:
         if plan.is_empty:
             return []
         sampled = []
+        prompt_lps = []
         for s in plan.seqs:
             rid, idx, toks, n_prompt = self.state[s.seq_id]
+            hi = min(s.start_pos + s.num_tokens, n_prompt - 1)
+            if s.prompt_logprobs is not None and hi > s.start_pos:
+                # The fake model scores prompt token p with logprob -p.
+                entries = tuple(Logprobs(-float(p), rank=1) for p in range(s.start_pos + 1, hi + 1))
+                prompt_lps.append(PromptLogprobs(s.seq_id, s.start_pos + 1, entries))
             if s.sample is not None:
                 pos = len(toks) - n_prompt
                 assert s.sample.position == pos
                 t = self.token(rid, idx, pos)
                 sampled.append(SampledToken(s.seq_id, t))
                 toks.append(t)
-        outs = self.sched.update(StepResult(plan.step_id, tuple(sampled)))
+        outs = self.sched.update(StepResult(plan.step_id, tuple(sampled), tuple(prompt_lps)))
         self.record(outs)
         return outs
 
@@ -81,6 +89,9 @@ class Driver:
             key = (o.request_id, o.index)
             assert key not in self.finished, f"output after finish: {o}"
             self.outputs.setdefault(key, []).extend(o.new_token_ids)
+            if o.prompt_logprobs is not None:
+                assert o.request_id not in self.prompt_lps and o.index == 0
+                self.prompt_lps[o.request_id] = list(o.prompt_logprobs)
             assert len(self.outputs[key]) == o.num_output_tokens
             if o.finished:
                 self.finished[key] = o
@@ -615,3 +626,31 @@ def test_no_token_from_the_sampler_ends_the_sequence() -> None:
     assert d.outputs[("masked", 0)] == []
     assert d.outputs[("masked", 1)] == d.expected("masked", 1, 8)  # siblings still forked
     d.assert_drained()
+
+
+def test_prompt_logprobs_once_despite_chunks_preemption_and_cache() -> None:
+    """Chunks deliver pieces, recompute after preemption scores some tokens twice, n > 1
+    forks after the first token: each request still gets its prompt's logprobs exactly
+    once, whole and in order; and a request asking for them takes no prefix-cache hit."""
+    d = Driver(num_blocks=10, block_size=4, max_model_len=40, caching=False,
+               max_num_batched_tokens=5)
+    for i, rid in enumerate("abc"):
+        d.add(rid, prompt_of(9, salt=i), t=i, max_tokens=12, prompt_logprobs=1,
+              n=2 if rid == "b" else 1)
+    d.run()
+    assert d.sched.num_preemptions > 0
+    for rid in "abc":
+        got = d.prompt_lps[rid]
+        assert got[0] is None and [e.logprob for e in got[1:]] == [-float(p) for p in range(1, 9)]
+
+    d = Driver(num_blocks=32, block_size=4)
+    d.add("warm", prompt_of(13), max_tokens=2)
+    d.run()
+    d.add("plp", prompt_of(13), max_tokens=2, prompt_logprobs=0)
+    d.add("hit", prompt_of(13), max_tokens=2)
+    d.step()
+    by_id = {s.seq_id: s for s in d.plans[-1].seqs}
+    starts = sorted(s.start_pos for s in by_id.values())
+    assert starts == [0, 12]  # plp computes from 0; hit reuses 3 cached blocks
+    d.run()
+    assert len(d.prompt_lps["plp"]) == 13 and "hit" not in d.prompt_lps

@@ -476,6 +476,10 @@ def test_chat_role_without_generation_prompt(server):
     r = httpx.post(server + "/v1/chat/completions", json=body).json()
     msg = r["choices"][0]["message"]
     assert msg["role"] == "user" and msg["content"].startswith("Tell me\na story")
+    # As vLLM: echo scores the prompt (top_logprobs alternatives, 0 here).
+    pl = r["prompt_logprobs"]
+    assert len(pl) == r["usage"]["prompt_tokens"] and pl[0] is None
+    assert all(len(e) == 1 for e in pl[1:])
     chunks = _stream(server, "/v1/chat/completions", body)
     assert chunks[0]["choices"][0]["delta"] == {"role": "user", "content": ""}
     assert chunks[1]["choices"][0]["delta"] == {"content": "Tell me\na story"}
@@ -501,3 +505,72 @@ def test_streamed_logprobs_cover_every_token(server):
         assert total == chunks[-1]["usage"]["completion_tokens"], path
         whole = httpx.post(server + path, json=dict(body, max_tokens=8, temperature=0)).json()
         assert total == whole["usage"]["completion_tokens"], path
+
+
+def test_echo_logprobs_scores_the_prompt(server, client, model):
+    """lm-eval's loglikelihood call: echo, logprobs, max_tokens=0. The prompt comes back with
+    its tokens' logprobs (the first null), matching the offline engine's prompt logprobs."""
+    from actors import SamplingParams
+    from server_helpers import offline_llm
+
+    prompt = "The capital of France is Paris"
+    ids = tokenize(server, prompt)
+    r = client.completions.create(model=model, prompt=prompt, echo=True, logprobs=2,
+                                  max_tokens=0, temperature=0)
+    c = r.choices[0]
+    assert c.text == prompt and c.finish_reason == "length"
+    lp = c.logprobs
+    assert "".join(lp.tokens) == prompt and len(lp.tokens) == len(ids)
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(ids))]
+    ref = offline_llm().generate([ids], SamplingParams(max_tokens=1, prompt_logprobs=2))[0]
+    want = [e.logprob for e in ref.prompt_logprobs[1:]]
+    assert lp.token_logprobs[1:] == pytest.approx(want, abs=1e-2)
+    for tok, top in zip(lp.tokens[1:], lp.top_logprobs[1:]):
+        assert tok in top and 2 <= len(top) <= 3  # the prompt token first, then the top 2
+        assert next(iter(top)) == tok
+    assert all(v <= 0 for v in lp.token_logprobs[1:])
+    # Per choice, vLLM's prompt_logprobs field too: token id -> {logprob, rank, decoded_token}.
+    pl = c.model_extra["prompt_logprobs"]
+    assert pl[0] is None and len(pl) == len(ids)
+    for tid, entry, want_lp in zip(ids[1:], pl[1:], want):
+        first = next(iter(entry))
+        assert first == str(tid) and entry[first]["rank"] >= 1
+        assert entry[first]["logprob"] == pytest.approx(want_lp, abs=1e-2)
+    assert r.usage.prompt_tokens == len(ids)
+
+    # With generation: the prompt's entries, then the generated token's.
+    r = client.completions.create(model=model, prompt=prompt, echo=True, logprobs=1,
+                                  max_tokens=2, temperature=0, extra_body={"ignore_eos": True})
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(ids) + 2 and lp.token_logprobs[0] is None
+    assert "".join(lp.tokens) == r.choices[0].text
+
+
+def test_prompt_logprobs_shapes(server, client, model):
+    """prompt_logprobs: per choice on completions (each of n choices gets the prompt's),
+    top level on chat; the first entry null; k alternatives plus the prompt token."""
+    body = {"model": model, "prompt": "One two three four", "max_tokens": 1,
+            "prompt_logprobs": 3, "n": 2, "temperature": 1.0, "seed": 1}
+    r = httpx.post(server + "/v1/completions", json=body).json()
+    pls = [c["prompt_logprobs"] for c in r["choices"]]
+    assert pls[0] == pls[1] and pls[0][0] is None
+    assert all(c["logprobs"] is None for c in r["choices"])
+    for entry in pls[0][1:]:
+        ranks = sorted(v["rank"] for v in entry.values())
+        assert 3 <= len(entry) <= 4 and ranks[:3] == [1, 2, 3]
+        assert all(isinstance(v["decoded_token"], str) and v["logprob"] <= 0
+                   for v in entry.values())
+    chat = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1,
+            "prompt_logprobs": 1}
+    r = httpx.post(server + "/v1/chat/completions", json=chat).json()
+    n_prompt = r["usage"]["prompt_tokens"]
+    assert len(r["prompt_logprobs"]) == n_prompt and r["prompt_logprobs"][0] is None
+    assert "prompt_logprobs" not in r["choices"][0]
+    # Refused as vLLM refuses them: a stream with prompt_logprobs > 0, and values below -1.
+    for path, extra in (("/v1/completions", {"prompt": "x"}),
+                        ("/v1/chat/completions", {"messages": chat["messages"]})):
+        for bad in ({"prompt_logprobs": 1, "stream": True}, {"prompt_logprobs": -2}):
+            resp = httpx.post(server + path, json={"model": model, **extra, **bad})
+            assert resp.status_code == 400, resp.text
+            assert resp.json()["error"]["param"] == "prompt_logprobs"

@@ -38,6 +38,8 @@ class GenerationOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput] = field(default_factory=list)
     num_cached_tokens: int = 0
+    # With SamplingParams.prompt_logprobs: one entry per prompt token, the first None.
+    prompt_logprobs: list[Logprobs | None] | None = None
 
     @property
     def finished(self) -> bool:
@@ -111,6 +113,8 @@ class LLM:
                 if co.logprobs is not None and out.new_logprobs:
                     co.logprobs.extend(out.new_logprobs)
                 res.num_cached_tokens = out.num_cached_tokens
+                if out.prompt_logprobs is not None:
+                    res.prompt_logprobs = list(out.prompt_logprobs)
                 if out.finished:
                     co.finish_reason = out.finish_reason
                     co.stop_reason = out.stop_reason

@@ -35,6 +35,7 @@ __all__ = [
     "Admit",
     "Logprobs",
     "NewSeq",
+    "PromptLogprobs",
     "RequestOutput",
     "SampledToken",
     "SamplingRow",
@@ -72,6 +73,7 @@ class Logprobs:
     logprob: float
     top_token_ids: tuple[int, ...] = ()
     top_logprobs: tuple[float, ...] = ()
+    rank: int = 0  # tokens scoring at least as high (1: the best); 0: not computed (sampled)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +82,11 @@ class RequestOutput:
 
     ``finish_reason`` is "stop", "length" or "abort" once finished; ``stop_reason`` is
     the stop token id that ended it (None for EOS and the other reasons).
+
+    ``prompt_logprobs`` (requests that ask for them): one entry per prompt token, the
+    first None (nothing precedes it), then the logprob of prompt token i given tokens
+    [0, i). Sent once per request, whole, on the output of choice 0 that carries its
+    first token (or ends it); None on every other output.
     """
 
     request_id: str
@@ -92,6 +99,7 @@ class RequestOutput:
     num_prompt_tokens: int
     num_cached_tokens: int
     num_output_tokens: int
+    prompt_logprobs: tuple[Logprobs | None, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +163,8 @@ class ScheduledSeq:
     writes their KV into ``block_table`` (its full table, covering those positions).
     ``sample`` is set iff these tokens reach the end of the known tokens, so the last
     position's logits draw the next token; a mid-prompt chunk has ``sample`` None.
+    ``prompt_logprobs`` (top-k, 0 = the prompt token's own logprob only) asks for the
+    logprobs of the prompt tokens these rows predict: row p scores prompt token p + 1.
     """
 
     seq_id: int
@@ -162,6 +172,7 @@ class ScheduledSeq:
     start_pos: int  # == num_computed_tokens
     block_table: tuple[int, ...]
     sample: SamplingRow | None
+    prompt_logprobs: int | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -196,8 +207,21 @@ class SampledToken:
 
 
 @dataclass(frozen=True, slots=True)
+class PromptLogprobs:
+    """Logprobs of prompt tokens [start, start + len(entries)) of one sequence (start >= 1),
+    computed by one step; ranks are set."""
+
+    seq_id: int
+    start: int
+    entries: tuple[Logprobs, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class StepResult:
-    """One SampledToken per ScheduledSeq whose ``sample`` was set, any order."""
+    """One SampledToken per ScheduledSeq whose ``sample`` was set, any order; one
+    PromptLogprobs per ScheduledSeq with ``prompt_logprobs`` set whose rows scored any
+    prompt token."""
 
     step_id: int
     sampled: tuple[SampledToken, ...]
+    prompt_logprobs: tuple[PromptLogprobs, ...] = ()

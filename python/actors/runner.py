@@ -23,9 +23,13 @@ import numpy as np
 import torch
 
 import llmcore
-from actors.messages import Logprobs, NewSeq, SampledToken, StepPlan, StepResult
+from actors.messages import Logprobs, NewSeq, PromptLogprobs, SampledToken, StepPlan, StepResult
 
 __all__ = ["ModelRunner", "kv_bytes_per_block"]
+
+# Prompt-logprob rows go through the LM head this many at a time: a whole 2048-row chunk
+# times a 49152-token vocabulary would be 400 MB of fp32 logits.
+PROMPT_LOGPROB_ROWS = 256
 
 
 def kv_bytes_per_block(num_layers: int, num_kv_heads: int, head_size: int, block_size: int,
@@ -128,6 +132,7 @@ class ModelRunner:
         token_ids: list[int] = []
         positions: list[np.ndarray] = []
         sampling: list[int] = []  # batch indices of sequences that sample
+        prompt_rows: list[int] = []  # batch indices of sequences scoring prompt tokens
         for i, s in enumerate(plan.seqs):
             n = len(s.token_ids)
             token_ids.extend(s.token_ids)
@@ -137,6 +142,8 @@ class ModelRunner:
             block_tables[i, : len(s.block_table)] = s.block_table
             if s.sample is not None:
                 sampling.append(i)
+            if s.prompt_logprobs is not None:
+                prompt_rows.append(i)
         pos = np.concatenate(positions)
         owner = np.repeat(np.arange(num_seqs), np.diff(query_start))
         slot_mapping = block_tables[owner, pos // bs].astype(np.int64) * bs + pos % bs
@@ -146,14 +153,83 @@ class ModelRunner:
         seam = _PagedAttention(attn_plan, self.k_caches, self.v_caches, self.scale,
                                self.windows)
         logits_rows = torch.from_numpy(query_start[1:][sampling].astype(np.int64) - 1)
+        ids_t = torch.tensor(token_ids, dtype=torch.long)
+        prompt_lps: tuple[PromptLogprobs, ...] = ()
         with torch.inference_mode():
-            logits = self.model.forward(
-                torch.tensor(token_ids, dtype=torch.long), torch.from_numpy(pos), seam,
-                logits_indices=logits_rows,
-            )
+            if not prompt_rows:  # the common step: logits for the sampling rows only
+                logits = self.model.forward(ids_t, torch.from_numpy(pos), seam,
+                                            logits_indices=logits_rows)
+            else:
+                hidden = self.model.hidden_states(ids_t, torch.from_numpy(pos), seam)
+                logits = (self.model.compute_logits(hidden.index_select(0, logits_rows))
+                          if sampling else None)
+                prompt_lps = self._prompt_logprobs(plan, prompt_rows, query_start, hidden)
         if not sampling:
-            return StepResult(step_id=plan.step_id, sampled=())
-        return self._sample(plan, sampling, logits)
+            return StepResult(step_id=plan.step_id, sampled=(), prompt_logprobs=prompt_lps)
+        res = self._sample(plan, sampling, logits)
+        if prompt_lps:
+            res = StepResult(step_id=res.step_id, sampled=res.sampled, prompt_logprobs=prompt_lps)
+        return res
+
+    def _prompt_logprobs(self, plan: StepPlan, batch_idx: list[int], query_start: np.ndarray,
+                         hidden: torch.Tensor) -> tuple[PromptLogprobs, ...]:
+        """Scores the prompt tokens the rows of the given sequences predict.
+
+        Row p (a position in [start_pos, start_pos + n) below prompt_len - 1) yields the
+        logprob of prompt token p + 1, its rank and the top-k. Logits are made
+        PROMPT_LOGPROB_ROWS rows at a time, log-softmaxed in fp32, and only the gathered
+        numbers are kept.
+        """
+        rows: list[np.ndarray] = []
+        targets: list[np.ndarray] = []
+        spans: list[tuple[int, int, int, int]] = []  # (seq_id, first token, count, top-k)
+        for i in batch_idx:
+            s = plan.seqs[i]
+            prompt = self._seqs[s.seq_id].prompt
+            lo, hi = s.start_pos, min(s.start_pos + len(s.token_ids), len(prompt) - 1)
+            if hi <= lo:
+                continue
+            first_row = int(query_start[i])
+            rows.append(np.arange(first_row, first_row + hi - lo, dtype=np.int64))
+            targets.append(prompt[lo + 1: hi + 1].astype(np.int64))
+            k = int(s.prompt_logprobs or 0)  # validated; -1: the whole vocabulary
+            spans.append((s.seq_id, lo + 1, hi - lo, self.vocab_size if k < 0 else k))
+        if not spans:
+            return ()
+        all_rows = torch.from_numpy(np.concatenate(rows))
+        all_targets = torch.from_numpy(np.concatenate(targets))
+        k = min(max(sp[3] for sp in spans), self.vocab_size)
+        tok_lp, ranks, top_ids, top_lp = [], [], [], []
+        for b in range(0, len(all_rows), PROMPT_LOGPROB_ROWS):
+            r = all_rows[b: b + PROMPT_LOGPROB_ROWS]
+            t = all_targets[b: b + PROMPT_LOGPROB_ROWS].unsqueeze(1)
+            lp = torch.log_softmax(self.model.compute_logits(hidden.index_select(0, r)).float(),
+                                   dim=-1)
+            chosen = lp.gather(1, t)
+            tok_lp.append(chosen.squeeze(1))
+            ranks.append((lp >= chosen).sum(dim=1))
+            if k:
+                v, ix = lp.topk(k, dim=1)
+                top_lp.append(v)
+                top_ids.append(ix)
+        lp_all = torch.cat(tok_lp).tolist()
+        rank_all = torch.cat(ranks).tolist()
+        ids_all = torch.cat(top_ids).tolist() if k else None
+        vals_all = torch.cat(top_lp).tolist() if k else None
+        out = []
+        at = 0
+        for seq_id, start, count, kk in spans:
+            entries = []
+            for j in range(at, at + count):
+                entries.append(Logprobs(
+                    logprob=lp_all[j],
+                    top_token_ids=tuple(ids_all[j][:kk]) if kk and ids_all else (),
+                    top_logprobs=tuple(vals_all[j][:kk]) if kk and vals_all else (),
+                    rank=rank_all[j],
+                ))
+            at += count
+            out.append(PromptLogprobs(seq_id=seq_id, start=start, entries=tuple(entries)))
+        return tuple(out)
 
     def _sample(self, plan: StepPlan, sampling: list[int], logits: torch.Tensor) -> StepResult:
         rows = [plan.seqs[i].sample for i in sampling]

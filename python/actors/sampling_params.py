@@ -123,9 +123,11 @@ class SamplingParams:
 
     def for_child(self, i: int, max_tokens: int | None) -> SamplingParams:
         """The i-th of n sequences fanned out from this request: one choice, seed + i when
-        seeded (so the choices differ but each repeats), and its own token cap."""
+        seeded (so the choices differ but each repeats), and its own token cap. Only the
+        first scores the prompt (prompt_logprobs); the choices share its result."""
         seed = None if self.seed is None else self.seed + i
-        return replace(self, n=1, seed=seed, max_tokens=max_tokens)
+        return replace(self, n=1, seed=seed, max_tokens=max_tokens,
+                       prompt_logprobs=self.prompt_logprobs if i == 0 else None)
 
     # ------------------------------------------------------------------ validation
 

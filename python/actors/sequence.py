@@ -63,6 +63,7 @@ class Sequence:
         "max_output_tokens",
         "pending_children",
         "row_static",
+        "prompt_logprobs",
     )
 
     def __init__(
@@ -102,6 +103,11 @@ class Sequence:
         self.max_output_tokens = budget if params.max_tokens is None else params.max_tokens
         self.pending_children = 0  # siblings (n > 1) forked once this one has a first token
         self.row_static: tuple | None = None  # cached per-request part of its sampling row
+        # Prompt logprobs gathered so far (entries for prompt tokens 1, 2, ...) while they
+        # are wanted and not yet delivered; None otherwise. Only choice 0 computes them.
+        self.prompt_logprobs: list | None = (
+            [] if params.prompt_logprobs is not None and index == 0 else None
+        )
 
     def __repr__(self) -> str:
         return (
@@ -126,6 +132,13 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        """Whether some prompt token still lacks its logprob (the sequence must then
+        compute its prompt itself: no prefix-cache hit)."""
+        pl = self.prompt_logprobs
+        return pl is not None and len(pl) < len(self.prompt_token_ids) - 1
 
     def token_slice(self, start: int, end: int) -> list[int]:
         """Tokens [start, end) of prompt + output, without copying the whole buffer."""

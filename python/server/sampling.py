@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from actors.sampling_params import SamplingParams
-from server.errors import APIError, bad_request
+from server.errors import bad_request
 from server.protocol.common import INT64_MAX, INT64_MIN, SamplingFields
 
 MAX_N = 16
@@ -70,7 +70,10 @@ def build_params(
     logprobs: int | None,
     defaults: dict[str, Any],
     limits: Limits,
+    prompt_logprobs: int | None = None,
 ) -> SamplingParams:
+    """``prompt_logprobs``: what the engine computes (the route's choice; echo may imply
+    it). ``req.prompt_logprobs`` is checked here as vLLM checks it."""
     def pick(name: str) -> Any:
         value = getattr(req, name)
         if value is not None:
@@ -121,14 +124,17 @@ def build_params(
 
     if logprobs is not None:
         _logprobs(logprobs, "logprobs", limits.max_logprobs)
-    prompt_logprobs = req.prompt_logprobs
+    asked = req.prompt_logprobs
+    if asked is not None:
+        # As vLLM: a stream cannot carry them (0 is let through and computes nothing).
+        if req.stream and (asked > 0 or asked == -1):
+            raise bad_request("`prompt_logprobs` are not available when `stream=True`.",
+                              "prompt_logprobs")
+        if asked < -1:
+            raise bad_request("`prompt_logprobs` must be a positive value or -1.",
+                              "prompt_logprobs")
     if prompt_logprobs is not None:
         _logprobs(prompt_logprobs, "prompt_logprobs", limits.max_logprobs)
-        if req.stream:
-            raise bad_request("prompt_logprobs is not supported with stream=true", "prompt_logprobs")
-        raise APIError(
-            400, "prompt_logprobs is not supported by this server", param="prompt_logprobs"
-        )
 
     allowed = req.allowed_token_ids
     if allowed is not None:
@@ -174,7 +180,7 @@ def build_params(
         ignore_eos=req.ignore_eos,
         skip_special_tokens=skip,
         logprobs=logprobs,
-        prompt_logprobs=None,
+        prompt_logprobs=prompt_logprobs,
         logit_bias=_logit_bias(req.logit_bias, limits.vocab_size),
         allowed_token_ids=None if allowed is None else tuple(dict.fromkeys(allowed)),
         truncate_prompt_tokens=truncate,

@@ -20,6 +20,7 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top: list[tuple[int, float]] = field(default_factory=list)
+    rank: int = 0  # set for prompt tokens (1: the most likely); 0: not computed
 
 
 @dataclass(slots=True)
@@ -32,8 +33,13 @@ class ChoiceUpdate:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    # The prompt's logprobs (first entry None), once, on the first update of the first
+    # choice of each prompt when the request asked for them.
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
     def merge(self, other: ChoiceUpdate) -> None:
+        if other.prompt_logprobs is not None:
+            self.prompt_logprobs = other.prompt_logprobs
         self.text += other.text
         self.token_ids.extend(other.token_ids)
         self.logprobs.extend(other.logprobs)

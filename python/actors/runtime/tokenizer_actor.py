@@ -190,6 +190,7 @@ class TokenizerActor:
                 text=step.text,
                 token_ids=new_ids,
                 logprobs=_logprobs(new_ids, out),
+                prompt_logprobs=_prompt_logprobs(child.prompt_token_ids, out),
             )
             if step.stop_reason is not None:
                 update.finish_reason = "stop"
@@ -211,6 +212,17 @@ def _logprobs(token_ids: list[int], out: Any) -> list[TokenLogprob]:
     return [
         TokenLogprob(tid, float(lp.logprob), list(zip(lp.top_token_ids, lp.top_logprobs)))
         for tid, lp in zip(token_ids, lps)
+    ]
+
+
+def _prompt_logprobs(prompt: list[int], out: Any) -> list[TokenLogprob | None] | None:
+    lps = getattr(out, "prompt_logprobs", None)
+    if lps is None:
+        return None
+    return [
+        None if lp is None else TokenLogprob(
+            tid, float(lp.logprob), list(zip(lp.top_token_ids, lp.top_logprobs)), lp.rank)
+        for tid, lp in zip(prompt, lps)
     ]
 
 

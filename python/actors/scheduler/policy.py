@@ -159,6 +159,17 @@ class Scheduler:
             raise RuntimeError(f"unexpected StepResult for step {result.step_id}")
         in_flight, self._in_flight = self._in_flight, None
         sampled: dict[int, SampledToken] = {t.seq_id: t for t in result.sampled}
+        for pl in result.prompt_logprobs:
+            seq = in_flight[pl.seq_id][0]
+            got = seq.prompt_logprobs
+            if got is None or seq.status is not SequenceStatus.RUNNING:
+                continue
+            # Entry j scores prompt token start + j; got holds tokens 1 .. len(got). A
+            # recompute after preemption scores some tokens again: keep the first.
+            skip = len(got) + 1 - pl.start
+            if skip < 0:
+                raise RuntimeError(f"prompt logprobs of seq {pl.seq_id} skip tokens")
+            got.extend(pl.entries[skip:])
         outputs = []
         for seq, num_new in in_flight.values():
             if seq.status is not SequenceStatus.RUNNING:
@@ -180,7 +191,12 @@ class Scheduler:
                 self._fork_children(seq)
             if seq.is_finished:
                 self._retire(seq)
-            outputs.append(output_of(seq, new, _logprobs_of(seq, tok) if new else None))
+            prompt_lps = None
+            if seq.prompt_logprobs is not None:  # its first token: deliver them, once
+                prompt_lps = (None, *seq.prompt_logprobs)
+                seq.prompt_logprobs = None
+            outputs.append(output_of(seq, new, _logprobs_of(seq, tok) if new else None,
+                                     prompt_lps))
         if any(s.is_finished for s in self.running):
             self.running = [s for s in self.running if not s.is_finished]
         return outputs
@@ -204,7 +220,9 @@ class Scheduler:
             seq = self.waiting.peek()
             if seats + 1 + seq.pending_children > self.config.max_num_seqs:
                 break
-            hit = self.kv.match_prefix(seq)
+            # A prompt still owing logprobs is computed from position 0 for its logits; its
+            # blocks are still published for others.
+            hit = 0 if seq.wants_prompt_logprobs else self.kv.match_prefix(seq)
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             if not self.kv.can_allocate(seq, num_new):
                 self.kv.free(seq)  # give the hits back; retry next step
@@ -237,6 +255,8 @@ class Scheduler:
                     start_pos=start,
                     block_table=tuple(seq.block_ids),
                     sample=sampling_row_of(seq) if end == seq.num_tokens else None,
+                    prompt_logprobs=(seq.params.prompt_logprobs
+                                     if seq.wants_prompt_logprobs else None),
                 )
             )
         released, self._released = tuple(self._released), []

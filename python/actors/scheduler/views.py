@@ -51,6 +51,7 @@ def output_of(
     seq: Sequence,
     new_token_ids: tuple[int, ...] = (),
     new_logprobs: tuple[Logprobs, ...] | None = None,
+    prompt_logprobs: tuple[Logprobs | None, ...] | None = None,
 ) -> RequestOutput:
     reason = seq.finish_reason
     return RequestOutput(
@@ -64,4 +65,5 @@ def output_of(
         num_prompt_tokens=seq.num_prompt_tokens,
         num_cached_tokens=seq.num_cached_tokens,
         num_output_tokens=seq.num_output_tokens,
+        prompt_logprobs=prompt_logprobs,
     )

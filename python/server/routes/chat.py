@@ -11,7 +11,8 @@ from server.errors import bad_request
 from server.generation import Generation, new_request_id
 from server.protocol.chat import ChatCompletionRequest
 from server.routes.common import check_model, json_response, sse_response
-from server.routes.stream import chat_logprobs, collect, response_usage, sse_stream
+from server.routes.stream import chat_logprobs, collect, prompt_logprobs_json, response_usage
+from server.routes.stream import sse_stream
 from server.sampling import build_params, check_stream_options
 from server.state import ServerState
 from server.unsupported import check_unsupported
@@ -84,8 +85,13 @@ async def handle(srv: ServerState, req: ChatCompletionRequest) -> Response:
     max_tokens = req.max_completion_tokens
     if max_tokens is None:
         max_tokens = req.max_tokens
+    # As vLLM: echo scores the prompt with top_logprobs alternatives (0 unless given) unless
+    # prompt_logprobs says otherwise; a stream computes none (build_params refuses k > 0).
+    prompt_lps = req.prompt_logprobs
+    if prompt_lps is None and req.echo:
+        prompt_lps = top or 0
     params = build_params(req, max_tokens=max_tokens, logprobs=logprobs, defaults=srv.defaults,
-                          limits=limits)
+                          limits=limits, prompt_logprobs=None if req.stream else prompt_lps)
     render = render_call(srv, req)
     prompts = [PromptInput(render=render, add_special_tokens=req.add_special_tokens)]
     rid = new_request_id(request.headers.get("X-Request-Id"), req.request_id)
@@ -116,7 +122,8 @@ async def handle(srv: ServerState, req: ChatCompletionRequest) -> Response:
             "model": model, "choices": choices, "service_tier": None,
             "system_fingerprint": srv.fingerprint,
             "usage": response_usage(gen, sum(r.num_tokens for r in results)),
-            "prompt_logprobs": None,
+            "prompt_logprobs": prompt_logprobs_json(
+                tok, results[0].prompt_logprobs if results else None),
         })
 
     opts = req.stream_options

@@ -11,7 +11,9 @@ from server.errors import bad_request
 from server.generation import Generation, new_request_id
 from server.protocol.completions import CompletionRequest
 from server.routes.common import check_model, json_response, sse_response
-from server.routes.stream import collect, completion_logprobs, response_usage, sse_stream
+from server.routes.stream import collect, completion_logprobs, echo_logprobs
+from server.routes.stream import prompt_logprobs_json, prompt_logprobs_of, response_usage
+from server.routes.stream import sse_stream
 from server.sampling import MAX_PROMPTS, build_params, check_stream_options
 from server.state import ServerState
 from server.unsupported import check_unsupported
@@ -51,23 +53,26 @@ async def handle(srv: ServerState, req: CompletionRequest) -> Response:
         raise bad_request("suffix is not supported by this model", "suffix")
     check_stream_options(req)
     check_unsupported(req)
-    if req.echo and req.logprobs is not None:
-        # vLLM answers this with the prompt's own logprobs in front of the completion's;
-        # this server does not compute prompt logprobs, and a layout without them would
-        # silently mislead a scorer (lm-eval's loglikelihood uses exactly this).
-        raise bad_request(
-            "echo with logprobs needs prompt logprobs, which this server does not compute "
-            "yet", "echo",
-        )
+    echo_lps = req.echo and req.logprobs is not None
+    if echo_lps and req.stream:
+        # vLLM streams the prompt's logprobs in front of the first chunk; not done here yet.
+        raise bad_request("echo with logprobs is not supported with stream=true by this "
+                          "server yet", "echo")
     limits = srv.limits
     assert limits is not None
     prompts = prompts_of(req, limits.vocab_size)
     # As vLLM: echo with max_tokens=0 returns the prompt alone (one token is generated and
     # dropped, and counted in usage as vLLM counts it).
     echo_only = req.echo and req.max_tokens == 0
+    # As vLLM: echo with logprobs scores the prompt with as many alternatives, unless
+    # prompt_logprobs says otherwise; a stream computes none (build_params refuses k > 0).
+    prompt_lps = req.prompt_logprobs
+    if prompt_lps is None and echo_lps:
+        prompt_lps = req.logprobs
     params = build_params(
         req, max_tokens=1 if echo_only else req.max_tokens, logprobs=req.logprobs,
         defaults=srv.defaults, limits=limits,
+        prompt_logprobs=None if req.stream else prompt_lps,
     )
     rid = new_request_id(request.headers.get("X-Request-Id"), req.request_id)
     gen = Generation(srv, rid, prompts, params)
@@ -90,12 +95,19 @@ async def handle(srv: ServerState, req: CompletionRequest) -> Response:
             text = "" if echo_only else r.text
             if req.echo:
                 text = prompt_text(r.index) + text
+            prompt_items = prompt_logprobs_of(results, r.index, n)
             lp = None
-            if req.logprobs is not None:
+            if echo_lps:
+                ids = gen.state.prompt_results[r.index // n].token_ids
+                if prompt_items is None:
+                    raise RuntimeError("the engine returned no prompt logprobs")
+                lp = echo_logprobs(tok, ids, prompt_items, [] if echo_only else r.logprobs,
+                                   num_logprobs)
+            elif req.logprobs is not None:
                 lp = completion_logprobs(tok, r.logprobs, 0, num_logprobs)
             choices.append({"index": r.index, "text": text, "logprobs": lp,
                             "finish_reason": r.finish_reason, "stop_reason": r.stop_reason,
-                            "prompt_logprobs": None})
+                            "prompt_logprobs": prompt_logprobs_json(tok, prompt_items)})
         return json_response({
             "id": response_id, "object": "text_completion", "created": gen.created,
             "model": model, "choices": choices, "service_tier": None,

@@ -27,6 +27,7 @@ class ChoiceResult:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 async def collect(gen: Generation) -> list[ChoiceResult]:
@@ -44,6 +45,8 @@ async def collect(gen: Generation) -> list[ChoiceResult]:
             r.num_tokens += len(u.token_ids)
             r.token_ids.extend(u.token_ids)
             r.logprobs.extend(u.logprobs)
+            if u.prompt_logprobs is not None:
+                r.prompt_logprobs = u.prompt_logprobs
             if u.finish_reason is not None:
                 r.finish_reason, r.stop_reason = u.finish_reason, u.stop_reason
     return results
@@ -119,14 +122,65 @@ async def sse_stream(
         gen.retire()
 
 
+def prompt_logprobs_of(results: list[ChoiceResult], index: int,
+                       n: int) -> list[TokenLogprob | None] | None:
+    """A choice's prompt logprobs: the first choice of each prompt carries them."""
+    return results[index // n * n].prompt_logprobs
+
+
+def prompt_logprobs_json(
+    tokenizer: Any, items: list[TokenLogprob | None] | None
+) -> list[dict[str, dict[str, Any]] | None] | None:
+    """vLLM's ``prompt_logprobs`` field: per prompt token (the first None) a map of token
+    id -> {logprob, rank, decoded_token}, the prompt token first, then the top ones."""
+    if items is None:
+        return None
+    out: list[dict[str, dict[str, Any]] | None] = []
+    for lp in items:
+        if lp is None:
+            out.append(None)
+            continue
+        entry = {str(lp.token_id): _lp_json(tokenizer, lp.token_id, lp.logprob, lp.rank)}
+        for r, (tid, v) in enumerate(lp.top, start=1):
+            entry.setdefault(str(tid), _lp_json(tokenizer, tid, v, r))
+        out.append(entry)
+    return out
+
+
+def _lp_json(tokenizer: Any, token_id: int, logprob: float, rank: int) -> dict[str, Any]:
+    return {"logprob": max(logprob, MIN_LOGPROB), "rank": rank,
+            "decoded_token": token_text(tokenizer, token_id)}
+
+
+def echo_logprobs(
+    tokenizer: Any, prompt_ids: list[int], prompt_items: list[TokenLogprob | None],
+    items: list[TokenLogprob], num: int,
+) -> dict[str, Any]:
+    """echo with logprobs: the prompt's tokens (the first without a logprob) in front of
+    the generated ones, text offsets counted from the start of the echoed prompt."""
+    head = completion_logprobs(tokenizer, [], 0, num, first_token_id=prompt_ids[0])
+    rest = [lp for lp in prompt_items[1:] if lp is not None] + list(items)
+    tail = completion_logprobs(tokenizer, rest, len(head["tokens"][0]), num)
+    return {k: head[k] + tail[k] for k in head}
+
+
 def completion_logprobs(
-    tokenizer: Any, items: list[TokenLogprob], start_offset: int, num: int
+    tokenizer: Any, items: list[TokenLogprob], start_offset: int, num: int,
+    first_token_id: int | None = None,
 ) -> dict[str, Any]:
     """The legacy completions layout. Each position's top_logprobs holds the sampled token
     and the `num` most likely ones (so num + 1 entries at most, one for logprobs=0), the
-    sampled token first, as OpenAI's completions API and vLLM report them."""
+    sampled token first, as OpenAI's completions API and vLLM report them.
+    ``first_token_id``: a leading token without a logprob (an echoed prompt's first)."""
     tokens, token_lps, tops, offsets = [], [], [], []
     offset = start_offset
+    if first_token_id is not None:
+        text = token_text(tokenizer, first_token_id)
+        tokens.append(text)
+        token_lps.append(None)
+        tops.append(None)
+        offsets.append(offset)
+        offset += len(text)
     for lp in items:
         text = token_text(tokenizer, lp.token_id)
         tokens.append(text)
