@@ -11,17 +11,22 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from actors.sampling_params import SamplingParams
+from actors.sampling_params import (
+    GREEDY_EPS,
+    MAX_N,
+    MAX_STOP_STRING_CHARS,
+    MAX_STOP_STRINGS,
+    SamplingParams,
+)
+from actors.sampling_params import MAX_LOGIT_BIAS_ENTRIES as MAX_LOGIT_BIAS
+
 from server.errors import bad_request
 from server.protocol.common import INT64_MAX, INT64_MIN, SamplingFields
 
-MAX_N = 16
-MAX_STOP_STRINGS = 16
-MAX_STOP_STRING_CHARS = 256
+# The engine's limits (actors.sampling_params), checked here first so that a bad request is
+# refused before its prompt is tokenized; these two exist only at the HTTP edge.
 MAX_STOP_TOKEN_IDS = 256
-MAX_LOGIT_BIAS = 1024
 MAX_PROMPTS = 64
-GREEDY_EPS = 1e-5
 
 # Generation-config keys that become server defaults, and their request field names.
 DEFAULT_KEYS = {

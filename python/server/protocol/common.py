@@ -10,10 +10,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from actors.sampling_params import INT64_MAX, INT64_MIN
 from pydantic import BaseModel, ConfigDict, Field
-
-INT64_MIN = -(2**63)
-INT64_MAX = 2**63 - 1
 
 
 class APIModel(BaseModel):
