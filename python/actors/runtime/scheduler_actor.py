@@ -119,7 +119,7 @@ class SchedulerActor:
             await self.credits.acquire()
             started = time.monotonic()
             outputs = await self._engine.step()
-            self._count_preemptions(engine)
+            self._note_schedule(engine, started)
             self._account(outputs, started)
             self._batch_send.send_nowait(outputs)  # never raises WouldBlock: see credits
 
@@ -154,13 +154,19 @@ class SchedulerActor:
                 self._retire(child, child.finish_reason or "abort")
             # Otherwise its Admit has not arrived yet (it is retired then) or it is gone.
 
-    def _count_preemptions(self, engine: Any) -> None:
-        """Attribute the last step's preemptions to their sequences (engine id = child id)."""
+    def _note_schedule(self, engine: Any, started: float) -> None:
+        """From the step just run (engine id = child id): preemptions per sequence, and
+        when each newly admitted sequence was first scheduled (its queue time ends there,
+        although a long prompt's first token comes several chunked steps later)."""
         scheduler = getattr(engine, "scheduler", None)
         for engine_id in getattr(scheduler, "last_preempted", ()):
             found = self._registry.children.get(engine_id)
             if found is not None:
                 found[1].num_preemptions += 1
+        for engine_id in getattr(scheduler, "last_admitted", ()):
+            found = self._registry.children.get(engine_id)
+            if found is not None and found[1].scheduled_at is None:
+                found[1].scheduled_at = started
 
     def _account(self, outputs: list[Any], started: float) -> None:
         now = time.monotonic()

@@ -66,6 +66,9 @@ class Scheduler:
         self.num_preemptions = 0
         # Request ids preempted by the latest schedule(), once per preemption (metrics).
         self.last_preempted: list[str] = []
+        # Request ids the latest schedule() moved from waiting to running (metrics: a
+        # request's queue time ends at its first admission, not at its first token).
+        self.last_admitted: list[str] = []
 
     # ------------------------------------------------------------------ requests in
 
@@ -121,6 +124,7 @@ class Scheduler:
         scheduled: dict[int, tuple[Sequence, int]] = {}
         preempted = False
         self.last_preempted = []
+        self.last_admitted = []
 
         i = 0
         while i < len(self.running) and budget > 0:
@@ -234,6 +238,7 @@ class Scheduler:
                 seq.num_cached_tokens = hit
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
+            self.last_admitted.append(seq.request_id)
             scheduled[seq.seq_id] = (seq, num_new)
             budget -= num_new
             seats += 1 + seq.pending_children
