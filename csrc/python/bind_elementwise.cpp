@@ -12,40 +12,23 @@ namespace {
 py::object rms_norm(const py::handle& x, const py::handle& weight, double eps,
                     const py::object& out, const py::handle& residual) {
     Borrowed bx = borrow(x, "x"), bw = borrow(weight, "weight"), bo = borrow(out, "out");
-    Borrowed br;
-    if (!residual.is_none()) br = borrow(residual, "residual");
-    const lc_tensor* res = residual.is_none() ? nullptr : br.view();
-    lc_status st;
-    {
-        py::gil_scoped_release nogil;
-        st = lc_rms_norm(bx.view(), res, bw.view(), float(eps), bo.view());
-    }
-    check(st);
+    Borrowed br = borrow_optional(residual, "residual");
+    call_nogil([&] {
+        return lc_rms_norm(bx.view(), br.view_or_null(), bw.view(), float(eps), bo.view());
+    });
     return out;
 }
 
 py::object silu_mul(const py::handle& x, const py::object& out) {
     Borrowed bx = borrow(x, "x"), bo = borrow(out, "out");
-    lc_status st;
-    {
-        py::gil_scoped_release nogil;
-        st = lc_silu_mul(bx.view(), bo.view());
-    }
-    check(st);
+    call_nogil([&] { return lc_silu_mul(bx.view(), bo.view()); });
     return out;
 }
 
 void rope(const py::handle& q, const py::handle& k, const py::handle& cos, const py::handle& sin) {
     Borrowed bq = borrow(q, "q"), bc = borrow(cos, "cos"), bs = borrow(sin, "sin");
-    Borrowed bk;
-    if (!k.is_none()) bk = borrow(k, "k");
-    const lc_tensor* kv = k.is_none() ? nullptr : bk.view();
-    lc_status st;
-    {
-        py::gil_scoped_release nogil;
-        st = lc_rope(bq.view(), kv, bc.view(), bs.view());
-    }
-    check(st);
+    Borrowed bk = borrow_optional(k, "k");
+    call_nogil([&] { return lc_rope(bq.view(), bk.view_or_null(), bc.view(), bs.view()); });
 }
 
 }  // namespace

@@ -64,30 +64,19 @@ py::object linear(const py::handle& x, const py::handle& weight, const py::handl
                   const py::object& out) {
     if (out.is_none())
         throw py::value_error("out is required (llmcore.linear allocates it for torch tensors)");
+    Borrowed bx = borrow(x, "x"), bo = borrow(out, "out");
+    Borrowed bb = borrow_optional(bias, "bias");
     if (py::isinstance<PackedWeight>(weight)) {
-        const PackedWeight& pw = weight.cast<const PackedWeight&>();
-        Borrowed bx = borrow(x, "x"), bo = borrow(out, "out");
-        Borrowed bb;
-        if (!bias.is_none()) bb = borrow(bias, "bias");
-        const lc_tensor* bias_view = bias.is_none() ? nullptr : bb.view();
-        lc_status st;
-        {
-            py::gil_scoped_release nogil;
-            st = lc_linear_packed(bx.view(), pw.get(), bias_view, bo.view(), nullptr);
-        }
-        check(st);
+        const lc_weight* pw = weight.cast<const PackedWeight&>().get();
+        call_nogil([&] {
+            return lc_linear_packed(bx.view(), pw, bb.view_or_null(), bo.view(), nullptr);
+        });
         return out;
     }
-    Borrowed bx = borrow(x, "x"), bw = borrow(weight, "weight"), bo = borrow(out, "out");
-    Borrowed bb;
-    if (!bias.is_none()) bb = borrow(bias, "bias");
-    const lc_tensor* bias_view = bias.is_none() ? nullptr : bb.view();
-    lc_status st;
-    {
-        py::gil_scoped_release nogil;
-        st = lc_linear(bx.view(), bw.view(), bias_view, bo.view(), nullptr);
-    }
-    check(st);
+    Borrowed bw = borrow(weight, "weight");
+    call_nogil([&] {
+        return lc_linear(bx.view(), bw.view(), bb.view_or_null(), bo.view(), nullptr);
+    });
     return out;
 }
 

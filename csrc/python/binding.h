@@ -34,6 +34,8 @@ class Borrowed {
     Borrowed& operator=(const Borrowed&) = delete;
     ~Borrowed();
     const lc_tensor* view() const { return &t_; }
+    // view(), or nullptr for an optional argument that was None (never borrowed).
+    const lc_tensor* view_or_null() const { return managed_ ? &t_ : nullptr; }
     lc_tensor& tensor() { return t_; }
 
    private:
@@ -47,6 +49,22 @@ class Borrowed {
 // obj borrowed through torch's C DLPack exporter when obj is a torch tensor (about 1 us
 // instead of 11 us for Tensor.__dlpack__), through __dlpack__ otherwise.
 Borrowed borrow(const py::handle& obj, const char* name);
+
+// An optional tensor argument: empty (view_or_null() == nullptr) when obj is None.
+inline Borrowed borrow_optional(const py::handle& obj, const char* name) {
+    return obj.is_none() ? Borrowed() : borrow(obj, name);
+}
+
+// Runs a core call with the GIL released, then raises its failure as a Python exception.
+template <class F>
+void call_nogil(F&& call) {
+    lc_status st;
+    {
+        py::gil_scoped_release nogil;
+        st = call();
+    }
+    check(st);
+}
 
 // A read-only int32/int64 array from the buffer protocol (numpy array,
 // array.array, bytes-like). Copies only when the dtype or layout differ.
