@@ -5,6 +5,7 @@
 
 #include "attention_cpu.h"
 #include "internal.h"
+#include "exp_poly.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -65,18 +66,19 @@ struct Avx512Ops {
     }
     // As Avx2Ops::exp; scalef applies 2^n.
     static V exp(V x) {
-        const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_GE_OQ);
-        x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.3f));
-        const V n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+        using namespace exp_poly;
+        const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kMin), _CMP_GE_OQ);
+        x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(kMin)), _mm512_set1_ps(kMax));
+        const V n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        V r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-        r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-        V p = _mm512_set1_ps(1.9875691500e-4f);
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+        V r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x);
+        r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), r);
+        V p = _mm512_set1_ps(kP0);
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP1));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP2));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP3));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP4));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP5));
         p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
         return _mm512_maskz_mov_ps(live, _mm512_scalef_ps(p, n));
     }

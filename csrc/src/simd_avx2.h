@@ -5,6 +5,8 @@
 
 #include <immintrin.h>
 
+#include "exp_poly.h"
+
 namespace lc::simd {
 
 // The sum of the 8 lanes.
@@ -17,18 +19,19 @@ inline float hsum(__m256 v) {
 // exp(x) = 2^n e^r, n = round(x log2 e), Cephes expf polynomial (~1 ulp);
 // exactly 0 below -87.3 (so -inf becomes 0), clamped above 88.3.
 inline __m256 exp(__m256 x) {
-    const __m256 dead = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_LT_OQ);
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+    using namespace exp_poly;
+    const __m256 dead = _mm256_cmp_ps(x, _mm256_set1_ps(kMin), _CMP_LT_OQ);
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(kMin)), _mm256_set1_ps(kMax));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)),
                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), r);
+    __m256 p = _mm256_set1_ps(kP0);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP1));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP5));
     p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
     const __m256i e =
         _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
