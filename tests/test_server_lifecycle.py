@@ -196,3 +196,16 @@ def test_engine_failure_fails_in_flight_and_exits_1():
         assert srv.wait(30) == 1
     finally:
         srv.stop(signal.SIGKILL)
+
+
+def test_env_seconds_takes_only_positive_durations() -> None:
+    """LLMSERVE_STALL_TIMEOUT and LLMSERVE_SSE_KEEPALIVE: 0 would make every stream spin on
+    keep-alives, a negative or non-number value would fail every stream, so they are refused
+    at startup with the variable's name."""
+    from server.config import env_seconds
+
+    assert env_seconds("X_SECONDS", 15.0, {}) == 15.0
+    assert env_seconds("X_SECONDS", 15.0, {"X_SECONDS": " 0.5 "}) == 0.5
+    for bad in ("0", "-1", "abc", "inf", "nan"):
+        with pytest.raises(ValueError, match="X_SECONDS"):
+            env_seconds("X_SECONDS", 15.0, {"X_SECONDS": bad})

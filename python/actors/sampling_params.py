@@ -125,9 +125,13 @@ class SamplingParams:
         """The i-th of n sequences fanned out from this request: one choice, seed + i when
         seeded (so the choices differ but each repeats), and its own token cap. Only the
         first scores the prompt (prompt_logprobs); the choices share its result."""
-        seed = None if self.seed is None else self.seed + i
-        return replace(self, n=1, seed=seed, max_tokens=max_tokens,
-                       prompt_logprobs=self.prompt_logprobs if i == 0 else None)
+        child = replace(self, n=1, max_tokens=max_tokens,
+                        prompt_logprobs=self.prompt_logprobs if i == 0 else None)
+        if self.seed is not None:
+            # seed + i wrapped into int64, set past __post_init__: a child's seed is always
+            # a seed (-1 means "none" only as a request value), and never overflows.
+            object.__setattr__(child, "seed", (self.seed + i - INT64_MIN) % 2**64 + INT64_MIN)
+        return child
 
     # ------------------------------------------------------------------ validation
 

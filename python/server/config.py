@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 
@@ -38,3 +40,18 @@ class ServerConfig:
     enable_log_requests: bool = False
     log_level: str = "info"
     log_json: bool = False
+
+
+def env_seconds(name: str, default: float, environ: Mapping[str, str] | None = None) -> float:
+    """A positive number of seconds from the environment variable `name`, else `default`;
+    anything else is a startup error naming the variable."""
+    raw = (os.environ if environ is None else environ).get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"{name} must be a positive number of seconds, got {raw!r}")
+    return value

@@ -160,9 +160,6 @@ def build_params(
     seed = req.seed
     if seed == -1:
         seed = None
-    if seed is not None and seed + n - 1 > INT64_MAX:
-        # Choice i samples with seed + i; each of them must be a valid seed too.
-        raise bad_request(f"seed must be at most {INT64_MAX - (n - 1)} when n={n}", "seed")
     skip = req.skip_special_tokens
     if skip is None:
         skip = bool(defaults.get("skip_special_tokens", True))

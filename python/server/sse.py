@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import orjson
+
+from server.config import env_seconds
 
 DONE = b"data: [DONE]\n\n"
 # A comment line: SSE parsers skip it, so it changes no event a client reads. Sent when a
@@ -13,7 +14,7 @@ DONE = b"data: [DONE]\n\n"
 # open (and a client that stopped reading is noticed by the write watchdog).
 KEEPALIVE = b": ping\n\n"
 KEEPALIVE_ENV = "LLMSERVE_SSE_KEEPALIVE"
-KEEPALIVE_INTERVAL = float(os.environ.get(KEEPALIVE_ENV, "") or 15.0)
+KEEPALIVE_INTERVAL = env_seconds(KEEPALIVE_ENV, 15.0)
 
 
 def event(payload: dict[str, Any]) -> bytes:

@@ -28,6 +28,8 @@ from typing import Any
 
 import trio
 
+from server.config import env_seconds
+
 log = logging.getLogger("server.http")
 
 STALL_TIMEOUT = 60.0
@@ -38,13 +40,7 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 
 def stall_timeout(environ: MutableMapping[str, str] | None = None) -> float:
-    raw = (os.environ if environ is None else environ).get(STALL_ENV, "").strip()
-    if not raw:
-        return STALL_TIMEOUT
-    value = float(raw)
-    if not value > 0:
-        raise ValueError(f"{STALL_ENV} must be a positive number of seconds, got {raw!r}")
-    return value
+    return env_seconds(STALL_ENV, STALL_TIMEOUT, environ)
 
 
 class _Connection:
