@@ -45,22 +45,29 @@ bool overlaps(const lc_tensor& a, const lc_tensor& b) {
 void validate_io(const lc_tensor* x, int64_t N, int64_t K, const lc_tensor* bias,
                  const lc_tensor* out);
 
+// What both entry points need of x, out and bias (and of a row-major weight w when
+// given): present, on the CPU, 2-D, and of a supported dtype.
+void validate_x_out(const char* fn, const lc_tensor* x, const lc_tensor* w, const lc_tensor* bias,
+                    const lc_tensor* out) {
+    for (const lc_tensor* t : {x, w, bias, out})
+        if (t && t->device == LC_DEVICE_CUDA)
+            fail(LC_ERR_UNSUPPORTED, std::string(fn) + ": CUDA tensors are not supported yet");
+    for (const lc_tensor* t : {x, w, bias, out})
+        if (t) require(t->device == LC_DEVICE_CPU, std::string(fn) + ": tensors must live on the CPU");
+    check_tensor(x, "x", 2);
+    check_tensor(out, "out", 2);
+    require(x->dtype == LC_DTYPE_F32, "x must be float32, got " + std::string(dtype_name(x->dtype)));
+    require(out->dtype == LC_DTYPE_F32 || out->dtype == LC_DTYPE_BF16,
+            "out must be float32 or bfloat16, got " + std::string(dtype_name(out->dtype)));
+}
+
 void validate(const lc_tensor* x, const lc_tensor* w, const lc_tensor* bias,
               const lc_tensor* out) {
     require(x && w && out, "x, weight and out are required");
-    for (const lc_tensor* t : {x, w, bias, out})
-        if (t && t->device == LC_DEVICE_CUDA)
-            fail(LC_ERR_UNSUPPORTED, "lc_linear: CUDA tensors are not supported yet");
-    for (const lc_tensor* t : {x, w, bias, out})
-        if (t) require(t->device == LC_DEVICE_CPU, "lc_linear: tensors must live on the CPU");
-    check_tensor(x, "x", 2);
+    validate_x_out("lc_linear", x, w, bias, out);
     check_tensor(w, "weight", 2);
-    check_tensor(out, "out", 2);
-    require(x->dtype == LC_DTYPE_F32, "x must be float32, got " + std::string(dtype_name(x->dtype)));
     require(w->dtype == LC_DTYPE_F32 || w->dtype == LC_DTYPE_BF16,
             "weight must be bfloat16 or float32, got " + std::string(dtype_name(w->dtype)));
-    require(out->dtype == LC_DTYPE_F32 || out->dtype == LC_DTYPE_BF16,
-            "out must be float32 or bfloat16, got " + std::string(dtype_name(out->dtype)));
     require(is_contiguous(*w), "weight must be contiguous");
     const int64_t K = x->shape[1], N = w->shape[0];
     require(w->shape[1] == K, "weight " + shape_str(*w) + " does not match x " + shape_str(*x) +
@@ -158,14 +165,7 @@ extern "C" lc_status lc_linear_packed(const lc_tensor* x, const lc_weight* weigh
         using namespace lc;
         using namespace lc::linear;
         require(x && weight && out, "x, weight and out are required");
-        for (const lc_tensor* t : {x, bias, out})
-            if (t && t->device == LC_DEVICE_CUDA)
-                fail(LC_ERR_UNSUPPORTED, "lc_linear_packed: CUDA tensors are not supported yet");
-        check_tensor(x, "x", 2);
-        check_tensor(out, "out", 2);
-        require(x->dtype == LC_DTYPE_F32, "x must be float32, got " + std::string(dtype_name(x->dtype)));
-        require(out->dtype == LC_DTYPE_F32 || out->dtype == LC_DTYPE_BF16,
-                "out must be float32 or bfloat16, got " + std::string(dtype_name(out->dtype)));
+        validate_x_out("lc_linear_packed", x, nullptr, bias, out);
         require(x->shape[1] == weight->k, "x " + shape_str(*x) + " does not match the packed weight [" +
                                               std::to_string(weight->n) + ", " +
                                               std::to_string(weight->k) + "]");

@@ -109,10 +109,11 @@ extern "C" lc_status lc_weight_rows(const lc_weight* w, const int64_t* rows, int
         lc::require(out->shape[0] == count && out->shape[1] == w->k,
                     "out must be [count, K] = [" + std::to_string(count) + ", " +
                         std::to_string(w->k) + "]");
-        for (int64_t i = 0; i < count; ++i)
-            lc::require(rows[i] >= 0 && rows[i] < w->n,
-                        "row " + std::to_string(rows[i]) + " is out of range [0, " +
-                            std::to_string(w->n) + ")");
+        for (int64_t i = 0; i < count; ++i)  // per token of a step: no message unless it fails
+            if (rows[i] < 0 || rows[i] >= w->n)
+                lc::fail(LC_ERR_INVALID_ARGUMENT, "row " + std::to_string(rows[i]) +
+                                                      " is out of range [0, " +
+                                                      std::to_string(w->n) + ")");
         const int64_t K = w->k;
         lc::parallel_for(count, std::max<int64_t>(1, 8192 / std::max<int64_t>(1, K)),
                          [&](int64_t b, int64_t e) {

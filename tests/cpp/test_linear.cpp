@@ -147,6 +147,18 @@ void errors() {
     cuda_x.device = LC_DEVICE_CUDA;
     CHECK(lc_linear(&cuda_x, &tw, nullptr, &to, nullptr) == LC_ERR_UNSUPPORTED, "cuda");
     CHECK(lc_linear(nullptr, &tw, nullptr, &to, nullptr) == LC_ERR_INVALID_ARGUMENT, "null x");
+    // The packed entry point refuses the same tensors, an unknown device included.
+    lc_weight* pw = nullptr;
+    CHECK(lc_weight_pack(&tw, &pw) == LC_OK, "%s", lc_last_error());
+    CHECK(lc_linear_packed(&tx, pw, nullptr, &to, nullptr) == LC_OK, "%s", lc_last_error());
+    CHECK(lc_linear_packed(&cuda_x, pw, nullptr, &to, nullptr) == LC_ERR_UNSUPPORTED, "packed cuda");
+    lc_tensor odd_x = tx;
+    odd_x.device = 7;
+    CHECK(lc_linear_packed(&odd_x, pw, nullptr, &to, nullptr) == LC_ERR_INVALID_ARGUMENT,
+          "packed, unknown device");
+    CHECK(lc_linear_packed(&tx, pw, nullptr, &alias, nullptr) == LC_ERR_INVALID_ARGUMENT,
+          "packed, out aliases x");
+    lc_weight_destroy(pw);
 
     // K = 0: out is the bias.
     std::vector<float> b = {1.0f, 2.0f, 3.0f, 4.0f};
