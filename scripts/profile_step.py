@@ -53,6 +53,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=16, help="decode steps timed")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--kv-cache-dtype", default="auto")
+    ap.add_argument("--kv-cache-memory", type=int, default=1 << 30,
+                    help="bytes; must hold batch x (context + 2 x steps + 8) tokens")
     args = ap.parse_args()
 
     import llmcore
@@ -60,7 +62,7 @@ def main() -> None:
     from actors import LLM, SamplingParams
 
     llm = LLM(args.model, num_threads=args.threads, max_num_seqs=args.batch,
-              max_num_batched_tokens=4096, kv_cache_memory=1 << 30,
+              max_num_batched_tokens=4096, kv_cache_memory=args.kv_cache_memory,
               kv_cache_dtype=args.kv_cache_dtype, max_model_len=2048)
     eng = llm.engine
     rng = np.random.default_rng(0)
@@ -70,6 +72,10 @@ def main() -> None:
         prompt = rng.integers(100, vocab - 100, args.context).tolist()
         eng.add_request(f"r{i}", prompt, params)
     log(f"prefilling {args.batch} x {args.context} tokens")
+    need = args.batch * (args.context + 2 * args.steps + 8)
+    if need > eng.num_blocks * eng.config.block_size:
+        sys.exit(f"the KV cache holds {eng.num_blocks * eng.config.block_size} tokens, the batch "
+                 f"needs {need}: raise --kv-cache-memory")
     while True:  # until every sequence decodes (one token per step)
         eng.step()
         if all(s.num_computed_tokens >= args.context for s in eng.scheduler.running) and \

@@ -166,7 +166,7 @@ def test_eos_stops_and_blocks_return(base: LLM) -> None:
 def test_kv_cache_dtype_bfloat16_holds_twice_the_tokens(loaded: Any, base: LLM) -> None:
     """A bf16 cache under an fp32 model: twice the blocks in the same memory, and next-token
     log-probabilities within bf16 rounding of the exact (fp32) cache."""
-    assert base.engine.kv_cache_dtype == torch.float32  # auto: as computed
+    assert base.engine.kv_cache_dtype == torch.float32  # auto: the model's dtype (float32 here)
     half = make_llm(loaded, kv_cache_dtype="bfloat16")
     assert half.engine.runner.k_caches[0].dtype == torch.bfloat16
     assert half.engine.num_blocks == 2 * base.engine.num_blocks

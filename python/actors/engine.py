@@ -38,7 +38,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     block_size: int = 16
     kv_cache_memory: int = 2 * GiB  # bytes for the KV cache of all layers
-    kv_cache_dtype: str = "auto"  # auto (the compute dtype) | float32 | bfloat16
+    kv_cache_dtype: str = "auto"  # auto (the model's dtype) | float32 | bfloat16
     enable_prefix_caching: bool = True
     seed: int | None = None
     scheduling_policy: str = "fcfs"  # fcfs | priority
@@ -175,22 +175,18 @@ class LLMEngine:
         return SamplingParams(**{**self.generation_defaults, **overrides})
 
 
-KV_CACHE_DTYPES = ("auto", "float32", "bfloat16")
+def _kv_cache_dtype(name: str, model_dtype: Any) -> Any:
+    """The KV cache's element type, as vLLM's --kv-cache-dtype: 'auto' is the model's dtype
+    (its weights': bf16 under --dtype auto on AVX2 CPUs, fp32 for a float32 model, which
+    is then exact); bfloat16 under a float32 model halves the cache (twice the tokens in
+    the same memory) and the bytes a decode step reads, at the cost of rounding K/V to 8
+    mantissa bits."""
+    from actors.loader.dtype import DTYPE_CHOICES, resolve_dtype
 
-
-def _kv_cache_dtype(name: str, compute: Any) -> Any:
-    """The KV cache's element type. 'auto' stores K/V as computed (exact); bfloat16 halves the
-    cache (twice the tokens in the same memory) and the bytes a decode step reads, at the
-    cost of rounding K/V to 8 mantissa bits."""
-    import torch
-
-    if name == "auto":
-        return compute
-    table = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-    if name not in table:
+    if name not in DTYPE_CHOICES:
         raise ValueError(f"kv_cache_dtype={name!r} is not supported; choose one of "
-                         f"{', '.join(KV_CACHE_DTYPES)}")
-    return table[name]
+                         f"{', '.join(DTYPE_CHOICES)}")
+    return model_dtype if name == "auto" else resolve_dtype(name)
 
 
 def _load_tokenizer(model_dir: Path):

@@ -223,8 +223,8 @@ class ModelRunner:
             for j in range(at, at + count):
                 entries.append(Logprobs(
                     logprob=lp_all[j],
-                    top_token_ids=tuple(ids_all[j][:kk]) if kk and ids_all else (),
-                    top_logprobs=tuple(vals_all[j][:kk]) if kk and vals_all else (),
+                    top_token_ids=tuple(ids_all[j][:kk]) if kk else (),
+                    top_logprobs=tuple(vals_all[j][:kk]) if kk else (),
                     rank=rank_all[j],
                 ))
             at += count

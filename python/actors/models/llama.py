@@ -253,8 +253,10 @@ class LlamaForCausalLM(nn.Module):
         """Whether the forward pass runs on the core's fused CPU operations (fp32
         activations): one native call per operation of a layer, the residual add folded
         into the next norm, rotary applied in place on the qkv output. Off: the module-
-        by-module torch path, which any device and dtype runs."""
-        return self._native and self.compute_dtype == torch.float32
+        by-module torch path, which any device and dtype runs (and which CPUs without the
+        core's AVX2 kernels keep: the portable ones are slower than torch's BLAS)."""
+        return (self._native and self.compute_dtype == torch.float32
+                and llmcore.linear_isa() != "scalar")
 
     @native.setter
     def native(self, on: bool) -> None:
@@ -333,6 +335,8 @@ class LlamaForCausalLM(nn.Module):
         it is stored once). Call after load_weights."""
         if self.compute_dtype != torch.float32 or self.model.embed_tokens.weight.is_cuda:
             return
+        if llmcore.linear_isa() == "scalar":
+            return  # the portable packed kernel is far slower than torch's BLAS
         self._plan = None
         for mod in self.modules():
             if isinstance(mod, Linear) and mod.packed is None:
