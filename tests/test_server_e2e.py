@@ -128,10 +128,17 @@ def test_stop_string_across_tokens_streamed(client, model):
 def test_token_id_prompts_and_echo(server, client, model):
     ids = tokenize(server, "Hello there")
     r = client.completions.create(model=model, prompt=[ids, ids + ids[:1]], max_tokens=4,
-                                  temperature=0, echo=True)
+                                  temperature=0, echo=True, logprobs=1)
     assert [c.index for c in r.choices] == [0, 1]
     assert r.choices[0].text.startswith("Hello there") and len(r.choices[0].text) > 11
     assert r.usage.prompt_tokens == 2 * len(ids) + 1
+    # echo + logprobs: each choice's own prompt scored first (first token unscored), then
+    # its 4 generated tokens, offsets from the start of the echoed prompt.
+    for c, prompt in zip(r.choices, [ids, ids + ids[:1]]):
+        lp = c.logprobs
+        assert len(lp.tokens) == len(prompt) + 4 == len(lp.token_logprobs)
+        assert lp.token_logprobs[0] is None and lp.text_offset[0] == 0
+        assert all(x is not None and x <= 0 for x in lp.token_logprobs[1:])
     # Two text prompts, streamed with echo: the prompt comes first in each choice.
     texts = {0: "", 1: ""}
     for chunk in client.completions.create(model=model, prompt=["Hi", "Bye"], max_tokens=3,

@@ -61,7 +61,7 @@ class WriteWatchdog:
     def __init__(self, app: Any, timeout: float | None = None) -> None:
         self.app = app
         self.timeout = stall_timeout() if timeout is None else timeout
-        self._pending: set[_Connection] = set()  # connections inside a send right now
+        self._open: set[_Connection] = set()  # requests in flight; `since` set while sending
 
     async def __call__(self, scope: Scope, receive: Any, send: Send) -> None:
         if scope.get("type") != "http" or not scope.get("client") or not scope.get("server"):
@@ -73,14 +73,16 @@ class WriteWatchdog:
             if conn.dropped:
                 return  # the connection is gone; the app is about to see the disconnect
             conn.since = trio.current_time()
-            self._pending.add(conn)
             try:
                 await send(message)
             finally:
                 conn.since = None
-                self._pending.discard(conn)
 
-        await self.app(scope, receive, timed_send)
+        self._open.add(conn)  # once per request, not per chunk sent
+        try:
+            await self.app(scope, receive, timed_send)
+        finally:
+            self._open.discard(conn)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED):
         task_status.started()
@@ -88,13 +90,12 @@ class WriteWatchdog:
         while True:
             await trio.sleep(period)
             now = trio.current_time()
-            for conn in [c for c in self._pending if c.since is not None
+            for conn in [c for c in self._open if not c.dropped and c.since is not None
                          and now - c.since >= self.timeout]:
                 self._drop(conn)
 
     def _drop(self, conn: _Connection) -> None:
         conn.dropped = True
-        self._pending.discard(conn)
         reset = reset_connection(conn.client, conn.server)
         log.warning(
             "%s %s: the client has not read for %.0f s; %s", conn.method, conn.path,

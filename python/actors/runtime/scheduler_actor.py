@@ -120,7 +120,7 @@ class SchedulerActor:
             started = time.monotonic()
             outputs = await self._engine.step()
             self._note_schedule(engine, started)
-            self._account(outputs, started)
+            self._account(outputs)
             self._batch_send.send_nowait(outputs)  # never raises WouldBlock: see credits
 
     def _apply_admits(self, engine: Any) -> None:
@@ -168,7 +168,7 @@ class SchedulerActor:
             if found is not None and found[1].scheduled_at is None:
                 found[1].scheduled_at = started
 
-    def _account(self, outputs: list[Any], started: float) -> None:
+    def _account(self, outputs: list[Any]) -> None:
         now = time.monotonic()
         prompt = cached = generated = 0
         for out in outputs:
@@ -178,8 +178,6 @@ class SchedulerActor:
             _state, child = found
             if child.retired:
                 continue
-            if child.scheduled_at is None:
-                child.scheduled_at = started
             child.num_cached_tokens = getattr(out, "num_cached_tokens", 0)
             if out.new_token_ids:
                 if child.first_token_at is None:

@@ -91,11 +91,14 @@ async def handle(srv: ServerState, req: CompletionRequest) -> Response:
         finally:
             gen.retire()
         choices = []
+        prompt_json: dict[int, Any] = {}  # per prompt: its n choices share one rendering
         for r in results:
             text = "" if echo_only else r.text
             if req.echo:
                 text = prompt_text(r.index) + text
             prompt_items = prompt_logprobs_of(results, r.index, n)
+            if r.index // n not in prompt_json:
+                prompt_json[r.index // n] = prompt_logprobs_json(tok, prompt_items)
             lp = None
             if echo_lps:
                 ids = gen.state.prompt_results[r.index // n].token_ids
@@ -107,7 +110,7 @@ async def handle(srv: ServerState, req: CompletionRequest) -> Response:
                 lp = completion_logprobs(tok, r.logprobs, 0, num_logprobs)
             choices.append({"index": r.index, "text": text, "logprobs": lp,
                             "finish_reason": r.finish_reason, "stop_reason": r.stop_reason,
-                            "prompt_logprobs": prompt_logprobs_json(tok, prompt_items)})
+                            "prompt_logprobs": prompt_json.get(r.index // n)})
         return json_response({
             "id": response_id, "object": "text_completion", "created": gen.created,
             "model": model, "choices": choices, "service_tier": None,
