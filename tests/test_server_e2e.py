@@ -335,8 +335,18 @@ def test_request_template_bounded(client, model):
     nested = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
     assert render_fails(nested) < 15
     for template in ("{{ 'a' * 1000000000 }}", "{{ [0] * 1000000000 }}", "{{ 9 ** 999999999 }}",
-                     "{% for i in range(100000) %}{{ 'a' * 4000000 }}{% endfor %}"):
+                     "{% for i in range(100000) %}{{ 'a' * 4000000 }}{% endfor %}",
+                     # built, then measured rather than printed: the output cap never sees them
+                     "{{ 'a'.center(10000000000)|length }}", "{{ 'a'.ljust(10**10)|length }}",
+                     "{{ '{:>10000000000}'.format('a')|length }}",
+                     "{{ ('%10000000000s' % 'a')|length }}", "{{ 'a'|center(10**10)|length }}"):
         assert render_fails(template) < 5, template
+    # Long digit runs in content are content, not sizes.
+    r = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "account 123456789012"}], max_tokens=2,
+        extra_body={"chat_template": "{% for m in messages %}{{ m['content'].strip() }}"
+                                     "{{ '{:>4}'.format('|') }}{% endfor %}"})
+    assert r.usage.prompt_tokens > 3
     r = client.completions.create(model=model, prompt="Hi", max_tokens=2)
     assert r.usage.completion_tokens >= 1
 

@@ -49,10 +49,55 @@ class _RenderTimeout(Exception):
     pass
 
 
-class _BoundedEnvironment(ImmutableSandboxedEnvironment):
-    """The sandbox, with `*` and `**` checked before they allocate."""
+_NUMBER = re.compile(r"\d+")
 
-    intercepted_binops = frozenset({"*", "**"})
+
+def _check_size(value: Any) -> None:
+    """Refuses a number that would size a string beyond any chat prompt: a width, count or
+    padding passed to a method or filter, or written in a format string."""
+    if isinstance(value, bool):
+        return
+    if isinstance(value, int) and abs(value) > MAX_RENDERED_CHARS:
+        raise jinja2.exceptions.SecurityError("a size argument is too large")
+    if isinstance(value, str) and any(len(d) > 7 and int(d) > MAX_RENDERED_CHARS
+                                      for d in _NUMBER.findall(value)):
+        raise jinja2.exceptions.SecurityError("a format width is too large")
+
+
+def _bounded_filter(fn: Any) -> Any:
+    @functools.wraps(fn)
+    def bounded(*args: Any, **kwargs: Any) -> Any:
+        for v in (*args[1:], *kwargs.values()):
+            _check_size(v)
+        return fn(*args, **kwargs)
+    return bounded
+
+
+class _BoundedEnvironment(ImmutableSandboxedEnvironment):
+    """The sandbox, with every way a template can size a string checked before it
+    allocates: `*`, `**` and `%`, call arguments (str.center, ljust, zfill, format...), and
+    the padding filters. The output cap alone comes too late for a value that is built
+    and then measured (`|length`) rather than printed."""
+
+    intercepted_binops = frozenset({"*", "**", "%"})
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for name in ("center", "indent", "wordwrap", "format", "truncate"):
+            self.filters[name] = _bounded_filter(self.filters[name])
+
+    def call(self, context: Any, obj: Any, /, *args: Any, **kwargs: Any) -> Any:
+        for v in (*args, *kwargs.values()):
+            _check_size(v)
+        return super().call(context, obj, *args, **kwargs)
+
+    def wrap_str_format(self, value: Any) -> Any:
+        # The sandbox's hook for "...".format / format_map, at attribute access: the format
+        # string's widths ("{:>1000000000}") are checked there; other strings are content.
+        wrapped = super().wrap_str_format(value)
+        if wrapped is not None:
+            _check_size(value.__self__)
+        return wrapped
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         if operator == "*":
@@ -60,6 +105,8 @@ class _BoundedEnvironment(ImmutableSandboxedEnvironment):
                 if isinstance(seq, (str, list, tuple)) and isinstance(times, int):
                     if len(seq) * max(times, 0) > MAX_RENDERED_CHARS:
                         raise jinja2.exceptions.SecurityError("repetition result too large")
+        elif operator == "%" and isinstance(left, str):
+            _check_size(left)  # "%1000000000s" % x
         elif operator == "**" and isinstance(left, int) and isinstance(right, int):
             if right > 0 and abs(left) > 1 and right * max(abs(left).bit_length(), 1) > MAX_POWER_BITS:
                 raise jinja2.exceptions.SecurityError("power result too large")
