@@ -86,8 +86,17 @@ def test_errors_are_value_errors() -> None:
         llmcore.rms_norm(x, torch.ones(7), 1e-5, torch.empty(2, 8))
     with pytest.raises(ValueError, match="float32"):
         llmcore.rms_norm(x.double(), torch.ones(8), 1e-5, torch.empty(2, 8))
-    with pytest.raises(ValueError, match="residual must not be"):
+    with pytest.raises(ValueError, match="residual must not overlap"):
         llmcore.rms_norm(x, torch.ones(8), 1e-5, torch.empty(2, 8), residual=x)
+    # Partial overlaps (row-shifted views of one buffer) would race across threads.
+    buf = torch.zeros(3, 8)
+    with pytest.raises(ValueError, match="residual must not overlap"):
+        llmcore.rms_norm(buf[:2], torch.ones(8), 1e-5, torch.empty(2, 8), residual=buf[1:])
+    with pytest.raises(ValueError, match="out must be x or not overlap"):
+        llmcore.rms_norm(buf[:2], torch.ones(8), 1e-5, buf[1:])
+    y = torch.randn(2, 8)
+    want = llmcore.rms_norm(y, torch.ones(8), 1e-5, torch.empty(2, 8)).clone()
+    torch.testing.assert_close(llmcore.rms_norm(y, torch.ones(8), 1e-5, y), want)  # in place
     with pytest.raises(ValueError, match=r"\[T, I\]"):
         llmcore.silu_mul(x, torch.empty(2, 3))
     with pytest.raises(ValueError, match="head size"):

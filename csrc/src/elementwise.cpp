@@ -95,9 +95,12 @@ extern "C" lc_status lc_rms_norm(const lc_tensor* x, const lc_tensor* residual,
             check_f32_rows(residual, "residual", 2);
             require(residual->shape[0] == T && residual->shape[1] == H,
                     "residual must have the shape of x");
-            require(residual->data != x->data && residual->data != out->data,
-                    "residual must not be x or out");
+            require(!overlaps(*residual, *x) && !overlaps(*residual, *out),
+                    "residual must not overlap x or out");
         }
+        // out may be x itself (in place, row by row), or apart from it, never half-over it.
+        const bool same = out->data == x->data && out->strides[0] == x->strides[0];
+        require(same || !overlaps(*out, *x), "out must be x or not overlap it");
         require(eps >= 0.0f && std::isfinite(eps), "eps must be finite and >= 0");
         std::vector<float> buf;
         const float* w = widened(weight, "weight", H, buf);

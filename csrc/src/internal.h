@@ -50,6 +50,8 @@ const char* dtype_name(int32_t dtype);
 // supported dtype and a unit last stride.
 void check_tensor(const lc_tensor* t, const char* what, int32_t ndim);
 bool is_contiguous(const lc_tensor& t);
+// Whether the byte ranges the two tensors span intersect (empty tensors never do).
+bool overlaps(const lc_tensor& a, const lc_tensor& b);
 
 // bf16 <-> fp32 (round to nearest even; NaN kept quiet).
 inline float bf16_to_f32(uint16_t h) {

@@ -26,22 +26,6 @@ std::string shape_str(const lc_tensor& t) {
     return s + "]";
 }
 
-bool overlaps(const lc_tensor& a, const lc_tensor& b) {
-    auto extent = [](const lc_tensor& t, const char*& lo, const char*& hi) {
-        int64_t last = 0;
-        for (int i = 0; i < t.ndim; ++i) {
-            if (t.shape[i] == 0) return false;
-            last += (t.shape[i] - 1) * t.strides[i];
-        }
-        lo = static_cast<const char*>(t.data);
-        hi = lo + (last + 1) * int64_t(dtype_size(t.dtype));
-        return true;
-    };
-    const char *alo, *ahi, *blo, *bhi;
-    if (!extent(a, alo, ahi) || !extent(b, blo, bhi)) return false;
-    return alo < bhi && blo < ahi;
-}
-
 void validate_io(const lc_tensor* x, int64_t N, int64_t K, const lc_tensor* bias,
                  const lc_tensor* out);
 
