@@ -97,6 +97,9 @@ def test_errors_are_value_errors() -> None:
     y = torch.randn(2, 8)
     want = llmcore.rms_norm(y, torch.ones(8), 1e-5, torch.empty(2, 8)).clone()
     torch.testing.assert_close(llmcore.rms_norm(y, torch.ones(8), 1e-5, y), want)  # in place
+    for set_isa in (llmcore.set_elementwise_isa, llmcore._C.set_linear_isa):
+        with pytest.raises(ValueError, match="unknown instruction set"):
+            set_isa("sse")  # once quietly taken as avx2
     with pytest.raises(ValueError, match=r"\[T, I\]"):
         llmcore.silu_mul(x, torch.empty(2, 3))
     with pytest.raises(ValueError, match="head size"):

@@ -162,3 +162,18 @@ def test_child_seeds_stay_seeds_and_wrap_in_int64() -> None:
     assert [top.for_child(i, 5).seed for i in range(2)] == [2**63 - 1, -(2**63)]
     for i in range(2):
         top.for_child(i, 5).validate(vocab_size=100)
+
+
+def test_truncate_prompt_keeps_an_end_and_is_idempotent() -> None:
+    """Also for offline engine users: the engine applies it too (the server truncates first,
+    for echo and usage; applying it again changes nothing)."""
+    ids = list(range(10))
+    left = SamplingParams(truncate_prompt_tokens=4)
+    right = SamplingParams(truncate_prompt_tokens=4, truncation_side="right")
+    assert left.truncate_prompt(ids, 100) == [6, 7, 8, 9]
+    assert right.truncate_prompt(ids, 100) == [0, 1, 2, 3]
+    assert left.truncate_prompt(left.truncate_prompt(ids, 100), 100) == [6, 7, 8, 9]
+    assert SamplingParams(truncate_prompt_tokens=-1).truncate_prompt(ids, 8) == ids[3:]
+    assert SamplingParams().truncate_prompt(ids, 8) is ids
+    with pytest.raises(SamplingParamsError, match="truncate_prompt_tokens"):
+        SamplingParams(truncate_prompt_tokens=0).validate(vocab_size=100)

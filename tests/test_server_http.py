@@ -181,6 +181,8 @@ BAD_PARAMS = [
     ("/v1/completions", {"prompt": "x", "truncate_prompt_tokens": 0},
      "truncate_prompt_tokens"),
     ("/v1/completions", {"prompt": "x", "truncation_side": "middle"}, "truncation_side"),
+    ("/v1/completions", {"prompt": "x", "best_of": 3, "temperature": 1}, "best_of"),
+    ("/v1/chat/completions", {"messages": HI, "guided_json": {"type": "object"}}, "guided_json"),
     # Not implemented yet: refused by name rather than silently ignored.
     ("/v1/completions", {"prompt": "x", "echo": True, "logprobs": 1, "stream": True}, "echo"),
     ("/v1/completions", {"prompt": "x", "use_beam_search": True}, "use_beam_search"),

@@ -51,8 +51,7 @@ cos, sin: [T, D/2] float32, the angles of each token's position.)doc");
     m.def(
         "set_elementwise_isa",
         [](const std::string& name) {
-            lc::Isa want = name == "scalar" ? lc::Isa::kScalar : lc::Isa::kAvx2;
-            return std::string(lc::isa_name(lc::elementwise::set_isa(want)));
+            return std::string(lc::isa_name(lc::elementwise::set_isa(isa_arg(name))));
         },
         py::arg("isa"), "Caps the elementwise kernels' instruction set (tests); returns the one in effect.");
 }

@@ -110,8 +110,7 @@ NotImplementedError). Raises ValueError for inconsistent shapes or dtypes.)doc")
     m.def(
         "set_linear_isa",
         [](const std::string& name) {
-            const lc::Isa want = name == "scalar" ? lc::Isa::kScalar : lc::Isa::kAvx2;
-            return std::string(lc::linear::isa_name(lc::linear::set_isa(want)));
+            return std::string(lc::linear::isa_name(lc::linear::set_isa(isa_arg(name))));
         },
         py::arg("isa"), "Caps the linear kernels' instruction set (tests); returns the one in effect.");
     m.def(

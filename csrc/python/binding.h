@@ -6,8 +6,10 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
+#include "cpu_isa.h"
 #include "llmcore/llmcore.h"
 
 namespace py = pybind11;
@@ -54,6 +56,9 @@ Borrowed borrow(const py::handle& obj, const char* name);
 inline Borrowed borrow_optional(const py::handle& obj, const char* name) {
     return obj.is_none() ? Borrowed() : borrow(obj, name);
 }
+
+// An instruction-set name from Python ("scalar", "avx2", "avx512"); ValueError otherwise.
+lc::Isa isa_arg(const std::string& name);
 
 // Runs a core call with the GIL released, then raises its failure as a Python exception.
 template <class F>

@@ -48,6 +48,13 @@ py::object g_out_of_blocks;
 
 namespace lcpy {
 
+lc::Isa isa_arg(const std::string& name) {
+    lc::Isa isa;
+    if (!lc::parse_isa(name.c_str(), &isa))
+        throw py::value_error("unknown instruction set '" + name + "': scalar, avx2 or avx512");
+    return isa;
+}
+
 void check(lc_status status) {
     if (status == LC_OK) return;
     std::string msg = lc_last_error();

@@ -12,6 +12,8 @@ enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
 // The best this CPU runs: AVX-512F, AVX2 with FMA, or scalar.
 Isa cpu_isa();
 const char* isa_name(Isa isa);
+// "scalar", "avx2" or "avx512" (isa_name's spellings); false for anything else.
+bool parse_isa(const char* name, Isa* out);
 
 // One kernel family's instruction set: the best the CPU runs and the family
 // was compiled for (`most`), capped once by the environment variable `env`

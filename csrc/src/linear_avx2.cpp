@@ -107,6 +107,7 @@ void run_small(const Job& job) {
 
 // ---- large M: packed panels and a 6x16 microkernel -----------------------------
 constexpr int kNR = 16;                  // columns per panel (two vectors)
+static_assert(kNR == weight::kPanel, "the packed kernels read weight.h's panels as kNR wide");
 constexpr int kMR = 6;                   // x rows per microkernel: 12 accumulators
 constexpr int64_t kPackBytes = 160 << 10;  // packed panels kept per thread (L2-resident)
 

@@ -102,11 +102,18 @@ const char* isa_name(Isa isa) {
     }
 }
 
+bool parse_isa(const char* name, Isa* out) {
+    for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512})
+        if (!std::strcmp(name, isa_name(isa))) {
+            *out = isa;
+            return true;
+        }
+    return false;
+}
+
 IsaSetting::IsaSetting(const char* env, Isa most) : most_(most), isa_(int(best())) {
-    if (const char* v = std::getenv(env)) {
-        if (!std::strcmp(v, "scalar")) set(Isa::kScalar);
-        else if (!std::strcmp(v, "avx2")) set(Isa::kAvx2);
-    }
+    Isa cap;
+    if (const char* v = std::getenv(env); v && parse_isa(v, &cap)) set(cap);
 }
 
 // ---- worker pool -------------------------------------------------------------

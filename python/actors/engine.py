@@ -135,6 +135,7 @@ class LLMEngine:
                     arrival_time: float | None = None, priority: int | None = None) -> None:
         """Validates and queues a request. Raises ValueError for what cannot run."""
         params.validate(self.vocab_size, self.config.max_logprobs)
+        prompt_token_ids = params.truncate_prompt(list(prompt_token_ids), self.max_model_len)
         for t in prompt_token_ids:
             if not 0 <= t < self.vocab_size:
                 raise ValueError(f"prompt token id {t} is out of vocabulary")

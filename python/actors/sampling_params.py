@@ -121,6 +121,19 @@ class SamplingParams:
         items = {int(k): min(max(float(v), -lim), lim) for k, v in self.logit_bias.items()}
         return tuple(sorted(items.items()))
 
+    def truncate_prompt(self, ids: list[int], max_model_len: int) -> list[int]:
+        """The prompt after truncate_prompt_tokens (-1: as much as the context holds with one
+        position left to generate), keeping its end ("left") or its start ("right");
+        `ids` itself when nothing is cut. Applying it twice changes nothing."""
+        keep = self.truncate_prompt_tokens
+        if keep is None:
+            return ids
+        if keep == -1:
+            keep = max_model_len - 1
+        if len(ids) <= keep:
+            return ids
+        return ids[:keep] if self.truncation_side == "right" else ids[len(ids) - keep:]
+
     def for_child(self, i: int, max_tokens: int | None) -> SamplingParams:
         """The i-th of n sequences fanned out from this request: one choice, seed + i when
         seeded (so the choices differ but each repeats), and its own token cap. Only the
@@ -169,6 +182,9 @@ class SamplingParams:
                 _token_id(t, "allowed_token_ids", vocab_size)
         if self.truncate_prompt_tokens is not None:
             _int_in(self.truncate_prompt_tokens, "truncate_prompt_tokens", -1, INT64_MAX)
+            if self.truncate_prompt_tokens == 0:
+                raise SamplingParamsError("truncate_prompt_tokens must be -1 or at least 1",
+                                          "truncate_prompt_tokens")
         if self.truncation_side not in ("left", "right"):
             raise SamplingParamsError(
                 "truncation_side must be 'left' or 'right'", "truncation_side"

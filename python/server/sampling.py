@@ -151,6 +151,9 @@ def build_params(
         for t in allowed:
             _token(t, "allowed_token_ids", limits.vocab_size)
     truncate = req.truncate_prompt_tokens
+    if truncate == 0:
+        raise bad_request("truncate_prompt_tokens must be -1 or at least 1",
+                          "truncate_prompt_tokens")
     if truncate is not None and truncate > limits.max_model_len:
         raise bad_request(
             f"truncate_prompt_tokens ({truncate}) is greater than max_model_len "

@@ -21,6 +21,11 @@ UNSUPPORTED = {
     "bad_words": "bad_words",
     "return_token_ids": "return_token_ids",
     "return_tokens_as_token_ids": "return_tokens_as_token_ids",
+    # vLLM's older spellings of structured outputs.
+    "guided_json": "structured outputs",
+    "guided_regex": "structured outputs",
+    "guided_choice": "structured outputs",
+    "guided_grammar": "structured outputs",
 }
 
 
@@ -29,6 +34,9 @@ def check_unsupported(req: APIModel) -> None:
     for name, what in UNSUPPORTED.items():
         if extra.get(name):
             raise bad_request(f"{what} is not supported by this server yet", name)
+    best_of = getattr(req, "best_of", None)
+    if best_of is not None and best_of != (getattr(req, "n", None) or 1):
+        raise bad_request("best_of other than n is not supported by this server yet", "best_of")
     fmt: Any = getattr(req, "response_format", None)
     if fmt is None:
         fmt = extra.get("response_format")

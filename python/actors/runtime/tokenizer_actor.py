@@ -112,11 +112,8 @@ class TokenizerActor:
             if not ids:
                 raise RequestError(400, "The prompt is empty after tokenization.", "prompt")
             limit = state.max_model_len
-            truncated = _truncate(ids, state.params, limit)
-            if truncated is not ids:
-                if not truncated:
-                    raise RequestError(400, "The prompt is empty after truncation.",
-                                       "truncate_prompt_tokens")
+            truncated = state.params.truncate_prompt(ids, limit)
+            if truncated is not ids:  # never empty: 0 is refused at the edge
                 ids = truncated
                 text = self._backend.decode(ids, skip_special_tokens=False)
             if len(ids) >= limit:
@@ -224,20 +221,3 @@ def _prompt_logprobs(prompt: list[int], out: Any) -> list[TokenLogprob | None] |
             tid, float(lp.logprob), list(zip(lp.top_token_ids, lp.top_logprobs)), lp.rank)
         for tid, lp in zip(prompt, lps)
     ]
-
-
-def _truncate(ids: list[int], params: Any, max_model_len: int) -> list[int]:
-    """The prompt after the request's truncate_prompt_tokens; `ids` itself when unchanged.
-
-    -1 keeps as much as the context holds while leaving one position to generate.
-    """
-    keep = getattr(params, "truncate_prompt_tokens", None)
-    if keep is None:
-        return ids
-    if keep == -1:
-        keep = max_model_len - 1
-    if len(ids) <= keep:
-        return ids
-    if getattr(params, "truncation_side", "left") == "right":
-        return ids[:keep]
-    return ids[len(ids) - keep:] if keep > 0 else []
