@@ -165,7 +165,12 @@ def test_eos_stops_and_blocks_return(base: LLM) -> None:
 
 def test_kv_cache_dtype_bfloat16_holds_twice_the_tokens(loaded: Any, base: LLM) -> None:
     """A bf16 cache under an fp32 model: twice the blocks in the same memory, and next-token
-    log-probabilities within bf16 rounding of the exact (fp32) cache."""
+    log-probabilities within bf16 rounding of the exact (fp32) cache.
+
+    bf16 K/V move these logprobs by up to ~0.03 (measured 0.027 on the scalar, AVX2 and
+    AVX-512 attention alike), so the best token may change only where the fp32 cache's two
+    best are closer than 0.05: "The capital of France is" after SYSTEM is such a near-tie
+    (" Paris" against " the", 0.043 apart), and there the bf16 winner must be one of the two."""
     assert base.engine.kv_cache_dtype == torch.float32  # auto: the model's dtype (float32 here)
     half = make_llm(loaded, kv_cache_dtype="bfloat16")
     assert half.engine.runner.k_caches[0].dtype == torch.bfloat16
@@ -174,7 +179,10 @@ def test_kv_cache_dtype_bfloat16_holds_twice_the_tokens(loaded: Any, base: LLM) 
     prompts = token_ids(base, [SYSTEM + " " + p for p in PROMPTS])
     for want, got in zip(base.generate(prompts, params), half.generate(prompts, params)):
         a, b = want.outputs[0].logprobs[0], got.outputs[0].logprobs[0]
-        assert a.top_token_ids[0] == b.top_token_ids[0]
+        if a.top_logprobs[0] - a.top_logprobs[1] < 0.05:
+            assert b.top_token_ids[0] in a.top_token_ids[:2]
+        else:
+            assert a.top_token_ids[0] == b.top_token_ids[0]
         assert abs(a.logprob - b.logprob) < 0.05
         assert set(a.top_token_ids[:3]) <= set(b.top_token_ids)
     with pytest.raises(ValueError, match="kv_cache_dtype"):
@@ -244,3 +252,47 @@ def test_prompt_logprobs_once_per_request(base: LLM) -> None:
     assert [len(o.token_ids) for o in out.outputs] == [4, 4, 4]
     one = base.generate([prompt[:1]], SamplingParams(max_tokens=1, prompt_logprobs=2))[0]
     assert one.prompt_logprobs == [None]
+
+
+def test_cache_salt_separates_prefix_cache(loaded: Any) -> None:
+    """Same prompt: a different salt (or none) never hits a salted request's blocks, the
+    same salt does, and the output is the same either way."""
+    llm = make_llm(loaded)
+    prompt = token_ids(llm, [f"{SYSTEM}\n\nQ: Where is parcel 1234?\nA:"])[0]
+    full = (len(prompt) - 1) // llm.engine.config.block_size * llm.engine.config.block_size
+    assert full >= 32
+    cached, outputs = [], []
+    for salt in ("tenant-a", "tenant-b", "tenant-a", None, None, "tenant-b"):
+        before = llm.engine.stats()["prefix_cache_hits"]
+        out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=8,
+                                                    ignore_eos=True, cache_salt=salt))[0]
+        assert llm.engine.stats()["prefix_cache_hits"] - before == out.num_cached_tokens
+        cached.append(out.num_cached_tokens)
+        outputs.append(out.outputs[0].token_ids)
+    assert cached == [0, 0, full, 0, full, full]
+    assert all(o == outputs[0] for o in outputs)
+    with pytest.raises(ValueError, match="cache_salt"):
+        llm.generate([prompt], SamplingParams(max_tokens=1, cache_salt=""))
+    assert not llm.engine.has_unfinished_requests()
+
+
+def test_priority_needs_the_priority_policy(base: LLM) -> None:
+    with pytest.raises(ValueError, match="Got priority 1 but Priority scheduling is not enabled"):
+        base.generate([[1, 2, 3]], SamplingParams(max_tokens=1, priority=1))
+    assert not base.engine.has_unfinished_requests()
+
+
+def test_priority_policy_admits_lower_values_first(loaded: Any) -> None:
+    llm = make_llm(loaded, scheduling_policy="priority", max_num_seqs=1,
+                   kv_cache_memory=32 * MiB, max_model_len=256)
+    engine = llm.engine
+    prompts = token_ids(llm, PROMPTS[:4])
+    for i, (rid, priority) in enumerate((("p5", 5), ("p0", 0), ("m3", -3), ("p0-later", 0))):
+        engine.add_request(rid, prompts[i], greedy(2), arrival_time=float(i),
+                           priority=priority)
+    first_token: list[str] = []
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.new_token_ids and out.request_id not in first_token:
+                first_token.append(out.request_id)
+    assert first_token == ["m3", "p0", "p0-later", "p5"]

@@ -20,8 +20,10 @@ def make(num_blocks: int = 16, caching: bool = True) -> tuple[llmcore.BlockPool,
 _ids = iter(range(10**9))
 
 
-def seq(tokens: list[int], outputs: list[int] = ()) -> Sequence:  # type: ignore[assignment]
-    s = Sequence(next(_ids), "r", tokens, SamplingParams(max_tokens=100), max_model_len=1000)
+def seq(tokens: list[int], outputs: list[int] = (),  # type: ignore[assignment]
+        salt: str | None = None) -> Sequence:
+    params = SamplingParams(max_tokens=100, cache_salt=salt)
+    s = Sequence(next(_ids), "r", tokens, params, max_model_len=1000)
     s.output_token_ids.extend(outputs)
     return s
 
@@ -121,6 +123,27 @@ def test_match_prefix_hashes_continue_the_chain() -> None:
     compute(kv, b, 4)  # its 4th block commits on top of the matched chain
     assert b.block_hashes[3] == llmcore.block_hash(expected[2], [13, 77, 78, 79])
     kv.free(b)
+    pool.check()
+
+
+def test_cache_salt_roots_a_chain_of_its_own() -> None:
+    pool, kv = make()
+    toks = list(range(1, 14))
+    plain, salted = seq(toks), seq(toks, salt="tenant")
+    again = seq(toks, salt="tenant")
+    compute(kv, plain, 13)
+    compute(kv, salted, 13)
+    # The salt enters the first block's hash, and so every later block's: no block of the
+    # salted chain equals its unsalted twin, although their tokens are the same.
+    assert all(x != y for x, y in zip(plain.block_hashes, salted.block_hashes, strict=True))
+    assert pool.stats().num_cached == 6  # two chains, although the tokens are the same
+    salted_hashes = list(salted.block_hashes)
+    kv.free(plain)
+    kv.free(salted)
+    assert kv.match_prefix(again) == 12
+    assert again.block_hashes == salted_hashes
+    assert kv.match_prefix(seq(toks, salt="other")) == 0
+    assert kv.match_prefix(seq(toks)) == 12
     pool.check()
 
 

@@ -110,6 +110,19 @@ def test_seed_and_priority_int64() -> None:
     rejects("priority", priority=2**63)
 
 
+def test_cache_salt_as_vllm_checks_it_and_printable() -> None:
+    check(cache_salt=None)
+    check(cache_salt="tenant-42:v1 x")
+    check(cache_salt="s" * 128)
+    check(cache_salt="sel-\u00e9t\u00e9")  # printable non-ASCII is fine
+    assert "non-empty string" in rejects("cache_salt", cache_salt="").message
+    assert "non-empty string" in rejects("cache_salt", cache_salt=5).message
+    for bad in ("s" * 129, "a/b", "a@b", "a\\b", "a\x00b"):
+        assert "at most 128 characters" in rejects("cache_salt", cache_salt=bad).message
+    for bad in ("a\nb", "a\tb", "a\x7fb", "a\u2028b"):
+        assert "printable" in rejects("cache_salt", cache_salt=bad).message
+
+
 def test_stop_strings_and_ids() -> None:
     check(stop=["a"] * 16, stop_token_ids=[0, VOCAB - 1])
     rejects("stop", stop=["a"] * 17)

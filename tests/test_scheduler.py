@@ -269,6 +269,38 @@ def test_output_blocks_are_cached_too() -> None:
     d.assert_drained()
 
 
+def test_cache_salt_shares_blocks_only_within_one_salt() -> None:
+    d = Driver(num_blocks=64, block_size=4)
+    prompt = prompt_of(17)  # 4 full blocks can hit (the last token is always computed)
+    cached: dict[str, int] = {}
+    for rid, salt in (("a", "tenant-a"), ("b", "tenant-b"), ("a2", "tenant-a"),
+                      ("plain", None), ("plain2", None), ("b2", "tenant-b")):
+        d.add(rid, prompt, max_tokens=2, cache_salt=salt)
+        d.step()
+        cached[rid] = d.plans[-1].seqs[0].start_pos  # computed on admission = the hit
+        d.run()
+        assert d.finished[(rid, 0)].num_cached_tokens == cached[rid]
+        assert d.outputs[(rid, 0)] == d.expected(rid, 0, 2)
+    # A different salt, or none, never hits a salted request's blocks (nor they its);
+    # the same salt does.
+    assert cached == {"a": 0, "b": 0, "a2": 16, "plain": 0, "plain2": 16, "b2": 16}
+    assert d.sched.stats().prefix_hit_tokens == 3 * 16
+    d.assert_drained()
+
+
+def test_cache_salt_children_share_their_parents_salted_blocks() -> None:
+    d = Driver(num_blocks=64, block_size=4, max_num_seqs=4)
+    prompt = prompt_of(17)
+    d.add("multi", prompt, n=3, max_tokens=3, cache_salt="s", temperature=1.0)
+    d.run()
+    d.add("same", prompt, max_tokens=1, cache_salt="s")
+    d.add("other", prompt, max_tokens=1, cache_salt="t")
+    d.run()
+    assert d.finished[("same", 0)].num_cached_tokens == 16
+    assert d.finished[("other", 0)].num_cached_tokens == 0
+    d.assert_drained()
+
+
 def test_prefix_caching_off_computes_everything() -> None:
     d = Driver(num_blocks=64, block_size=4, caching=False)
     d.add("a", prompt_of(16), max_tokens=1)
@@ -326,6 +358,71 @@ def test_preemption_in_priority_mode_takes_lowest_priority() -> None:
     assert first_victim == "low"
     for rid in ("high", "low", "mid"):
         assert d.outputs[(rid, 0)] == d.expected(rid, 0, 12)
+    d.assert_drained()
+
+
+def two_running(policy: str, num_blocks: int, low_prompt: int, high_prompt: int) -> Driver:
+    """"low" (priority 9) is admitted a step before "high" (priority 0), so running is
+    [low, high]: the running loop reaches the low-priority sequence first."""
+    d = Driver(num_blocks=num_blocks, block_size=4, max_model_len=4 * num_blocks,
+               policy=policy, caching=False)
+    d.add("low", prompt_of(low_prompt, 1), t=0, priority=9, max_tokens=8)
+    d.step()
+    d.add("high", prompt_of(high_prompt, 2), t=1, priority=0, max_tokens=8)
+    d.step()
+    assert [s.request_id for s in d.sched.running] == ["low", "high"]
+    return d
+
+
+def step_until_preemption(d: Driver) -> list[str]:
+    """Steps until a step preempts; returns the request ids that step scheduled."""
+    while not d.sched.num_preemptions:
+        d.step()
+    return [d.state[s.seq_id][0] for s in d.plans[-1].seqs]
+
+
+def test_priority_victim_already_scheduled_this_step_gives_its_tokens_back() -> None:
+    # 5 blocks: low (8 + outputs) holds 3, high (6 + outputs) 2. At high's 9th token no
+    # block is free; low was scheduled earlier in the same step (its token fits its
+    # block), yet it is the worst priority, so it is the victim, not the newer high.
+    d = two_running("priority", num_blocks=5, low_prompt=8, high_prompt=6)
+    assert step_until_preemption(d) == ["high"]  # low's scheduled tokens were taken back
+    assert d.sched.last_preempted == ["low"]
+    assert [s.request_id for s in d.sched.running] == ["high"]
+    d.run()
+    for rid in ("low", "high"):
+        assert d.outputs[(rid, 0)] == d.expected(rid, 0, 8)
+    d.assert_drained()
+
+
+def test_fcfs_victim_is_the_newest_arrival_whatever_its_priority() -> None:
+    d = two_running("fcfs", num_blocks=5, low_prompt=8, high_prompt=6)
+    assert step_until_preemption(d) == ["low"]
+    assert d.sched.last_preempted == ["high"]
+    d.run()
+    d.assert_drained()
+
+
+def test_priority_victim_preempting_itself_lets_later_running_sequences_run() -> None:
+    # 6 blocks: low reaches a block boundary first with none free; it is the worst
+    # priority, so it preempts itself, and high (after it in running) still runs this step.
+    d = two_running("priority", num_blocks=6, low_prompt=8, high_prompt=6)
+    assert step_until_preemption(d) == ["high"]
+    assert d.sched.last_preempted == ["low"]
+    d.run()
+    for rid in ("low", "high"):
+        assert d.outputs[(rid, 0)] == d.expected(rid, 0, 8)
+    d.assert_drained()
+
+
+def test_priority_victim_ties_break_by_latest_arrival() -> None:
+    d = tight_driver("priority")
+    d.add("first", prompt_of(8, 0), t=0, priority=5, max_tokens=12)
+    d.add("second", prompt_of(8, 1), t=1, priority=5, max_tokens=12)
+    d.add("best", prompt_of(8, 2), t=2, priority=1, max_tokens=12)
+    step_until_preemption(d)
+    assert d.sched.last_preempted == ["second"]
+    d.run()
     d.assert_drained()
 
 
@@ -571,6 +668,35 @@ def test_fcfs_admits_in_arrival_order_and_priority_by_value() -> None:
                 if o.request_id not in order:
                     order.append(o.request_id)
         assert order == expect, policy
+
+
+def test_priority_admission_by_value_then_arrival_and_preempted_reenter_by_key() -> None:
+    d = Driver(num_blocks=64, max_num_seqs=1, policy="priority")
+    for t, (rid, prio) in enumerate((("a1", 1), ("b0", 0), ("c1", 1), ("d0", 0), ("e-3", -3))):
+        d.add(rid, prompt_of(4, t), t=t, priority=prio, max_tokens=2)
+    assert [s.request_id for s in d.sched.waiting] == ["e-3", "b0", "d0", "a1", "c1"]
+    order: list[str] = []
+    while d.sched.has_unfinished():
+        order += [rid for rid in d.sched.last_admitted if rid not in order]
+        d.step()
+    order += [rid for rid in d.sched.last_admitted if rid not in order]
+    assert order == ["e-3", "b0", "d0", "a1", "c1"]
+
+
+def test_priority_preempted_sequence_waits_behind_better_priorities_only() -> None:
+    d = tight_driver("priority")
+    d.add("high", prompt_of(8, 0), t=0, priority=0, max_tokens=12)
+    d.add("low", prompt_of(8, 1), t=1, priority=9, max_tokens=12)
+    d.add("mid", prompt_of(8, 2), t=2, priority=3, max_tokens=12)
+    step_until_preemption(d)
+    assert d.sched.last_preempted == ["low"]
+    d.add("later-low", prompt_of(8, 3), t=3, priority=9, max_tokens=4)
+    d.add("later-mid", prompt_of(8, 4), t=4, priority=3, max_tokens=4)
+    # The victim keeps its arrival: ahead of a later arrival of its priority, behind a
+    # better priority that arrived after it.
+    assert [s.request_id for s in d.sched.waiting] == ["later-mid", "low", "later-low"]
+    d.run()
+    d.assert_drained()
 
 
 # ---------------------------------------------------------------------- simulation

@@ -611,3 +611,19 @@ def test_keepalive_comments_change_no_event(server):
     assert data[-1] == b"data: [DONE]"
     chunks = [orjson.loads(e[6:]) for e in data[:-1]]
     assert "".join(c["choices"][0]["text"] for c in chunks) == want["choices"][0]["text"]
+
+
+def test_priority_needs_the_priority_policy(server):
+    """Under the default fcfs policy a priority other than 0 is refused, as vLLM documents;
+    0 (the default) is accepted."""
+    for path, body in (("/v1/completions", {"prompt": "Hi"}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]})):
+        for priority in (1, -1):
+            r = httpx.post(server + path, timeout=30,
+                           json={**body, "max_tokens": 1, "priority": priority})
+            assert r.status_code == 400, r.text
+            assert r.json()["error"] == {
+                "message": f"Got priority {priority} but Priority scheduling is not enabled.",
+                "type": "BadRequestError", "param": "priority", "code": 400}
+        r = httpx.post(server + path, timeout=30, json={**body, "max_tokens": 1, "priority": 0})
+        assert r.status_code == 200, r.text

@@ -135,6 +135,10 @@ class LLMEngine:
                     arrival_time: float | None = None, priority: int | None = None) -> None:
         """Validates and queues a request. Raises ValueError for what cannot run."""
         params.validate(self.vocab_size, self.config.max_logprobs)
+        effective = params.priority if priority is None else priority
+        if effective != 0 and self.config.scheduling_policy != "priority":
+            raise ValueError(  # vLLM's message
+                f"Got priority {effective} but Priority scheduling is not enabled.")
         prompt_token_ids = params.truncate_prompt(list(prompt_token_ids), self.max_model_len)
         for t in prompt_token_ids:
             if not 0 <= t < self.vocab_size:

@@ -14,6 +14,12 @@ cached chain of full blocks, always leaving at least one token to compute (its
 logits are needed). ``commit`` registers each block once it is full AND computed, so
 a cached block's KV is always written before anyone can find it.
 
+Cache salts: a sequence whose params carry ``cache_salt`` looks up and commits its chain
+under a root of its own, ``hash_root(key)`` with key = a 64-bit digest of the manager's
+extra_key and the salt. The salt thus enters the first block's hash and, by chaining,
+every later one's; since the pool verifies a hit against the stored parent hash, a
+lookup from another root (another salt, or none) can never reach a salted block.
+
 Forking (n > 1): a child shares the parent's full blocks that end before the
 parent's last prompt token. The partially filled last prompt block is NOT copied;
 the child recomputes those tokens (at most block_size of them, into a block of its
@@ -23,6 +29,7 @@ recomputed tail doubles as the child's own prefill that yields its first logits.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -56,6 +63,7 @@ class KVManager:
         import llmcore
 
         self._block_hash = llmcore.block_hash
+        self._hash_root = llmcore.hash_root
         self.pool = pool
         self.block_size: int = pool.block_size
         self.num_blocks: int = pool.num_blocks
@@ -82,11 +90,12 @@ class KVManager:
         if lookup < self.block_size:
             return 0
         tokens = seq.token_slice(0, lookup)
-        hits = self.pool.match_prefix(tokens, self.extra_key)
+        key = self._key_of(seq)
+        hits = self.pool.match_prefix(tokens, key)
         if not hits:
             return 0
         bs = self.block_size
-        parent = self._root_hash
+        parent = self._root_of(seq)
         hashes = []
         for i in range(len(hits)):
             parent = self._block_hash(parent, tokens[i * bs : (i + 1) * bs])
@@ -129,9 +138,26 @@ class KVManager:
         full = min(seq.num_computed_tokens // bs, len(seq.block_ids))
         hashes = seq.block_hashes
         for i in range(len(hashes), full):
-            parent = hashes[i - 1] if i else self._root_hash
+            parent = hashes[i - 1] if i else self._root_of(seq)
             tokens = seq.token_slice(i * bs, (i + 1) * bs)
             hashes.append(self.pool.commit(seq.block_ids[i], parent, tokens))
+
+    # ------------------------------------------------------------------ salts
+
+    def _key_of(self, seq: Sequence) -> int:
+        """The pool namespace (extra_key) of seq's chain: the manager's, or its salt's."""
+        salt = seq.params.cache_salt
+        if salt is None:
+            return self.extra_key
+        digest = hashlib.blake2b(salt.encode(), digest_size=8, person=b"llmserve-salt",
+                                 key=self.extra_key.to_bytes(8, "little")).digest()
+        # 64 bits: two salts share a namespace with probability 2^-64; finding a salt that
+        # lands in another one's needs that salt, which is the secret being protected.
+        return int.from_bytes(digest, "little")
+
+    def _root_of(self, seq: Sequence) -> int:
+        key = self._key_of(seq)
+        return self._root_hash if key == self.extra_key else self._hash_root(key)
 
     # ------------------------------------------------------------------ fork and free
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-__all__ = ["GREEDY_EPS", "SamplingParams", "SamplingParamsError"]
+__all__ = ["GREEDY_EPS", "SamplingParams", "SamplingParamsError", "cache_salt_error"]
 
 # temperature below this is greedy (argmax); vLLM's _SAMPLING_EPS.
 GREEDY_EPS = 1e-5
@@ -29,6 +29,25 @@ MAX_LOGIT_BIAS_ENTRIES = 1024
 LOGIT_BIAS_LIMIT = 100.0
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
+# vLLM 0.33's cache_salt rules (at most 128 characters, none of '@', '/', '\\', NUL) plus
+# one of ours: printable characters only (no control or line-separator characters), so a
+# salt is always safe to log and to pass to any other cache layer verbatim.
+MAX_CACHE_SALT_CHARS = 128
+_CACHE_SALT_FORBIDDEN = frozenset("@/\\\x00")
+
+
+def cache_salt_error(salt: object) -> str | None:
+    """Why a cache_salt is refused (vLLM's messages), or None when it is acceptable."""
+    if salt is None:
+        return None
+    if not isinstance(salt, str) or not salt:
+        return "Parameter 'cache_salt' must be a non-empty string if provided."
+    if len(salt) > MAX_CACHE_SALT_CHARS or not _CACHE_SALT_FORBIDDEN.isdisjoint(salt):
+        return (f"Parameter 'cache_salt' must be at most {MAX_CACHE_SALT_CHARS} characters "
+                "and must not contain '@', '/', '\\\\', or NUL.")
+    if not salt.isprintable():
+        return "Parameter 'cache_salt' must contain printable characters only."
+    return None
 
 
 class SamplingParamsError(ValueError):
@@ -69,6 +88,9 @@ class SamplingParams:
     truncate_prompt_tokens: int | None = None
     truncation_side: str = "left"
     priority: int = 0  # lower is served first under the priority policy
+    # Prefix-cache namespace: requests share cached KV blocks only with requests of the same
+    # salt (None: the shared default namespace). Mixed into the first block's hash.
+    cache_salt: str | None = None
 
     def __post_init__(self) -> None:
         # Shape normalisation only: nothing here can fail; validate() judges values.
@@ -166,6 +188,9 @@ class SamplingParams:
         if self.seed is not None:
             _int_in(self.seed, "seed", INT64_MIN, INT64_MAX)
         _int_in(self.priority, "priority", INT64_MIN, INT64_MAX)
+        message = cache_salt_error(self.cache_salt)
+        if message is not None:
+            raise SamplingParamsError(message, "cache_salt")
         if self.max_tokens is not None:
             _int_in(self.max_tokens, "max_tokens", 1, None)
         _int_in(self.min_tokens, "min_tokens", 0, self.max_tokens)

@@ -53,7 +53,8 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 # The engine's defaults (actors.engine.EngineConfig), repeated here so that `--help` needs
 # no heavy imports; tests/test_server_lifecycle.py checks they agree.
 ENGINE_DEFAULTS = {"max_num_seqs": 128, "max_num_batched_tokens": 2048,
-                   "kv_cache_memory": 2 << 30, "kv_cache_dtype": "auto"}
+                   "kv_cache_memory": 2 << 30, "kv_cache_dtype": "auto",
+                   "scheduling_policy": "fcfs"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -86,6 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
       "holds twice the tokens of float32 in the same memory")
     a("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
       help="reuse KV blocks of shared prompt prefixes")
+    a("--scheduling-policy", default=ENGINE_DEFAULTS["scheduling_policy"],
+      choices=["fcfs", "priority"], help="order in which waiting requests are admitted: "
+      "'fcfs' by arrival (a request's priority must then be 0), 'priority' by the request's "
+      "priority (lower first), then arrival; when the KV cache runs out, the worst priority "
+      "running request is preempted")
     a("--dtype", default="auto", choices=["auto", "float32", "float", "bfloat16", "float16", "half"],
       help="compute dtype")
     a("--seed", type=int, default=0, help="engine seed for unseeded requests")
@@ -133,6 +139,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         kv_cache_memory=args.kv_cache_memory,
         kv_cache_dtype=args.kv_cache_dtype,
         enable_prefix_caching=args.enable_prefix_caching,
+        scheduling_policy=args.scheduling_policy,
         dtype=args.dtype,
         seed=args.seed,
         generation_config=args.generation_config,

@@ -22,6 +22,7 @@ class ServerConfig:
     kv_cache_memory: int | None = None
     kv_cache_dtype: str = "auto"
     enable_prefix_caching: bool = True
+    scheduling_policy: str = "fcfs"  # fcfs | priority
     dtype: str = "auto"
     seed: int = 0
     generation_config: str = "auto"

@@ -17,6 +17,7 @@ from actors.sampling_params import (
     MAX_STOP_STRING_CHARS,
     MAX_STOP_STRINGS,
     SamplingParams,
+    cache_salt_error,
 )
 from actors.sampling_params import MAX_LOGIT_BIAS_ENTRIES as MAX_LOGIT_BIAS
 
@@ -56,6 +57,7 @@ class Limits:
     vocab_size: int
     max_model_len: int
     max_logprobs: int = 20
+    scheduling_policy: str = "fcfs"  # the engine's: priority != 0 needs "priority"
 
 
 def server_defaults(generation_config: dict[str, Any] | None) -> dict[str, Any]:
@@ -160,6 +162,15 @@ def build_params(
             f"({limits.max_model_len})", "truncate_prompt_tokens",
         )
 
+    if req.priority != 0 and limits.scheduling_policy != "priority":
+        # vLLM's message (its engine's check); vLLM's protocol documents the refusal.
+        raise bad_request(
+            f"Got priority {req.priority} but Priority scheduling is not enabled.", "priority"
+        )
+    salt_problem = cache_salt_error(req.cache_salt)
+    if salt_problem is not None:
+        raise bad_request(salt_problem, "cache_salt")
+
     seed = req.seed
     if seed == -1:
         seed = None
@@ -191,6 +202,7 @@ def build_params(
         truncate_prompt_tokens=truncate,
         truncation_side=req.truncation_side or "left",
         priority=req.priority,
+        cache_salt=req.cache_salt,
     )
 
 

@@ -56,6 +56,7 @@ def make_engine_factory(config: ServerConfig) -> Callable[[], Any]:
             "kv_cache_memory": config.kv_cache_memory,
             "kv_cache_dtype": config.kv_cache_dtype,
             "enable_prefix_caching": config.enable_prefix_caching,
+            "scheduling_policy": config.scheduling_policy,
             "seed": config.seed,
             "generation_config": config.generation_config,
         }
@@ -123,8 +124,10 @@ class Supervisor:
         mc = engine.model_config
         max_model_len = getattr(engine, "max_model_len", None) or mc.max_model_len
         vocab_size = getattr(engine, "vocab_size", None) or mc.vocab_size
+        policy = getattr(getattr(engine, "config", None), "scheduling_policy",
+                         cfg.scheduling_policy)
         limits = Limits(vocab_size=int(vocab_size), max_model_len=int(max_model_len),
-                        max_logprobs=cfg.max_logprobs)
+                        max_logprobs=cfg.max_logprobs, scheduling_policy=str(policy))
         max_seqs = int(getattr(getattr(engine, "config", None), "max_num_seqs", None)
                        or cfg.max_num_seqs or 64)
         capacity = max_seqs + (cfg.max_queued_requests if cfg.max_queued_requests is not None

@@ -49,5 +49,6 @@ class SamplingFields(APIModel):
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1, le=INT64_MAX)
     truncation_side: Literal["left", "right"] | None = None
     priority: int = Field(default=0, ge=INT64_MIN, le=INT64_MAX)
+    cache_salt: str | None = None  # checked in server.sampling (vLLM's rules and ours)
     request_id: str | None = Field(default=None, max_length=256)
     user: str | None = None
