@@ -141,6 +141,15 @@ def _compile(source: str) -> tuple[jinja2.Template, frozenset[str], bool]:
     return template, variables, _reads_content_parts(source)
 
 
+def parse_template(source: str) -> str | None:
+    """None when `source` parses as a chat template, else what is wrong with it."""
+    try:
+        _compile(source)
+    except APIError as exc:
+        return exc.message
+    return None
+
+
 def _reads_content_parts(source: str) -> bool:
     """Whether the template iterates message content as a list of parts (OpenAI format)."""
     return bool(

@@ -8,6 +8,7 @@ import os
 import re
 import sys
 
+from server import flag_checks as check
 from server.config import ServerConfig
 
 KEY_ENV_VARS = ("LLMSERVE_API_KEY", "VLLM_API_KEY")
@@ -64,23 +65,29 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=_HelpFormatter,
     )
     a = p.add_argument
-    a("--model", default=None, help="model: a GGUF file or Hugging Face directory. "
-      "Default: the bundled SmolLM2-135M-Instruct GGUF")
-    a("--served-model-name", nargs="+", default=None, help="names clients use for the model "
-      "(aliases); the first is reported in responses and metrics. Default: the model's name")
-    a("--host", default="127.0.0.1", help="interface to bind")
-    a("--port", type=int, default=8000, help="port to bind (0 picks a free one)")
-    a("--api-key", nargs="+", default=None, help="API keys; every route except /health and "
-      f"/ping then needs one. Also read from {' or '.join(KEY_ENV_VARS)}. Default: none "
-      "(no authentication)")
-    a("--max-model-len", type=_tokens, default=None,
+    a("--model", type=check.model_path, default=None, help="model: a GGUF file or Hugging "
+      "Face directory. Default: the bundled SmolLM2-135M-Instruct GGUF")
+    a("--served-model-name", nargs="+", type=check.non_empty, default=None, help="names "
+      "clients use for the model (aliases); the first is reported in responses and metrics. "
+      "Default: the model's name")
+    a("--host", type=check.non_empty, default="127.0.0.1", help="interface to bind")
+    a("--port", type=check.in_range(check.integer, 0, 65535), default=8000,
+      help="port to bind (0 picks a free one)")
+    a("--api-key", nargs="+", type=check.non_empty, default=None, help="API keys; every route "
+      f"except /health and /ping then needs one. Also read from {' or '.join(KEY_ENV_VARS)}. "
+      "Default: none (no authentication)")
+    a("--max-model-len", type=check.in_range(_tokens, 2), default=None,
       help="context length (prompt + output). Default: the model's max_position_embeddings")
-    a("--max-num-seqs", type=int, default=ENGINE_DEFAULTS["max_num_seqs"],
+    a("--max-num-seqs", type=check.in_range(check.integer, 1),
+      default=ENGINE_DEFAULTS["max_num_seqs"],
       help="most sequences running at once (in one engine step)")
-    a("--max-num-batched-tokens", type=_tokens, default=ENGINE_DEFAULTS["max_num_batched_tokens"],
+    a("--max-num-batched-tokens", type=check.in_range(_tokens, 1),
+      default=ENGINE_DEFAULTS["max_num_batched_tokens"],
       help="most tokens per engine step (prefill chunks + decodes)")
-    a("--block-size", type=int, default=16, help="tokens per KV cache block")
-    a("--kv-cache-memory", type=_size, default=ENGINE_DEFAULTS["kv_cache_memory"],
+    a("--block-size", type=check.in_range(check.integer, 1, 1024), default=16,
+      help="tokens per KV cache block (the core's block pool takes 1-1024)")
+    a("--kv-cache-memory", type=check.in_range(_size, 1),
+      default=ENGINE_DEFAULTS["kv_cache_memory"],
       help="bytes of KV cache for all layers, e.g. 512m or 2g. Default: 2g")
     a("--kv-cache-dtype", default=ENGINE_DEFAULTS["kv_cache_dtype"], choices=["auto", "float32", "bfloat16"],
       help="element type of the KV cache: 'auto' stores K/V in the model's dtype; bfloat16 "
@@ -92,24 +99,27 @@ def build_parser() -> argparse.ArgumentParser:
       "'fcfs' by arrival (a request's priority must then be 0), 'priority' by the request's "
       "priority (lower first), then arrival; when the KV cache runs out, the worst priority "
       "running request is preempted")
-    a("--dtype", default="auto", choices=["auto", "float32", "float", "bfloat16", "float16", "half"],
-      help="compute dtype")
-    a("--seed", type=int, default=0, help="engine seed for unseeded requests")
-    a("--generation-config", default="auto", help="where request defaults for sampling come "
-      "from: 'auto' = the model's generation_config.json, 'vllm' = none (OpenAI's), or a "
-      "folder holding a generation_config.json. Default: auto")
-    a("--chat-template", default=None, help="chat template file or literal Jinja text. "
-      "Default: the tokenizer's")
+    a("--dtype", type=check.dtype, default="auto", help="weight dtype: auto, float32 (or "
+      "float) or bfloat16; activations are float32 on CPUs. float16/half are refused")
+    a("--seed", type=check.in_range(check.integer, check.INT64_MIN, check.INT64_MAX),
+      default=0, help="engine seed for unseeded requests")
+    a("--generation-config", type=check.generation_config, default="auto", help="where "
+      "request defaults for sampling come from: 'auto' = the model's generation_config.json, "
+      "'vllm' = none (OpenAI's), or a folder holding a generation_config.json. Default: auto")
+    a("--chat-template", type=check.chat_template, default=None, help="chat template file or "
+      "literal Jinja text. Default: the tokenizer's")
     a("--chat-template-content-format", default="auto", choices=["auto", "string", "openai"],
       help="how message content is passed to the template")
     a("--trust-request-chat-template", action="store_true",
       help="allow requests to supply their own chat_template")
-    a("--max-logprobs", type=int, default=20, help="largest logprobs/top_logprobs (-1: no cap)")
-    a("--max-queued-requests", type=int, default=None, help="sequences allowed to "
-      "wait beyond --max-num-seqs before new requests get 503 + Retry-After. "
-      "Default: 2 x --max-num-seqs")
-    a("--max-body-bytes", type=_size, default="4m", help="largest request body (413 above)")
-    a("--drain-timeout", type=float, default=30.0,
+    a("--max-logprobs", type=check.in_range(check.integer, -1), default=20,
+      help="largest logprobs/top_logprobs (-1: no cap)")
+    a("--max-queued-requests", type=check.in_range(check.integer, 0), default=None,
+      help="sequences allowed to wait beyond --max-num-seqs before new requests get 503 + "
+      "Retry-After. Default: 2 x --max-num-seqs")
+    a("--max-body-bytes", type=check.in_range(_size, 1), default="4m",
+      help="largest request body (413 above)")
+    a("--drain-timeout", type=check.seconds, default=30.0,
       help="seconds in-flight requests may take to finish after SIGTERM/SIGINT")
     a("--enable-request-id-headers", action="store_true",
       help="echo X-Request-Id (or a new id) on every response")
