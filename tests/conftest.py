@@ -107,3 +107,46 @@ def make_tiny_model(tmp_path: Path) -> Callable[..., Path]:
 @pytest.fixture
 def tiny_llama_dir(make_tiny_model: Callable[..., Path]) -> Path:
     return make_tiny_model("llama")
+
+
+class IsaRecord:
+    """Which kernel variants the tests executed, and which they skipped and why."""
+
+    def __init__(self) -> None:
+        self.runs: dict[str, set[str]] = {}
+        self.skips: dict[tuple[str, str], str] = {}
+
+    def ran(self, family: str, isa: str) -> None:
+        self.runs.setdefault(family, set()).add(isa)
+
+    def skipped(self, family: str, isa: str, why: str) -> None:
+        self.skips[(family, isa)] = why
+
+
+_ISA_RECORD = IsaRecord()
+
+
+@pytest.fixture(scope="session")
+def isa_record() -> IsaRecord:
+    return _ISA_RECORD
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Says which CPU kernel variants the differential tests ran against scalar."""
+    rec = _ISA_RECORD
+    if not rec.runs and not rec.skips:
+        return
+    import llmcore
+
+    order = ("scalar", "avx2", "avx512")
+    lines = [f"CPU: runs {llmcore.cpu_isa()} at most; built: {llmcore.build_features()}"]
+    for family in sorted(set(rec.runs) | {f for f, _ in rec.skips}):
+        ran = sorted(rec.runs.get(family, ()), key=order.index)
+        line = f"{family}: compared with scalar: {', '.join(ran) or 'none'}"
+        skips = [f"{i} ({why})" for (f, i), why in sorted(rec.skips.items()) if f == family]
+        if skips:
+            line += f"; skipped: {', '.join(skips)}"
+        lines.append(line)
+    terminalreporter.write_sep("=", "kernel ISA variants executed")
+    for line in lines:
+        terminalreporter.write_line(line)

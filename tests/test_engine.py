@@ -165,7 +165,12 @@ def test_eos_stops_and_blocks_return(base: LLM) -> None:
 
 def test_kv_cache_dtype_bfloat16_holds_twice_the_tokens(loaded: Any, base: LLM) -> None:
     """A bf16 cache under an fp32 model: twice the blocks in the same memory, and next-token
-    log-probabilities within bf16 rounding of the exact (fp32) cache."""
+    log-probabilities within bf16 rounding of the exact (fp32) cache.
+
+    bf16 K/V move these logprobs by up to ~0.03 (measured 0.027 on the scalar, AVX2 and
+    AVX-512 attention alike), so the best token may change only where the fp32 cache's two
+    best are closer than 0.05: "The capital of France is" after SYSTEM is such a near-tie
+    (" Paris" against " France", 0.043 apart), and there the bf16 winner must be one of the two."""
     assert base.engine.kv_cache_dtype == torch.float32  # auto: the model's dtype (float32 here)
     half = make_llm(loaded, kv_cache_dtype="bfloat16")
     assert half.engine.runner.k_caches[0].dtype == torch.bfloat16
@@ -174,7 +179,10 @@ def test_kv_cache_dtype_bfloat16_holds_twice_the_tokens(loaded: Any, base: LLM) 
     prompts = token_ids(base, [SYSTEM + " " + p for p in PROMPTS])
     for want, got in zip(base.generate(prompts, params), half.generate(prompts, params)):
         a, b = want.outputs[0].logprobs[0], got.outputs[0].logprobs[0]
-        assert a.top_token_ids[0] == b.top_token_ids[0]
+        if a.top_logprobs[0] - a.top_logprobs[1] < 0.05:
+            assert b.top_token_ids[0] in a.top_token_ids[:2]
+        else:
+            assert a.top_token_ids[0] == b.top_token_ids[0]
         assert abs(a.logprob - b.logprob) < 0.05
         assert set(a.top_token_ids[:3]) <= set(b.top_token_ids)
     with pytest.raises(ValueError, match="kv_cache_dtype"):

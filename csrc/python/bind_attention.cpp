@@ -134,6 +134,13 @@ then uploaded on stream).)doc")
     m.def(
         "attention_isa", [] { return std::string(lc::attn::isa_name(lc::attn::current_isa())); },
         "The instruction set the CPU attention kernel runs with: avx512, avx2 or scalar.");
+    m.def(
+        "set_attention_isa",
+        [](const std::string& name) {
+            return std::string(lc::attn::isa_name(lc::attn::set_isa(isa_arg(name))));
+        },
+        py::arg("isa"),
+        "Caps the CPU attention kernel's instruction set (tests); returns the one in effect.");
     m.def("kv_store", &kv_store, py::arg("plan"), py::arg("k"), py::arg("v"), py::arg("k_cache"),
           py::arg("v_cache"), py::arg("stream") = 0,
           R"doc(Write the step's new K/V rows into their slots of the paged caches.

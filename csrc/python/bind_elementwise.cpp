@@ -54,6 +54,10 @@ cos, sin: [T, D/2] float32, the angles of each token's position.)doc");
             return std::string(lc::isa_name(lc::elementwise::set_isa(isa_arg(name))));
         },
         py::arg("isa"), "Caps the elementwise kernels' instruction set (tests); returns the one in effect.");
+    m.def(
+        "elementwise_isa",
+        [] { return std::string(lc::isa_name(lc::elementwise::current_isa())); },
+        "The instruction set the elementwise kernels run with: avx2 or scalar.");
 }
 
 }  // namespace lcpy

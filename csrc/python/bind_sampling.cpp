@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "binding.h"
+#include "sampling_kernels.h"
 
 namespace lcpy {
 
@@ -132,8 +133,8 @@ py::tuple sample(const py::handle& logits, const py::handle& temperature, const 
         p.seed = sd[r];
         p.position = pos[r];
     }
-    if (num_top_logprobs < 0 || num_top_logprobs > LC_MAX_TOP_LOGPROBS)
-        throw py::value_error("num_top_logprobs must be in [0, 20]");
+    if (num_top_logprobs < 0)
+        throw py::value_error("num_top_logprobs must be >= 0");  // the core checks <= vocab
 
     lc_sampling_batch b{};
     b.num_rows = int32_t(rows);
@@ -186,7 +187,6 @@ py::array_t<float> rng_uniform(uint64_t seed, int64_t position, const py::handle
 }  // namespace
 
 void bind_sampling(py::module_& m) {
-    m.attr("MAX_TOP_LOGPROBS") = LC_MAX_TOP_LOGPROBS;
     m.attr("NO_TOKEN") = LC_NO_TOKEN;
     m.def("sample", &sample, py::arg("logits"), py::arg("temperature"), py::arg("top_k"),
           py::arg("top_p"), py::arg("min_p"), py::arg("repetition_penalty"),
@@ -199,6 +199,16 @@ void bind_sampling(py::module_& m) {
           "Samples one token per row of logits [num_rows, vocab] (fp32/bf16, borrowed via "
           "__dlpack__). Returns (tokens int32 [B], logprobs float32 [B], ranks int32 [B], "
           "top_tokens int32 [B, N], top_logprobs float32 [B, N]).");
+    m.def(
+        "sampling_isa",
+        [] { return std::string(lc::isa_name(lc::sampling::current_isa())); },
+        "The instruction set of the sampler's dense loops: avx512, avx2 or scalar.");
+    m.def(
+        "set_sampling_isa",
+        [](const std::string& name) {
+            return std::string(lc::isa_name(lc::sampling::set_isa(isa_arg(name))));
+        },
+        py::arg("isa"), "Caps the sampler's instruction set (tests); returns the one in effect.");
     m.def("rng_uniform", &rng_uniform, py::arg("seed"), py::arg("position"), py::arg("index"),
           "The sampler's uniforms in [0, 1) for (seed, position, index) (float32 array, "
           "one per index).");

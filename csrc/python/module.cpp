@@ -192,6 +192,7 @@ template class IntArray<int64_t>;
 void bind_runtime(py::module_& m) {
     m.def("version", &lc_version);
     m.def("build_features", &lc_build_features);
+    m.def("cpu_isa", &lc_cpu_isa);
     m.def("abi_version", &lc_abi_version);
     m.def("set_num_threads", [](int n) { check(lc_set_num_threads(n)); }, py::arg("n"));
     m.def("get_num_threads", &lc_get_num_threads);

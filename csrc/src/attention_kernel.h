@@ -1,7 +1,6 @@
 // The paged-attention work-item kernel, written once over a vector-ops type
 // `Ops` and compiled once per instruction set (attention_isa_*.cpp include it
-// inside their target region). Every template here is instantiated only with
-// an Ops type of internal linkage, so the per-target copies never merge.
+// inside their target region).
 //
 // Ops provides: V (a vector of W floats), zero/set1/load(float*)/load(bf16
 // bits)/store/fma/mul/max, hmax, hsum8 (8 vectors -> 8 lane sums), exp (exact
@@ -23,9 +22,17 @@
 // the hardware prefetcher does not follow across blocks.
 // Do not include anything from here: the including file has already
 // included every header, before its target pragma.
+//
+// Everything here has internal linkage (the unnamed namespace): each
+// attention_isa_*.cpp compiles its own copy for its own target. With external
+// linkage, a non-template helper or a template not parameterized by Ops
+// (ItemCache<KT>, Seg<KT>, tile_end) would be emitted once per target as a
+// weak symbol and the linker would keep one of them for every caller, so the
+// scalar kernel could run AVX-512 code. The isa_objects ctest checks this.
 #pragma once
 
 namespace lc::attn::kernel {
+namespace {
 
 constexpr int kLd = kTile + 16;  // logits row stride: a segment's last 8-group may spill
 constexpr int kMaxSegs = kTile;  // block segments per tile (block_size 1: one per position)
@@ -568,4 +575,5 @@ void run_item_any(const Job& job, const WorkItem& it, const WorkItem* next) {
         run_item_kt<Ops, float>(job, it, next);
 }
 
+}  // namespace
 }  // namespace lc::attn::kernel

@@ -88,7 +88,11 @@ bool overlaps(const lc_tensor& a, const lc_tensor& b) {
 Isa cpu_isa() {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f")) return Isa::kAvx512;
+    // The AVX-512 kernels use F, BW, VL and DQ (every AVX-512 CPU since
+    // Skylake-SP has all four; Xeon Phi, with F alone, runs the AVX2 ones).
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+        return Isa::kAvx512;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::kAvx2;
 #endif
     return Isa::kScalar;
@@ -103,6 +107,10 @@ const char* isa_name(Isa isa) {
 }
 
 bool parse_isa(const char* name, Isa* out) {
+    if (!std::strcmp(name, "portable")) {  // the sampler's former name for scalar
+        *out = Isa::kScalar;
+        return true;
+    }
     for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512})
         if (!std::strcmp(name, isa_name(isa))) {
             *out = isa;
@@ -266,15 +274,19 @@ const char* lc_version(void) { return LLMCORE_VERSION_STRING; }
 int32_t lc_abi_version(void) { return LC_ABI_VERSION; }
 
 const char* lc_build_features(void) {
-    return "cpu"
-#if defined(__AVX512F__)
-           ",avx512"
+    // The CPU kernel variants compiled in (each chosen at run time by what the
+    // CPU runs; see lc_cpu_isa), then CUDA.
+    return "cpu,scalar"
+#if defined(__x86_64__)
+           ",avx2,avx512"
 #endif
 #if defined(LLMCORE_WITH_CUDA)
            ",cuda"
 #endif
         ;
 }
+
+const char* lc_cpu_isa(void) { return lc::isa_name(lc::cpu_isa()); }
 
 lc_status lc_set_num_threads(int32_t n) {
     return lc::guard([&] {

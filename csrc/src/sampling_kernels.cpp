@@ -1,22 +1,22 @@
 // The portable build of the dense sampler loops and the run-time choice of
-// the best instruction set (LLMCORE_SAMPLING_ISA=portable|avx2|avx512 forces one
-// the CPU supports, for testing and benchmarking).
+// the best instruction set (LLMCORE_SAMPLING_ISA=scalar|avx2 caps it, for
+// testing and benchmarking; set_isa() does the same at run time).
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
 
+#include "cpu_isa.h"
 #include "rng.h"
 #include "sampling_kernels.h"
 
 namespace lc::sampling::isa_portable {
-#define LC_KERNELS_ISA_NAME "portable"
+#define LC_KERNELS_ISA_NAME "scalar"
 #define LC_KERNELS_VBYTES 16
 #include "sampling_kernels_impl.h"
 #undef LC_KERNELS_ISA_NAME
@@ -29,36 +29,33 @@ const Kernels& kernels_portable() { return isa_portable::kTable; }
 
 namespace {
 
-bool cpu_has(const char* isa) {
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-    __builtin_cpu_init();
-    if (std::strcmp(isa, "avx512") == 0)
-        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
-               __builtin_cpu_supports("fma");
-    if (std::strcmp(isa, "avx2") == 0)
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#endif
-    return false;
+// The widest table compiled in; IsaSetting caps it by what the CPU runs.
+Isa compiled_most() {
+    if (kernels_avx512()) return Isa::kAvx512;
+    if (kernels_avx2()) return Isa::kAvx2;
+    return Isa::kScalar;
 }
 
-const Kernels* choose() {
-    const Kernels* avx512 = kernels_avx512();
-    const Kernels* avx2 = kernels_avx2();
-    const char* forced = std::getenv("LLMCORE_SAMPLING_ISA");
-    if (forced && std::strcmp(forced, "portable") == 0) return &kernels_portable();
-    if (forced && std::strcmp(forced, "avx2") == 0 && avx2 && cpu_has("avx2")) return avx2;
-    if (avx512 && cpu_has("avx512") && !(forced && std::strcmp(forced, "avx2") == 0))
-        return avx512;
-    if (avx2 && cpu_has("avx2")) return avx2;
-    return &kernels_portable();
+IsaSetting& isa_setting() {
+    static IsaSetting setting("LLMCORE_SAMPLING_ISA", compiled_most());
+    return setting;
 }
 
 }  // namespace
 
 const Kernels& kernels() {
-    static const Kernels* chosen = choose();
-    return *chosen;
+    switch (current_isa()) {
+        case Isa::kAvx512:
+            return *kernels_avx512();
+        case Isa::kAvx2:
+            return *kernels_avx2();
+        default:
+            return kernels_portable();
+    }
 }
+
+Isa best_isa() { return isa_setting().best(); }
+Isa set_isa(Isa isa) { return isa_setting().set(isa); }
+Isa current_isa() { return isa_setting().current(); }
 
 }  // namespace lc::sampling

@@ -1,7 +1,7 @@
 // Dense per-row loops of the CPU sampler: the passes over the whole
 // vocabulary. The same source (sampling_kernels_impl.h) is compiled once per
 // instruction set (portable, AVX2+FMA, AVX-512) and kernels() picks the best
-// one the running CPU supports. Everything else in the sampler touches only
+// one the running CPU supports (current_isa()). Everything else in the sampler touches only
 // a handful of tokens per row.
 //
 // "Sanitized" values: NaN -> -inf (treated as masked) and +inf -> FLT_MAX, so
@@ -9,6 +9,8 @@
 #pragma once
 
 #include <cstdint>
+
+#include "cpu_isa.h"
 
 namespace lc::sampling {
 
@@ -54,9 +56,16 @@ inline int bucket_of(float d) {
     return b < float(kNumBuckets - 1) ? int(b) : kNumBuckets - 1;
 }
 
+// The table of the instruction set in effect (current_isa()).
 const Kernels& kernels();
-const Kernels& kernels_portable();
+const Kernels& kernels_portable();  // isa "scalar": baseline ISA, vector extensions
 const Kernels* kernels_avx2();    // nullptr when not compiled in
 const Kernels* kernels_avx512();  // nullptr when not compiled in
+
+// As lc::attn's: the best the CPU runs and the build compiled, a cap for
+// tests, and the one in effect.
+Isa best_isa();
+Isa set_isa(Isa isa);
+Isa current_isa();
 
 }  // namespace lc::sampling

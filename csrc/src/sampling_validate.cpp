@@ -61,8 +61,8 @@ void validate(const lc_tensor* logits, const lc_sampling_batch* b, const lc_samp
     // logits are only read.
     require(b->num_rows == 0 || b->rows != nullptr, "batch rows is NULL");
     require(out->tokens != nullptr || b->num_rows == 0, "out tokens is NULL");
-    require(b->num_top_logprobs >= 0 && b->num_top_logprobs <= LC_MAX_TOP_LOGPROBS,
-            "num_top_logprobs must be in [0, " + std::to_string(LC_MAX_TOP_LOGPROBS) + "]");
+    require(b->num_top_logprobs >= 0 && b->num_top_logprobs <= vocab,
+            "num_top_logprobs must be in [0, vocab size " + std::to_string(vocab) + "]");
     require(b->num_top_logprobs == 0 || (out->top_tokens && out->top_logprobs) ||
                 b->num_rows == 0,
             "num_top_logprobs > 0 needs out top_tokens and top_logprobs");

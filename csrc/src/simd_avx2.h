@@ -7,7 +7,10 @@
 
 #include "exp_poly.h"
 
+// The unnamed namespace gives every including (AVX2-target) translation unit
+// its own copy: no weak symbol a differently-targeted object could supply.
 namespace lc::simd {
+namespace {
 
 // The sum of the 8 lanes.
 inline float hsum(__m256 v) {
@@ -58,4 +61,5 @@ inline void transpose8(__m256 r[8]) {
     r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
 }
 
+}  // namespace
 }  // namespace lc::simd

@@ -12,6 +12,7 @@ from llmcore._C import (
     OutOfBlocksError,
     abi_version,
     build_features,
+    cpu_isa,
     get_num_threads,
     set_num_threads,
     version,
@@ -23,6 +24,7 @@ from llmcore.linear import *  # noqa: F403
 from llmcore.linear import __all__ as _linear_all  # the function shadows the module
 from llmcore.sampling import *  # noqa: F403
 
+from llmcore import isa
 from llmcore import attention as _attention
 from llmcore import block_pool as _block_pool
 from llmcore import elementwise as _elementwise
@@ -32,7 +34,9 @@ __all__ = [
     "OutOfBlocksError",
     "abi_version",
     "build_features",
+    "cpu_isa",
     "get_num_threads",
+    "isa",
     "set_num_threads",
     "version",
     *_attention.__all__,

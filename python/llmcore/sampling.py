@@ -35,10 +35,9 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from llmcore._C import MAX_TOP_LOGPROBS, NO_TOKEN, rng_uniform, sample
+from llmcore._C import NO_TOKEN, rng_uniform, sample
 
 __all__ = [
-    "MAX_TOP_LOGPROBS",
     "NO_TOKEN",
     "SampleResult",
     "SamplingBatch",

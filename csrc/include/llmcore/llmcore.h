@@ -106,8 +106,15 @@ LC_API const char* lc_version(void);
 /* ABI version this library was built with (LC_ABI_VERSION). */
 LC_API int32_t lc_abi_version(void);
 
-/* Build features as a static, comma-separated string, e.g. "avx512,bf16,cuda". */
+/* Build features as a static, comma-separated string: "cpu,scalar" and, on
+ * x86-64, the SIMD kernel variants compiled in ("avx2,avx512"), then "cuda"
+ * when the CUDA kernels are built, e.g. "cpu,scalar,avx2,avx512,cuda". Which
+ * CPU variant runs is chosen at run time: lc_cpu_isa(). */
 LC_API const char* lc_build_features(void);
+
+/* The widest CPU kernel variant this CPU runs among those built: "avx512"
+ * (AVX-512 F/BW/VL/DQ), "avx2" (AVX2 + FMA) or "scalar". Static string. */
+LC_API const char* lc_cpu_isa(void);
 
 /* Threads used by CPU kernels. n <= 0 means "all hardware threads". The core
  * keeps its own pool of sleeping (not spinning) workers, so it does not
@@ -300,7 +307,6 @@ LC_API lc_status lc_paged_attention(const lc_attn_plan* plan, const lc_tensor* q
  * temperature <= 0 means greedy (argmax after the processing above).
  */
 
-#define LC_MAX_TOP_LOGPROBS 20
 #define LC_NO_TOKEN (-1) /* sampled when every token of a row is masked */
 
 typedef struct lc_sampling_row {
@@ -335,7 +341,8 @@ typedef struct lc_sampling_batch {
     const int32_t* allowed_bitmask; /* [num_rows][bitmask_words]; bit (t % 32) of word
                                        t / 32 set = token t allowed; NULL = none */
     int32_t bitmask_words;          /* >= ceil(vocab / 32) when allowed_bitmask is set */
-    int32_t num_top_logprobs;       /* 0..LC_MAX_TOP_LOGPROBS */
+    int32_t num_top_logprobs;       /* 0..vocab: top entries per row (the
+                                       CUDA kernel costs O(N x vocab) a row) */
     int32_t logprobs_mode;          /* LC_LOGPROBS_RAW (model's own distribution)
                                        or LC_LOGPROBS_PROCESSED */
 } lc_sampling_batch;
