@@ -343,3 +343,16 @@ def test_builder_bitmask_and_bias() -> None:
     args = batch.arrays(64)
     assert args["use_bitmask"].tolist() == [1, 0, 0]
     assert args["allowed_bitmask"].shape == (3, 2)
+
+
+def test_top_logprobs_up_to_the_vocabulary(logits: torch.Tensor) -> None:
+    """Any count up to the vocabulary (vLLM's max_logprobs=-1), best first; beyond it refused."""
+    rows = [RefRow(temperature=0.0)] * 2
+    _, _, _, top_t, top_l = _call(logits[:2], rows, num_top_logprobs=VOCAB)
+    want = torch.log_softmax(logits[:2].double(), dim=-1)
+    for r in range(2):
+        order = torch.sort(want[r], descending=True, stable=True)
+        assert top_t[r].tolist() == order.indices.tolist()
+        np.testing.assert_allclose(top_l[r], order.values.numpy(), atol=1e-5)
+    with pytest.raises(ValueError, match="num_top_logprobs"):
+        _call(logits[:2], rows, num_top_logprobs=VOCAB + 1)
