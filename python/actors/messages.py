@@ -199,11 +199,13 @@ class StepPlan:
 @dataclass(frozen=True, slots=True)
 class SampledToken:
     """``token_id`` -1 (LC_NO_TOKEN: every token was masked) ends the sequence with
-    "stop" and no new token."""
+    "stop" and no new token. ``refused``: the sampler refused this row's parameters (a
+    value validation should have stopped); its request ends with "error", alone."""
 
     seq_id: int
     token_id: int
     logprobs: Logprobs | None = None
+    refused: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,8 +4,11 @@ The runner owns what the engine side keeps per sequence (prompt and output token
 penalties, logit bias, allowed tokens) and the paged KV caches. One step:
 
     StepPlan --flatten--> input_ids [T], positions [T], AttentionPlan (once per step)
-             --model-->   logits for the rows that sample
+             --model-->   logits for the rows that sample (none: a step of mid-prompt chunks)
              --sampler--> one token per sampling sequence --> StepResult
+
+One core call samples every row; when the core refuses the batch, the rows are drawn one
+by one and only the refused rows come back as ``SampledToken(refused=True)``.
 
 The flattened batch of a step (T tokens in all):
 
@@ -16,6 +19,7 @@ The flattened batch of a step (T tokens in all):
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field
 
@@ -23,9 +27,17 @@ import numpy as np
 import torch
 
 import llmcore
-from actors.messages import Logprobs, NewSeq, PromptLogprobs, SampledToken, StepPlan, StepResult
+from actors.messages import Logprobs, NewSeq, PromptLogprobs, SampledToken, SamplingRow
+from actors.messages import StepPlan, StepResult
 
 __all__ = ["ModelRunner", "kv_bytes_per_block"]
+
+log = logging.getLogger("actors.runner")
+
+# What building a row's int32/float32 columns or the core's own checks raise for a value
+# the sampler cannot take: the step goes on without that row.
+_REFUSED = (ValueError, OverflowError, TypeError)
+_Draw = tuple[int, "Logprobs | None"]  # (token id, its logprobs when asked for)
 
 # Prompt-logprob rows go through the LM head this many at a time: a whole 2048-row chunk
 # times a 49152-token vocabulary would be 400 MB of fp32 logits.
@@ -79,7 +91,7 @@ class _PagedAttention:
 class ModelRunner:
     def __init__(self, model, num_layers: int, num_kv_heads: int, head_size: int,
                  vocab_size: int, num_blocks: int, block_size: int, dtype: torch.dtype,
-                 sliding_windows: tuple[int | None, ...] = (), max_logprobs: int = 20) -> None:
+                 sliding_windows: tuple[int | None, ...] = ()) -> None:
         self.model = model
         self.vocab_size = vocab_size
         self.num_blocks = num_blocks
@@ -87,7 +99,6 @@ class ModelRunner:
         self.scale = 1.0 / math.sqrt(head_size)
         # Per layer; 0 = full causal attention.
         self.windows = [int(w or 0) for w in sliding_windows] or [0] * num_layers
-        self.max_logprobs = max_logprobs
         shape = (num_blocks, num_kv_heads, block_size, head_size)
         self.k_caches = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
         self.v_caches = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
@@ -156,6 +167,11 @@ class ModelRunner:
         ids_t = torch.tensor(token_ids, dtype=torch.long)
         prompt_lps: tuple[PromptLogprobs, ...] = ()
         with torch.inference_mode():
+            if not sampling and not prompt_rows:
+                # Only mid-prompt chunks (a prompt longer than the token budget): the KV
+                # is the whole result, no row reaches the LM head.
+                self.model.hidden_states(ids_t, torch.from_numpy(pos), seam)
+                return StepResult(step_id=plan.step_id, sampled=())
             if not prompt_rows:  # the common step: logits for the sampling rows only
                 logits = self.model.forward(ids_t, torch.from_numpy(pos), seam,
                                             logits_indices=logits_rows)
@@ -235,6 +251,36 @@ class ModelRunner:
         rows = [plan.seqs[i].sample for i in sampling]
         seq_ids = [plan.seqs[i].seq_id for i in sampling]
         states = [self._seqs[sid] for sid in seq_ids]
+        try:
+            drawn: list[_Draw | None] = list(self._draw(logits, rows, states))
+        except _REFUSED:
+            # Some row holds a value the core refuses (validation should have caught it):
+            # draw row by row so that only those rows fail. A draw depends on its row
+            # alone, never on the batch around it, so the others get the same tokens.
+            drawn = [self._draw_one(logits, j, rows, states, seq_ids) for j in range(len(rows))]
+        sampled = []
+        for sid, st, d in zip(seq_ids, states, drawn):
+            if d is None:
+                sampled.append(SampledToken(seq_id=sid, token_id=llmcore.NO_TOKEN, refused=True))
+                continue
+            st.outputs.append(d[0])
+            sampled.append(SampledToken(seq_id=sid, token_id=d[0], logprobs=d[1]))
+        return StepResult(step_id=plan.step_id, sampled=tuple(sampled))
+
+    def _draw_one(self, logits: torch.Tensor, j: int, rows: list[SamplingRow],
+                  states: list[_SeqState], seq_ids: list[int]) -> _Draw | None:
+        try:
+            return self._draw(logits[j: j + 1], rows[j: j + 1], states[j: j + 1])[0]
+        except _REFUSED as exc:
+            log.warning("the sampler refused the row of sequence %d: %s", seq_ids[j], exc)
+            return None
+
+    def _num_top(self, row: SamplingRow) -> int:
+        return self.vocab_size if row.num_logprobs < 0 else row.num_logprobs  # -1: all
+
+    def _draw(self, logits: torch.Tensor, rows: list[SamplingRow],
+              states: list[_SeqState]) -> list[_Draw]:
+        """One core call for these rows (logits' rows, in order); changes no state."""
         n = len(rows)
         f32 = np.float32
         temperature = np.fromiter((r.temperature for r in rows), f32, n)
@@ -267,26 +313,25 @@ class ModelRunner:
                     use[j] = 1
             kwargs["allowed_bitmask"] = mask
             kwargs["use_bitmask"] = use
-        num_top = max((r.num_logprobs for r in rows if r.want_logprobs), default=0)
-        num_top = min(num_top, self.max_logprobs)
+        # Validation keeps every row within the core's cap (llmcore.MAX_TOP_LOGPROBS); a
+        # row beyond it is refused by the core like any other bad row.
+        num_top = max((self._num_top(r) for r in rows if r.want_logprobs), default=0)
 
         res = llmcore.sample(logits, temperature, top_k, top_p, min_p, rep, pres, freq, seed,
                              position, num_top_logprobs=num_top, **kwargs)
         tokens, logprobs, _ranks, top_tokens, top_logprobs = res
-        sampled = []
-        for j, (sid, r, st) in enumerate(zip(seq_ids, rows, states)):
-            tok = int(tokens[j])
-            st.outputs.append(tok)
+        out: list[_Draw] = []
+        for j, r in enumerate(rows):
             lp = None
             if r.want_logprobs:
-                k = r.num_logprobs
+                k = self._num_top(r)
                 lp = Logprobs(
                     logprob=float(logprobs[j]),
                     top_token_ids=tuple(int(t) for t in top_tokens[j, :k]),
                     top_logprobs=tuple(float(x) for x in top_logprobs[j, :k]),
                 )
-            sampled.append(SampledToken(seq_id=sid, token_id=tok, logprobs=lp))
-        return StepResult(step_id=plan.step_id, sampled=tuple(sampled))
+            out.append((int(tokens[j]), lp))
+        return out
 
 
 def _csr(lists: list[np.ndarray | None]) -> tuple[np.ndarray, np.ndarray]:

@@ -29,6 +29,11 @@ MAX_LOGIT_BIAS_ENTRIES = 1024
 LOGIT_BIAS_LIMIT = 100.0
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
+# The core's types (lc_sampling_row): the per-row reals are float32 and top_k is int32.
+# Kernels may flush float32 subnormals to zero, so a bound that is open at 0 means "at least
+# the smallest normal float32".
+FLOAT32_MIN_NORMAL = 2.0**-126
+INT32_MAX = 2**31 - 1
 # vLLM 0.33's cache_salt rules (at most 128 characters, none of '@', '/', '\\', NUL) plus
 # one of ours: printable characters only (no control or line-separator characters), so a
 # salt is always safe to log and to pass to any other cache layer verbatim.
@@ -170,10 +175,15 @@ class SamplingParams:
 
     # ------------------------------------------------------------------ validation
 
-    def validate(self, vocab_size: int, max_logprobs: int = 20, *, max_n: int = MAX_N) -> None:
+    def validate(self, vocab_size: int, max_logprobs: int = 20, *, max_n: int = MAX_N,
+                 max_sample_logprobs: int | None = None) -> None:
         """Raises SamplingParamsError for the first out-of-range field.
 
-        max_logprobs == -1 lets ``logprobs=-1`` (the whole vocabulary) through.
+        Every value is judged as the core will hold it (float32 reals, int32 top_k), so a
+        request that passes cannot make the sampler refuse its row. ``max_logprobs`` is
+        vLLM's limit on logprobs and prompt_logprobs (-1: the vocabulary, which is also
+        what a request's -1 asks for); ``max_sample_logprobs`` is the sampler's own cap on
+        top logprobs per sampled token (llmcore.MAX_TOP_LOGPROBS; None: none).
         """
         _int_in(self.n, "n", 1, max_n)
         if self.n > 1 and _is_real(self.temperature) and self.temperature < GREEDY_EPS:
@@ -181,6 +191,11 @@ class SamplingParams:
         _real_in(self.temperature, "temperature", 0.0, 2.0)
         _real_in(self.top_p, "top_p", 0.0, 1.0, low_open=True)
         _int_in(self.top_k, "top_k", -1, None)
+        if self.top_k > INT32_MAX:
+            raise SamplingParamsError(
+                f"top_k must be at most {INT32_MAX} (the sampler's int32), got {self.top_k}",
+                "top_k",
+            )
         _real_in(self.min_p, "min_p", 0.0, 1.0)
         _real_in(self.presence_penalty, "presence_penalty", -2.0, 2.0)
         _real_in(self.frequency_penalty, "frequency_penalty", -2.0, 2.0)
@@ -195,8 +210,9 @@ class SamplingParams:
             _int_in(self.max_tokens, "max_tokens", 1, None)
         _int_in(self.min_tokens, "min_tokens", 0, self.max_tokens)
         self._validate_stop(vocab_size)
-        self._validate_logprobs(self.logprobs, "logprobs", max_logprobs)
-        self._validate_logprobs(self.prompt_logprobs, "prompt_logprobs", max_logprobs)
+        _logprobs_in(self.logprobs, "logprobs", vocab_size, max_logprobs, max_sample_logprobs)
+        # Prompt logprobs are gathered outside the sampler: max_logprobs alone bounds them.
+        _logprobs_in(self.prompt_logprobs, "prompt_logprobs", vocab_size, max_logprobs, None)
         self._validate_logit_bias(vocab_size)
         if self.allowed_token_ids is not None:
             if len(self.allowed_token_ids) == 0:
@@ -232,21 +248,6 @@ class SamplingParams:
                 )
         for t in self.stop_token_ids:
             _token_id(t, "stop_token_ids", vocab_size)
-
-    @staticmethod
-    def _validate_logprobs(value: int | None, name: str, max_logprobs: int) -> None:
-        if value is None:
-            return
-        if not _is_int(value):
-            raise SamplingParamsError(f"{name} must be an integer, got {value!r}", name)
-        if value == -1 and max_logprobs == -1:
-            return
-        if value < 0:
-            raise SamplingParamsError(f"{name} must be non-negative, got {value}", name)
-        if max_logprobs != -1 and value > max_logprobs:
-            raise SamplingParamsError(
-                f"{name}={value} exceeds the maximum allowed value of {max_logprobs}", name
-            )
 
     def _validate_logit_bias(self, vocab_size: int) -> None:
         if not self.logit_bias:
@@ -300,12 +301,46 @@ def _int_in(x: object, name: str, low: int | None, high: int | None) -> None:
 
 
 def _real_in(x: object, name: str, low: float, high: float, *, low_open: bool = False) -> None:
+    """x in [low, high] (or (low, high]) as the float32 the sampler receives. The bounds are
+    float32-exact, so rounding keeps a value of a closed range inside it; only a bound open
+    at 0 needs a float32 check (1e-46 rounds to 0.0, 1e-40 to a subnormal)."""
     if not _is_real(x) or not math.isfinite(x):  # type: ignore[arg-type]
         raise SamplingParamsError(f"{name} must be a finite number, got {x!r}", name)
     assert isinstance(x, (int, float))
     if (x <= low if low_open else x < low) or x > high:
         lo = "(" if low_open else "["
         raise SamplingParamsError(f"{name} must be in {lo}{low}, {high}], got {x}", name)
+    if low_open and low == 0.0 and x < FLOAT32_MIN_NORMAL:
+        raise SamplingParamsError(
+            f"{name} must be at least {FLOAT32_MIN_NORMAL:.9g} (the smallest normal float32, "
+            f"the sampler's type), got {x}", name,
+        )
+
+
+def _logprobs_in(value: object, name: str, vocab_size: int, max_logprobs: int,
+                 sampler_cap: int | None) -> None:
+    """vLLM's rule and messages: -1 asks for the whole vocabulary, and max_logprobs=-1
+    allows it."""
+    if value is None:
+        return
+    if not _is_int(value):
+        raise SamplingParamsError(f"{name} must be an integer, got {value!r}", name)
+    assert isinstance(value, int)
+    if value < -1:
+        raise SamplingParamsError(f"`{name}` must be a positive value or -1.", name)
+    wanted = vocab_size if value == -1 else value
+    allowed = vocab_size if max_logprobs == -1 else max_logprobs
+    kind = "sample" if name == "logprobs" else "prompt"
+    if wanted > allowed:
+        raise SamplingParamsError(
+            f"Requested {kind} logprobs of {wanted}, which is greater than max allowed: "
+            f"{allowed}", name,
+        )
+    if sampler_cap is not None and wanted > sampler_cap:
+        raise SamplingParamsError(
+            f"Requested {kind} logprobs of {wanted}, but the sampler returns at most "
+            f"{sampler_cap} per token", name,
+        )
 
 
 def _token_id(t: object, name: str, vocab_size: int) -> None:

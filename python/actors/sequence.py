@@ -37,6 +37,7 @@ class FinishReason(str, enum.Enum):
     STOP = "stop"  # EOS or a stop token id
     LENGTH = "length"  # max_tokens or the model's context length
     ABORT = "abort"
+    ERROR = "error"  # the sampler refused the request's row (vLLM: always a 500)
 
 
 class Sequence:

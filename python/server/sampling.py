@@ -2,30 +2,27 @@
 
 Value order for each sampling field: the request's value, else the server default (the
 model's generation_config.json unless --generation-config vllm), else OpenAI's default.
-Limits follow vLLM where vLLM is safe and are tighter where it is not (n, stop strings).
+Every range is SamplingParams.validate's (the engine's one rule book, in the core's float32
+and int32); here are only what the HTTP request alone decides (shapes, stream-only rules)
+and the checks against this server's context length.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 from actors.sampling_params import (
-    GREEDY_EPS,
-    MAX_N,
-    MAX_STOP_STRING_CHARS,
-    MAX_STOP_STRINGS,
     SamplingParams,
+    SamplingParamsError,
     cache_salt_error,
 )
-from actors.sampling_params import MAX_LOGIT_BIAS_ENTRIES as MAX_LOGIT_BIAS
 
 from server.errors import bad_request
-from server.protocol.common import INT64_MAX, INT64_MIN, SamplingFields
+from server.protocol.common import SamplingFields
 
-# The engine's limits (actors.sampling_params), checked here first so that a bad request is
-# refused before its prompt is tokenized; these two exist only at the HTTP edge.
+# Limits of the HTTP edge only (the engine's are SamplingParams.validate's, applied here
+# before the prompt is tokenized).
 MAX_STOP_TOKEN_IDS = 256
 MAX_PROMPTS = 64
 
@@ -56,7 +53,8 @@ OPENAI_DEFAULTS = {
 class Limits:
     vocab_size: int
     max_model_len: int
-    max_logprobs: int = 20
+    max_logprobs: int = 20  # vLLM's --max-logprobs (-1: the vocabulary)
+    max_sample_logprobs: int | None = None  # the core sampler's cap (None: the vocabulary)
     scheduling_policy: str = "fcfs"  # the engine's: priority != 0 needs "priority"
 
 
@@ -78,9 +76,12 @@ def build_params(
     defaults: dict[str, Any],
     limits: Limits,
     prompt_logprobs: int | None = None,
+    aliases: dict[str, str] | None = None,
 ) -> SamplingParams:
     """``prompt_logprobs``: what the engine computes (the route's choice; echo may imply
-    it). ``req.prompt_logprobs`` is checked here as vLLM checks it."""
+    it). ``req.prompt_logprobs`` is checked here as vLLM checks it. ``aliases``: the request
+    field a SamplingParams field came from, where the names differ (chat's top_logprobs),
+    so that a 400 names what the client sent."""
     def pick(name: str) -> Any:
         value = getattr(req, name)
         if value is not None:
@@ -89,78 +90,26 @@ def build_params(
             return defaults[name]
         return OPENAI_DEFAULTS[name]
 
-    temperature = _real(pick("temperature"), "temperature", 0.0, 2.0)
-    top_p = _real(pick("top_p"), "top_p", 0.0, 1.0, low_open=True)
-    top_k = _int(pick("top_k"), "top_k", -1, None)
-    min_p = _real(pick("min_p"), "min_p", 0.0, 1.0)
-    presence = _real(pick("presence_penalty"), "presence_penalty", -2.0, 2.0)
-    frequency = _real(pick("frequency_penalty"), "frequency_penalty", -2.0, 2.0)
-    repetition = _real(pick("repetition_penalty"), "repetition_penalty", 0.0, 2.0, low_open=True)
-
-    n = 1 if req.n is None else _int(req.n, "n", 1, MAX_N)
-    if n > 1 and temperature < GREEDY_EPS:
-        raise bad_request("n must be 1 when using greedy sampling", "n")
-
     if max_tokens is None:
         max_tokens = defaults.get("max_tokens")
-    if max_tokens is not None:
-        _int(max_tokens, "max_tokens", 1, None)
-        if max_tokens > limits.max_model_len:
-            raise bad_request(
-                f"max_tokens={max_tokens} cannot be greater than "
-                f"max_model_len={limits.max_model_len}",
-                "max_tokens",
-            )
-    # A prompt takes at least one position, so min_tokens >= max_model_len can never be met
-    # (with max_tokens null the cap is only known after tokenizing; the engine checks that).
-    min_tokens = _int(req.min_tokens, "min_tokens", 0, limits.max_model_len - 1)
-    if max_tokens is not None and min_tokens > max_tokens:
-        raise bad_request(
-            f"min_tokens ({min_tokens}) must be less than or equal to max_tokens ({max_tokens})",
-            "min_tokens",
-        )
-
-    stop = _stop_strings(req.stop)
     stop_ids = list(req.stop_token_ids or [])
     if len(stop_ids) > MAX_STOP_TOKEN_IDS:
         raise bad_request(
             f"at most {MAX_STOP_TOKEN_IDS} stop_token_ids are allowed", "stop_token_ids"
         )
-    for t in stop_ids:
-        _token(t, "stop_token_ids", limits.vocab_size)
-
-    if logprobs is not None:
-        _logprobs(logprobs, "logprobs", limits.max_logprobs)
     asked = req.prompt_logprobs
-    if asked is not None:
-        # As vLLM: a stream cannot carry them (0 is let through and computes nothing).
-        if req.stream and (asked > 0 or asked == -1):
-            raise bad_request("`prompt_logprobs` are not available when `stream=True`.",
-                              "prompt_logprobs")
+    if req.stream and asked is not None and asked != 0:
+        # As vLLM: a stream cannot carry them (0 is let through and computes nothing), so
+        # the engine never sees this value; vLLM's protocol checks it here.
         if asked < -1:
             raise bad_request("`prompt_logprobs` must be a positive value or -1.",
                               "prompt_logprobs")
-    if prompt_logprobs is not None:
-        _logprobs(prompt_logprobs, "prompt_logprobs", limits.max_logprobs)
-
+        raise bad_request("`prompt_logprobs` are not available when `stream=True`.",
+                          "prompt_logprobs")
     allowed = req.allowed_token_ids
-    if allowed is not None:
-        if not allowed:
-            raise bad_request("allowed_token_ids must not be empty", "allowed_token_ids")
-        if len(allowed) > limits.vocab_size:
-            raise bad_request("allowed_token_ids is longer than the vocabulary",
-                              "allowed_token_ids")
-        for t in allowed:
-            _token(t, "allowed_token_ids", limits.vocab_size)
+    if allowed is not None and len(allowed) > limits.vocab_size:
+        raise bad_request("allowed_token_ids is longer than the vocabulary", "allowed_token_ids")
     truncate = req.truncate_prompt_tokens
-    if truncate == 0:
-        raise bad_request("truncate_prompt_tokens must be -1 or at least 1",
-                          "truncate_prompt_tokens")
-    if truncate is not None and truncate > limits.max_model_len:
-        raise bad_request(
-            f"truncate_prompt_tokens ({truncate}) is greater than max_model_len "
-            f"({limits.max_model_len})", "truncate_prompt_tokens",
-        )
 
     if req.priority != 0 and limits.scheduling_policy != "priority":
         # vLLM's message (its engine's check); vLLM's protocol documents the refusal.
@@ -171,39 +120,66 @@ def build_params(
     if salt_problem is not None:
         raise bad_request(salt_problem, "cache_salt")
 
-    seed = req.seed
-    if seed == -1:
-        seed = None
     skip = req.skip_special_tokens
     if skip is None:
         skip = bool(defaults.get("skip_special_tokens", True))
 
-    return SamplingParams(
-        n=n,
+    params = SamplingParams(
+        n=1 if req.n is None else req.n,
         max_tokens=max_tokens,
-        min_tokens=min_tokens,
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,
-        min_p=min_p,
-        presence_penalty=presence,
-        frequency_penalty=frequency,
-        repetition_penalty=repetition,
-        seed=seed,
-        stop=stop,
+        min_tokens=req.min_tokens,
+        temperature=pick("temperature"),
+        top_p=pick("top_p"),
+        top_k=pick("top_k"),
+        min_p=pick("min_p"),
+        presence_penalty=pick("presence_penalty"),
+        frequency_penalty=pick("frequency_penalty"),
+        repetition_penalty=pick("repetition_penalty"),
+        seed=req.seed,  # -1 is None
+        stop=req.stop,
         stop_token_ids=stop_ids,
         include_stop_str_in_output=req.include_stop_str_in_output,
         ignore_eos=req.ignore_eos,
         skip_special_tokens=skip,
         logprobs=logprobs,
         prompt_logprobs=prompt_logprobs,
-        logit_bias=_logit_bias(req.logit_bias, limits.vocab_size),
+        logit_bias=_logit_bias(req.logit_bias),
         allowed_token_ids=None if allowed is None else tuple(dict.fromkeys(allowed)),
         truncate_prompt_tokens=truncate,
         truncation_side=req.truncation_side or "left",
         priority=req.priority,
         cache_salt=req.cache_salt,
     )
+    try:
+        params.validate(limits.vocab_size, limits.max_logprobs,
+                        max_sample_logprobs=limits.max_sample_logprobs)
+    except SamplingParamsError as exc:
+        raise bad_request(exc.message, (aliases or {}).get(exc.param, exc.param)) from None
+    _check_context(params, limits, aliases or {})
+    return params
+
+
+def _check_context(params: SamplingParams, limits: Limits, aliases: dict[str, str]) -> None:
+    """What this server's context length rules out whatever the prompt."""
+    length = limits.max_model_len
+    if params.max_tokens is not None and params.max_tokens > length:
+        raise bad_request(
+            f"max_tokens={params.max_tokens} cannot be greater than max_model_len={length}",
+            aliases.get("max_tokens", "max_tokens"),
+        )
+    # A prompt takes at least one position, so min_tokens >= max_model_len can never be met
+    # (with max_tokens null the cap is only known after tokenizing; the tokenizer checks).
+    if params.min_tokens > length - 1:
+        raise bad_request(
+            f"min_tokens ({params.min_tokens}) must be less than max_model_len ({length})",
+            "min_tokens",
+        )
+    truncate = params.truncate_prompt_tokens
+    if truncate is not None and truncate > length:
+        raise bad_request(
+            f"truncate_prompt_tokens ({truncate}) is greater than max_model_len ({length})",
+            "truncate_prompt_tokens",
+        )
 
 
 def check_stream_options(req: SamplingFields) -> None:
@@ -216,74 +192,16 @@ def check_stream_options(req: SamplingFields) -> None:
         )
 
 
-def _stop_strings(stop: str | list[str] | None) -> list[str]:
-    if stop is None:
-        return []
-    stops = [stop] if isinstance(stop, str) else list(stop)
-    if len(stops) > MAX_STOP_STRINGS:
-        raise bad_request(f"at most {MAX_STOP_STRINGS} stop strings are allowed", "stop")
-    for s in stops:
-        if not s:
-            raise bad_request("stop strings must not be empty", "stop")
-        if len(s) > MAX_STOP_STRING_CHARS:
-            raise bad_request(
-                f"a stop string may have at most {MAX_STOP_STRING_CHARS} characters", "stop"
-            )
-    return stops
-
-
-def _logit_bias(bias: dict[str, float] | None, vocab_size: int) -> dict[int, float]:
+def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
+    """JSON object keys are strings; validate() judges the token ids and values."""
     if not bias:
-        return {}
-    if len(bias) > MAX_LOGIT_BIAS:
-        raise bad_request(f"logit_bias may have at most {MAX_LOGIT_BIAS} entries", "logit_bias")
+        return None
     out: dict[int, float] = {}
     for key, value in bias.items():
         try:
-            token = int(key)
+            out[int(key)] = value
         except ValueError:
             raise bad_request(
                 "logit_bias keys must be token ids written as integers", "logit_bias"
             ) from None
-        _token(token, "logit_bias", vocab_size)
-        if not math.isfinite(value):
-            raise bad_request("logit_bias values must be finite numbers", "logit_bias")
-        out[token] = min(max(value, -100.0), 100.0)
     return out
-
-
-def _logprobs(value: int, name: str, limit: int) -> None:
-    if value == -1 and limit == -1:
-        return
-    if value < 0:
-        raise bad_request(f"{name} must be non-negative, got {value}", name)
-    if limit != -1 and value > limit:
-        raise bad_request(f"{name}={value} exceeds the maximum allowed value of {limit}", name)
-
-
-def _token(t: int, name: str, vocab_size: int) -> None:
-    if not 0 <= t < vocab_size:
-        raise bad_request(
-            f"token id {t} in {name} is out of vocabulary (vocab size {vocab_size})", name
-        )
-
-
-def _int(x: Any, name: str, low: int | None, high: int | None) -> int:
-    if isinstance(x, bool) or not isinstance(x, int):
-        raise bad_request(f"{name} must be an integer", name)
-    if (low is not None and x < low) or (high is not None and x > high):
-        lo = "-inf" if low is None else low
-        hi = "inf" if high is None else high
-        raise bad_request(f"{name} must be in [{lo}, {hi}], got {x}", name)
-    if not INT64_MIN <= x <= INT64_MAX:
-        raise bad_request(f"{name} is out of range", name)
-    return x
-
-
-def _real(x: Any, name: str, low: float, high: float, *, low_open: bool = False) -> float:
-    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
-        raise bad_request(f"{name} must be a finite number", name)
-    if (x <= low if low_open else x < low) or x > high:
-        bracket = "(" if low_open else "["
-        raise bad_request(f"{name} must be in {bracket}{low}, {high}], got {x}", name)
-    return float(x)

@@ -4,13 +4,15 @@
 
 The listener binds first so that /health can answer 503 while the model loads; every other
 route answers 503 until all actors have started. Exit codes: 0 after a drain (SIGTERM or
-SIGINT), 1 after an engine failure (every in-flight request gets an error first).
+SIGINT), 1 after an engine failure or an exception out of any actor (every in-flight
+request gets an error first, and /health answers 503 meanwhile).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -22,6 +24,7 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
+from actors.runtime import faults
 from actors.runtime.admission import Admission
 from actors.runtime.engine_actor import EngineActor
 from actors.runtime.metrics_actor import METRICS_CHANNEL_SIZE, MetricsActor
@@ -34,6 +37,9 @@ from server.chat_template import ChatRenderer, load_template_arg
 from server.config import ServerConfig
 from server.sampling import Limits, server_defaults
 from server.state import ServerState
+
+if sys.version_info < (3, 11):
+    from exceptiongroup import BaseExceptionGroup
 
 log = logging.getLogger("server")
 
@@ -59,6 +65,7 @@ def make_engine_factory(config: ServerConfig) -> Callable[[], Any]:
             "scheduling_policy": config.scheduling_policy,
             "seed": config.seed,
             "generation_config": config.generation_config,
+            "max_logprobs": config.max_logprobs,
         }
         return LLMEngine(EngineConfig(**{k: v for k, v in fields.items() if v is not None}))
 
@@ -70,6 +77,7 @@ class Supervisor:
         self.config = config
         self.srv = ServerState(config)
         self._engine_factory = engine_factory or make_engine_factory(config)
+        faults.configure(os.environ)
         self._stop_http = trio.Event()
         self.exit_code = 0
         self.bound: list[str] = []
@@ -119,7 +127,8 @@ class Supervisor:
 
     async def _start_actors(self, nursery: trio.Nursery) -> None:
         srv, cfg = self.srv, self.config
-        engine_actor = await nursery.start(EngineActor(self._engine_factory).run)
+        engine_actor = await nursery.start(self._supervised, "engine",
+                                           EngineActor(self._engine_factory).run)
         engine = engine_actor.engine
         mc = engine.model_config
         max_model_len = getattr(engine, "max_model_len", None) or mc.max_model_len
@@ -127,7 +136,8 @@ class Supervisor:
         policy = getattr(getattr(engine, "config", None), "scheduling_policy",
                          cfg.scheduling_policy)
         limits = Limits(vocab_size=int(vocab_size), max_model_len=int(max_model_len),
-                        max_logprobs=cfg.max_logprobs, scheduling_policy=str(policy))
+                        max_logprobs=cfg.max_logprobs, scheduling_policy=str(policy),
+                        max_sample_logprobs=getattr(engine, "max_sample_logprobs", None))
         max_seqs = int(getattr(getattr(engine, "config", None), "max_num_seqs", None)
                        or cfg.max_num_seqs or 64)
         capacity = max_seqs + (cfg.max_queued_requests if cfg.max_queued_requests is not None
@@ -145,13 +155,13 @@ class Supervisor:
             cfg.served_model_names = [str(name)]
         scheduler = SchedulerActor(engine_actor, registry, admit_recv, batch_send, metrics_send,
                                    on_fatal=self._on_fatal)
-        await nursery.start(scheduler.run)
+        await nursery.start(self._supervised, "scheduler", scheduler.run)
         tokenizer = TokenizerActor(engine.tokenizer, registry, scheduler, submit_recv,
                                    admit_send, batch_recv, vocab_size=limits.vocab_size)
-        await nursery.start(tokenizer.run)
+        await nursery.start(self._supervised, "tokenizer", tokenizer.run)
         metrics = MetricsActor(cfg.served_model_names[0], limits.max_model_len, metrics_recv,
                                cache_info=cache_config_info(engine, cfg))
-        await nursery.start(metrics.run)
+        await nursery.start(self._supervised, "metrics", metrics.run)
         srv.tokenizer = engine.tokenizer
         srv.limits = limits
         srv.defaults = self._defaults(engine)
@@ -173,6 +183,25 @@ class Supervisor:
         return server_defaults(getattr(engine, "generation_defaults", None) or {})
 
     # -- failure and shutdown ----------------------------------------------------------
+    async def _supervised(self, name: str, run: Callable[..., Any], *,
+                          task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
+        """Runs one actor. Once it has started, an exception out of it (a bug: no request
+        can cause one, or an injected fault) fails every in-flight request with a 500 and
+        ends the process with exit code 1, rather than tearing the actors down under open
+        connections. A failure while starting is the process's own startup error."""
+        status = _StartWatch(task_status)
+        try:
+            await run(task_status=status)
+        except BaseException as exc:
+            failure = _failure_of(exc)
+            if failure is None or not status.started_once:
+                raise
+            log.critical("the %s actor failed; failing every in-flight request", name,
+                         exc_info=failure)
+            if self.srv.registry is not None:
+                self.srv.registry.fail_all("the server failed while serving this request")
+            self._on_fatal(failure)
+
     def _on_fatal(self, exc: BaseException) -> None:
         self.srv.health.failed = True
         self.exit_code = 1
@@ -213,6 +242,25 @@ class Supervisor:
                     await trio.sleep(0.05)
         await self._stop_serving()
         root_scope.cancel()
+
+
+class _StartWatch:
+    """A task status that remembers whether the actor called started()."""
+
+    def __init__(self, inner: trio.TaskStatus[Any]) -> None:
+        self._inner = inner
+        self.started_once = False
+
+    def started(self, value: Any = None) -> None:
+        self.started_once = True
+        self._inner.started(value)
+
+
+def _failure_of(exc: BaseException) -> BaseException | None:
+    """What in `exc` is a failure rather than cancellation (a group keeps its Exceptions)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split(Exception)[0]
+    return exc if isinstance(exc, Exception) else None
 
 
 def cache_config_info(engine: Any, cfg: ServerConfig) -> dict[str, str]:

@@ -9,7 +9,8 @@ GIL so the Trio thread keeps serving HTTP meanwhile. Only the scheduler actor ca
 Fault injection (for the server's failure tests, off unless set): the environment variable
 LLMSERVE_FAULT_AFTER_STEPS=N, read once when the actor is built, makes every engine step
 after the N-th raise inside the worker thread, exactly where a real step failure (a kernel
-error, an out-of-memory) would surface. It changes nothing else.
+error, an out-of-memory) would surface. It changes nothing else. The bad_row point of
+LLMSERVE_FAULT_INJECT (actors.runtime.faults) spoils one sequence's row before a step.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from typing import Any
 
 import trio
 
+from actors.runtime import faults
+from actors.runtime.faults import InjectedFault
+
 log = logging.getLogger("server.engine")
 
 FAULT_ENV = "LLMSERVE_FAULT_AFTER_STEPS"
@@ -28,10 +32,6 @@ FAULT_ENV = "LLMSERVE_FAULT_AFTER_STEPS"
 
 class EngineFailed(RuntimeError):
     """The engine raised during a step: every in-flight request is lost."""
-
-
-class InjectedFault(RuntimeError):
-    """Raised by a step when LLMSERVE_FAULT_AFTER_STEPS says so."""
 
 
 def _fault_after(environ: dict[str, str] | os._Environ[str] = os.environ) -> int | None:
@@ -70,6 +70,7 @@ class EngineActor:
         self._steps += 1
         if self._fault_after is not None and self._steps > self._fault_after:
             raise InjectedFault(f"injected fault at engine step {self._steps}")
+        faults.maybe_spoil_row(self.engine)
         return self.engine.step()
 
     async def step(self) -> list[Any]:

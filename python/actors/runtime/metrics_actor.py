@@ -11,6 +11,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 import trio
 
+from actors.runtime import faults
 from actors.runtime.metric_events import (
     EngineStats,
     GroupFinished,
@@ -175,6 +176,7 @@ class MetricsActor:
         async with self._recv:
             task_status.started()
             async for event in self._recv:
+                faults.check("metrics")
                 self.apply(event)
 
     def apply(self, event: MetricEvent) -> None:

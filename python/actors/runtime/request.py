@@ -136,5 +136,17 @@ class Registry:
         for child in state.children:
             self.children.pop(child.engine_id, None)
 
+    def fail_all(self, message: str) -> None:
+        """The server itself failed: every live request gets a 500 (its handler's envelope,
+        or an error event on a stream that already started) and retires at once."""
+        for state in list(self.requests.values()):
+            if not state.ready.is_set():
+                state.fail_before_start(RequestError(500, message))
+                continue
+            state.outbox.fail(500, message)
+            for child in state.children:
+                child.retired = True
+            state.retired.set()
+
     def __len__(self) -> int:
         return len(self.requests)

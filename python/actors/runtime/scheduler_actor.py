@@ -20,6 +20,7 @@ from typing import Any
 
 import trio
 
+from actors.runtime import faults
 from actors.runtime.engine_actor import EngineActor, EngineFailed
 from actors.runtime.metric_events import (
     EngineStats,
@@ -122,6 +123,7 @@ class SchedulerActor:
             self._note_schedule(engine, started)
             self._account(outputs)
             self._batch_send.send_nowait(outputs)  # never raises WouldBlock: see credits
+            faults.check("scheduler")
 
     def _apply_admits(self, engine: Any) -> None:
         admitted, self._admitted = self._admitted, []

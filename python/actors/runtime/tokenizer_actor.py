@@ -20,6 +20,7 @@ from typing import Any
 
 import trio
 
+from actors.runtime import faults
 from actors.runtime.detokenizer import IncrementalDetokenizer
 from actors.runtime.outbox import ChoiceUpdate, TokenLogprob
 from actors.runtime.request import Child, PromptResult, Registry, RequestError, RequestState
@@ -168,6 +169,7 @@ class TokenizerActor:
         async with self._batch_recv:
             async for outputs in self._batch_recv:
                 try:
+                    faults.check("tokenizer")
                     self._deliver(outputs)
                 finally:
                     self._scheduler.credits.release()
@@ -179,6 +181,12 @@ class TokenizerActor:
                 continue
             state, child = found
             if child.abort_requested or child.detokenizer is None:
+                continue
+            if out.finish_reason == "error":
+                # The sampler refused this request's row; only this request fails (vLLM
+                # answers an "error" finish with a 500).
+                state.outbox.fail(500, "internal error: the sampler refused this request's "
+                                       "parameters")
                 continue
             new_ids = list(out.new_token_ids)
             step = child.detokenizer.add(new_ids)

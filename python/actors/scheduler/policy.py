@@ -94,6 +94,9 @@ class Scheduler:
 
     def abort(self, request_id: str) -> list[RequestOutput]:
         """Finishes every sequence of a request now, freeing its blocks. Idempotent."""
+        return self._end_request(request_id, FinishReason.ABORT)
+
+    def _end_request(self, request_id: str, reason: FinishReason) -> list[RequestOutput]:
         seqs = self._requests.pop(request_id, None)
         if seqs is None:
             return []
@@ -104,7 +107,7 @@ class Scheduler:
             else:
                 self.waiting.remove(seq)
             self.kv.free(seq)
-            seq.finish(FinishReason.ABORT)
+            seq.finish(reason)
             self._release(seq)
             outputs.append(output_of(seq))
             for i in range(1, seq.pending_children + 1):  # siblings that never started
@@ -175,6 +178,7 @@ class Scheduler:
                 raise RuntimeError(f"prompt logprobs of seq {pl.seq_id} skip tokens")
             got.extend(pl.entries[skip:])
         outputs = []
+        refused: list[str] = []  # requests whose row the sampler refused
         for seq, num_new in in_flight.values():
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # aborted while the step ran
@@ -185,6 +189,9 @@ class Scheduler:
             tok = sampled.get(seq.seq_id)
             if tok is None:
                 raise RuntimeError(f"step {result.step_id} drew no token for seq {seq.seq_id}")
+            if tok.refused:
+                refused.append(seq.request_id)
+                continue
             if tok.token_id < 0:  # the sampler masked every token: nothing can follow
                 seq.finish(FinishReason.STOP)
                 new: tuple[int, ...] = ()
@@ -201,6 +208,9 @@ class Scheduler:
                 seq.prompt_logprobs = None
             outputs.append(output_of(seq, new, _logprobs_of(seq, tok) if new else None,
                                      prompt_lps))
+        for request_id in dict.fromkeys(refused):
+            # Every choice of the request ends: they share the parameters the row had.
+            outputs.extend(self._end_request(request_id, FinishReason.ERROR))
         if any(s.is_finished for s in self.running):
             self.running = [s for s in self.running if not s.is_finished]
         return outputs

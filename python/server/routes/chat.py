@@ -90,8 +90,13 @@ async def handle(srv: ServerState, req: ChatCompletionRequest) -> Response:
     prompt_lps = req.prompt_logprobs
     if prompt_lps is None and req.echo:
         prompt_lps = top or 0
+    # A 400 names the field the client sent: chat's number of logprobs is top_logprobs.
+    aliases = {"logprobs": "top_logprobs"}
+    if req.max_completion_tokens is not None:
+        aliases["max_tokens"] = "max_completion_tokens"
     params = build_params(req, max_tokens=max_tokens, logprobs=logprobs, defaults=srv.defaults,
-                          limits=limits, prompt_logprobs=None if req.stream else prompt_lps)
+                          limits=limits, prompt_logprobs=None if req.stream else prompt_lps,
+                          aliases=aliases)
     render = render_call(srv, req)
     prompts = [PromptInput(render=render, add_special_tokens=req.add_special_tokens)]
     rid = new_request_id(request.headers.get("X-Request-Id"), req.request_id)

@@ -1,0 +1,94 @@
+"""Fault injection for the server's failure tests: inert unless LLMSERVE_FAULT_INJECT is set.
+
+    LLMSERVE_FAULT_INJECT="point:N[,point:N ...]"
+
+makes the named point fail on its N-th pass (N >= 1):
+
+    scheduler  the scheduler actor raises after its N-th engine step
+    tokenizer  the tokenizer actor raises instead of delivering the N-th step's output
+    metrics    the metrics actor raises instead of applying its N-th event
+    bad_row    before the first engine step from the N-th on in which at least two running
+               sequences are decoding, the oldest one's sampling row gets repetition_penalty=0,
+               a value validation refuses: the core then refuses that one row of the batch at
+               run time, as it would a value validation let through by mistake
+
+The supervisor reads the variable once at startup (`configure`); nothing a client sends can
+reach these points. LLMSERVE_FAULT_AFTER_STEPS (engine_actor) fails engine steps themselves.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+__all__ = ["FAULT_ENV", "InjectedFault", "check", "configure", "hit", "maybe_spoil_row"]
+
+log = logging.getLogger("server.faults")
+
+FAULT_ENV = "LLMSERVE_FAULT_INJECT"
+POINTS = ("scheduler", "tokenizer", "metrics", "bad_row")
+
+_plan: dict[str, int] = {}
+_passes: dict[str, int] = {}
+_lock = threading.Lock()  # bad_row is passed in the engine's worker thread
+
+
+class InjectedFault(RuntimeError):
+    """Raised where LLMSERVE_FAULT_INJECT (or LLMSERVE_FAULT_AFTER_STEPS) says so."""
+
+
+def parse(raw: str) -> dict[str, int]:
+    plan: dict[str, int] = {}
+    for item in filter(None, (part.strip() for part in raw.split(","))):
+        point, _, count = item.partition(":")
+        if point not in POINTS or not count.strip().isdigit() or int(count) < 1:
+            raise ValueError(f"{FAULT_ENV}: {item!r} is not point:N with point one of "
+                             f"{', '.join(POINTS)} and N >= 1")
+        plan[point] = int(count)
+    return plan
+
+
+def configure(environ: Mapping[str, str]) -> None:
+    """Reads the plan (startup only); an unset or empty variable injects nothing."""
+    plan = parse(environ.get(FAULT_ENV, ""))
+    with _lock:
+        _plan.clear()
+        _plan.update(plan)
+        _passes.clear()
+    for point, count in plan.items():
+        log.warning("%s: %s fails on pass %d", FAULT_ENV, point, count)
+
+
+def hit(point: str) -> bool:
+    """Counts one pass of `point`; True on the pass the plan names."""
+    if point not in _plan:
+        return False
+    with _lock:
+        _passes[point] = _passes.get(point, 0) + 1
+        return _passes[point] == _plan[point]
+
+
+def check(point: str) -> None:
+    if hit(point):
+        raise InjectedFault(f"injected fault at {point}")
+
+
+def maybe_spoil_row(engine: Any) -> None:
+    """The bad_row point, passed before every engine step (in the engine's thread)."""
+    if "bad_row" not in _plan:
+        return
+    with _lock:
+        passes = _passes["bad_row"] = _passes.get("bad_row", 0) + 1
+        if passes < _plan["bad_row"] or _passes.get("bad_row fired"):
+            return
+        decoding = [s for s in engine.scheduler.running if s.output_token_ids]
+        if len(decoding) < 2:
+            return
+        _passes["bad_row fired"] = 1
+    seq = decoding[0]  # running is in admission order: the oldest
+    seq.params = replace(seq.params, repetition_penalty=0.0)  # replace() does not validate
+    seq.row_static = None  # the cached per-request part of its sampling row
+    log.warning("%s: bad_row spoils request %s", FAULT_ENV, seq.request_id)
