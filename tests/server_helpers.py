@@ -61,10 +61,12 @@ class ServerProcess:
         self.stop(signal.SIGKILL)
         raise RuntimeError(f"server did not become healthy:\n{self.log()}")
 
-    def log(self) -> str:
+    def log(self, tail: int | None = 6000) -> str:
+        """The server's output so far: its last `tail` characters, or all of it (None)."""
         self._log.flush()
         self._log.seek(0)
-        return self._log.read().decode(errors="replace")[-6000:]
+        text = self._log.read().decode(errors="replace")
+        return text if tail is None else text[-tail:]
 
     def send_signal(self, signum: int) -> None:
         if self.proc.poll() is None:

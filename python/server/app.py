@@ -108,6 +108,8 @@ def create_app(srv: ServerState) -> Any:
                      elapsed * 1000)
         return response
 
-    srv.write_watchdog = WriteWatchdog(APIKeyMiddleware(app.asgi_app, cfg.api_keys))
+    srv.write_watchdog = WriteWatchdog(
+        APIKeyMiddleware(app.asgi_app, cfg.api_keys), connections=srv.connections,
+        max_buffered=cfg.max_buffered_bytes, max_total_buffered=cfg.max_total_buffered_bytes)
     app.asgi_app = srv.write_watchdog  # type: ignore[method-assign]
     return app

@@ -31,6 +31,16 @@ def _tokens(text: str) -> int:
     return int(float(m.group(1)) * (1000 if m.group(2) else 1))
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"not a positive integer: {text!r}")
+    return value
+
+
 def _json_list(text: str) -> list[str]:
     try:
         value = json.loads(text)
@@ -121,6 +131,15 @@ def build_parser() -> argparse.ArgumentParser:
       help="largest request body (413 above)")
     a("--drain-timeout", type=check.seconds, default=30.0,
       help="seconds in-flight requests may take to finish after SIGTERM/SIGINT")
+    a("--max-connections", type=_positive, default=1024, help="open HTTP connections; "
+      "beyond, a new connection gets 503 and is closed (keep it below `ulimit -n`)")
+    a("--h11-max-header-count", type=_positive, default=100,
+      help="headers allowed in a request (431 above)")
+    a("--max-buffered-bytes", type=_size, default="8m", help="output held for one client "
+      "that reads slower than it is generated (its send queue and pending output); above, "
+      "its connection is dropped and its request aborted")
+    a("--max-total-buffered-bytes", type=_size, default="256m", help="the same for all "
+      "clients together; above, the clients holding the most are dropped first")
     a("--enable-request-id-headers", action="store_true",
       help="echo X-Request-Id (or a new id) on every response")
     a("--allowed-origins", type=_json_list, default=[],
@@ -160,6 +179,10 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         max_queued_requests=args.max_queued_requests,
         max_body_bytes=args.max_body_bytes,
         drain_timeout=args.drain_timeout,
+        max_connections=args.max_connections,
+        h11_max_header_count=args.h11_max_header_count,
+        max_buffered_bytes=args.max_buffered_bytes,
+        max_total_buffered_bytes=args.max_total_buffered_bytes,
         enable_request_id_headers=args.enable_request_id_headers,
         allowed_origins=args.allowed_origins,
         enable_log_requests=args.enable_log_requests,

@@ -36,6 +36,10 @@ class ServerConfig:
     max_body_bytes: int = 4 * 1024 * 1024
     drain_timeout: float = 30.0
     # http
+    max_connections: int = 1024  # open connections; beyond, new ones get 503 and close
+    h11_max_header_count: int = 100  # headers in a request; beyond, 431
+    max_buffered_bytes: int = 8 * 1024 * 1024  # output held for one slow client
+    max_total_buffered_bytes: int = 256 * 1024 * 1024  # output held for all slow clients
     enable_request_id_headers: bool = False
     allowed_origins: list[str] = field(default_factory=list)
     enable_log_requests: bool = False

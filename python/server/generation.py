@@ -24,6 +24,7 @@ from actors.sampling_params import SamplingParams
 from actors.runtime.request import PromptInput, RequestState
 from server.errors import APIError, bad_request, overloaded
 from server.state import ServerState
+from server.write_watchdog import track_output
 
 log = logging.getLogger("server.requests")
 
@@ -52,6 +53,7 @@ class Generation:
             params,
             max_model_len=srv.limits.max_model_len,  # type: ignore[union-attr]
         )
+        track_output(self.state.outbox)  # what a slow reader leaves unread counts against it
         self.public_id = request_id
         self.created = int(time.time())
         self._retired = False

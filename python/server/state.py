@@ -47,6 +47,7 @@ class ServerState:
     reaper: trio.Nursery | None = None
     model_root: str = ""
     write_watchdog: Any = None  # server.write_watchdog.WriteWatchdog, set by create_app
+    connections: Any = None  # server.transport.ConnectionTable, set by the supervisor
     _fingerprint: str | None = field(default=None, repr=False)
 
     @property

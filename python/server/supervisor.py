@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
 from actors.runtime import faults
@@ -32,6 +31,7 @@ from actors.runtime.outbox import ChoiceUpdate
 from actors.runtime.request import Child, Registry, RequestState
 from actors.runtime.scheduler_actor import SchedulerActor
 from actors.runtime.tokenizer_actor import TokenizerActor
+from server import transport
 from server.app import create_app
 from server.chat_template import ChatRenderer, load_template_arg
 from server.config import ServerConfig
@@ -76,6 +76,7 @@ class Supervisor:
     def __init__(self, config: ServerConfig, engine_factory: Callable[[], Any] | None = None):
         self.config = config
         self.srv = ServerState(config)
+        self.srv.connections = transport.ConnectionTable(config.max_connections)
         self._engine_factory = engine_factory or make_engine_factory(config)
         faults.configure(os.environ)
         self._stop_http = trio.Event()
@@ -104,7 +105,8 @@ class Supervisor:
             root.cancel_scope.cancel()
 
     async def _serve_http(self, app: Any, *, task_status: trio.TaskStatus[list[str]]) -> None:
-        hc = HypercornConfig()
+        transport.install()  # one connection's failure stays in that connection
+        hc = transport.TransportConfig(self.srv.connections, self.config.h11_max_header_count)
         hc.bind = [f"{self.config.host}:{self.config.port}"]
         hc.graceful_timeout = self.config.drain_timeout + ABORT_GRACE + 5
         hc.keep_alive_timeout = 5

@@ -1,4 +1,4 @@
-"""Dropping clients that stop reading: a write timeout the HTTP server does not have.
+"""Dropping clients that stop reading: a write timeout and a buffer cap the HTTP server lacks.
 
 A response send blocks once the client's socket buffers are full. Hypercorn shields that
 send from cancellation and has no write timeout, so a client that stops reading would keep
@@ -11,18 +11,31 @@ and, for a send blocked longer than the stall timeout, resets the connection:
            disconnect: its request is aborted (sequences stopped, KV blocks freed) exactly
            as when a client hangs up.
 
-The socket is found by the connection's two addresses (ASGI's scope["client"] and
-scope["server"]), so nothing depends on the server's internals. The stall timeout is
-STALL_TIMEOUT seconds, or LLMSERVE_STALL_TIMEOUT when set (tests use a short one).
+A client that reads, but slower than its output is generated, never blocks a send that
+long; its output piles up instead. The same task therefore also counts what each response
+holds for its client: the connection's kernel send queue (bytes written, not yet
+acknowledged) plus the output its request has generated and the handler not yet written
+(the Outbox, registered by `track_output`). A response over --max-buffered-bytes is dropped
+the same way, and while all of them together hold more than --max-total-buffered-bytes the
+largest are dropped first. A non-streamed body, already built, counts only as its kernel
+send queue: the cap is about output that keeps growing.
+
+The socket is found through the transport's table of open connections (server.transport),
+or else by the connection's two addresses (ASGI's scope["client"] and scope["server"]) among
+this process's descriptors. The stall timeout is STALL_TIMEOUT seconds, or
+LLMSERVE_STALL_TIMEOUT when set (tests use a short one).
 """
 
 from __future__ import annotations
 
+import contextvars
+import fcntl
 import logging
 import os
 import socket
 import stat
 import struct
+import termios
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -44,7 +57,7 @@ def stall_timeout(environ: MutableMapping[str, str] | None = None) -> float:
 
 
 class _Connection:
-    __slots__ = ("client", "dropped", "method", "path", "server", "since")
+    __slots__ = ("client", "dropped", "method", "outbox", "path", "server", "since")
 
     def __init__(self, scope: Scope) -> None:
         self.client = tuple(scope.get("client") or ())
@@ -53,14 +66,32 @@ class _Connection:
         self.path = str(scope.get("path", ""))[:200]
         self.since: float | None = None  # trio.current_time() when the pending send began
         self.dropped = False
+        self.outbox: Any = None  # actors.runtime.outbox.Outbox of a generation request
+
+
+# The response the current task serves, so the request behind it can register its Outbox.
+_current: contextvars.ContextVar[_Connection | None] = contextvars.ContextVar(
+    "llmserve_response", default=None)
+
+
+def track_output(outbox: Any) -> None:
+    """Count `outbox`'s pending output against the response being served (if any)."""
+    conn = _current.get()
+    if conn is not None:
+        conn.outbox = outbox
 
 
 class WriteWatchdog:
-    """ASGI middleware plus the task (`run`) that drops connections whose sends stall."""
+    """ASGI middleware plus the task (`run`) that drops connections whose sends stall or
+    whose output piles up."""
 
-    def __init__(self, app: Any, timeout: float | None = None) -> None:
+    def __init__(self, app: Any, timeout: float | None = None, *, connections: Any = None,
+                 max_buffered: int | None = None, max_total_buffered: int | None = None) -> None:
         self.app = app
         self.timeout = stall_timeout() if timeout is None else timeout
+        self.connections = connections  # server.transport.ConnectionTable, or None
+        self.max_buffered = max_buffered
+        self.max_total_buffered = max_total_buffered
         self._open: set[_Connection] = set()  # requests in flight; `since` set while sending
 
     async def __call__(self, scope: Scope, receive: Any, send: Send) -> None:
@@ -79,9 +110,11 @@ class WriteWatchdog:
                 conn.since = None
 
         self._open.add(conn)  # once per request, not per chunk sent
+        token = _current.set(conn)
         try:
             await self.app(scope, receive, timed_send)
         finally:
+            _current.reset(token)
             self._open.discard(conn)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED):
@@ -92,16 +125,59 @@ class WriteWatchdog:
             now = trio.current_time()
             for conn in [c for c in self._open if not c.dropped and c.since is not None
                          and now - c.since >= self.timeout]:
-                self._drop(conn)
+                self._drop(conn, f"the client has not read for {self.timeout:.0f} s")
+            self._check_buffers()
 
-    def _drop(self, conn: _Connection) -> None:
+    def buffered(self, conn: _Connection) -> int:
+        """Bytes this response holds for its client (see the module's docstring)."""
+        held = conn.outbox.pending_bytes() if conn.outbox is not None else 0
+        sock = self.connections.socket(conn.client, conn.server) if self.connections else None
+        return held + (unacknowledged_bytes(sock) if sock is not None else 0)
+
+    def _check_buffers(self) -> None:
+        if self.max_buffered is None and self.max_total_buffered is None:
+            return
+        sizes = sorted(((self.buffered(c), c) for c in self._open if not c.dropped),
+                       key=lambda item: item[0], reverse=True)
+        total = sum(size for size, _ in sizes)
+        for size, conn in sizes:
+            if self.max_buffered is not None and size > self.max_buffered:
+                why = f"{size} bytes wait for a client reading slower than its output " \
+                      f"(--max-buffered-bytes {self.max_buffered})"
+            elif self.max_total_buffered is not None and total > self.max_total_buffered:
+                why = f"{size} bytes wait for this client while all clients hold {total} " \
+                      f"(--max-total-buffered-bytes {self.max_total_buffered})"
+            else:
+                continue
+            total -= size
+            self._drop(conn, why)
+
+    def _drop(self, conn: _Connection, why: str) -> None:
         conn.dropped = True
-        reset = reset_connection(conn.client, conn.server)
-        log.warning(
-            "%s %s: the client has not read for %.0f s; %s", conn.method, conn.path,
-            self.timeout,
-            "dropping the connection" if reset else "its socket was not found to drop it",
-        )
+        sock = self.connections.socket(conn.client, conn.server) if self.connections else None
+        reset = reset_socket(sock) if sock is not None else reset_connection(conn.client,
+                                                                             conn.server)
+        log.warning("%s %s: %s; %s", conn.method, conn.path, why,
+                    "dropping the connection" if reset else "its socket was not found to drop it")
+
+
+def reset_socket(sock: Any) -> bool:
+    """Reset one connection's socket (see reset_connection). True if it was still open."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        return False
+    return True
+
+
+def unacknowledged_bytes(sock: Any) -> int:
+    """Bytes in the socket's send queue the peer has not acknowledged (0 where unknown)."""
+    try:
+        out = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0")  # Linux: SIOCOUTQ
+    except (OSError, AttributeError, ValueError):
+        return 0
+    return struct.unpack("i", out)[0]
 
 
 def reset_connection(client: tuple[Any, ...], server: tuple[Any, ...]) -> bool:

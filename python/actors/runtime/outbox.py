@@ -37,6 +37,12 @@ class ChoiceUpdate:
     # choice of each prompt when the request asked for them.
     prompt_logprobs: list[TokenLogprob | None] | None = None
 
+    def size(self) -> int:
+        """About how much memory this update takes (measured with tracemalloc: ~40 bytes a
+        token id, ~120 a logprob plus ~140 an alternative)."""
+        return (len(self.text) + 40 * len(self.token_ids)
+                + sum(120 + 140 * len(lp.top) for lp in self.logprobs))
+
     def merge(self, other: ChoiceUpdate) -> None:
         if other.prompt_logprobs is not None:
             self.prompt_logprobs = other.prompt_logprobs
@@ -91,6 +97,10 @@ class Outbox:
     def done(self) -> bool:
         """Every choice has finished and the consumer has read everything."""
         return not self._unfinished and not self._pending
+
+    def pending_bytes(self) -> int:
+        """About how many bytes of output wait for the consumer."""
+        return sum(u.size() for u in self._pending.values())
 
     def is_finished(self, index: int) -> bool:
         return index not in self._unfinished

@@ -17,8 +17,10 @@ M = TypeVar("M", bound=BaseModel)
 
 
 async def read_json() -> dict[str, Any]:
-    ctype = request.headers.get("Content-Type", "application/json").split(";")[0].strip().lower()
-    if ctype and ctype != "application/json" and not ctype.endswith("+json"):
+    # As vLLM: the media type must be application/json, also when the header is missing
+    # (a body of unknown type is not parsed on a guess).
+    ctype = request.headers.get("Content-Type", "").split(";")[0].strip().lower()
+    if ctype != "application/json":
         raise bad_request("the request body must be JSON (Content-Type: application/json)")
     raw = await request.get_data(cache=False)
     try:
