@@ -211,7 +211,7 @@ def chat_logprobs(tokenizer: Any, items: list[TokenLogprob], top_n: int) -> dict
                         "logprob": max(v, MIN_LOGPROB),
                         "bytes": list(t.encode("utf-8")),
                     }
-                    for tid, v in lp.top[:top_n]
+                    for tid, v in (lp.top if top_n < 0 else lp.top[:top_n])  # -1: all
                 ],
             }
         )
