@@ -37,7 +37,8 @@ def server_proc():
                         "--max-total-buffered-bytes", str(MAX_TOTAL_BUFFERED),
                         env={"LLMSERVE_STALL_TIMEOUT": "300"}).wait_ready()
     yield srv
-    assert srv.stop() == 0, srv.log()
+    log = srv.log()  # (stop closes it)
+    assert srv.stop() == 0, log
 
 
 # -- raw HTTP/1.1 ------------------------------------------------------------------------

@@ -165,15 +165,12 @@ class GuardedTCPServer(TCPServer):
     _last_trace = -TRACE_EVERY
 
     async def run(self) -> None:
-        if not isinstance(self.config, TransportConfig):
-            await super().run()
-            return
-        table = self.config.connections
-        if not table.try_open():
+        table = self.config.connections if isinstance(self.config, TransportConfig) else None
+        if table is not None and not table.try_open():
             await self._refuse(table)
             return
         key = self._key()
-        if key is not None:
+        if table is not None and key is not None:
             table.add(key, self.stream.socket)
         try:
             await super().run()
@@ -186,9 +183,10 @@ class GuardedTCPServer(TCPServer):
         except Exception as exc:
             await self._contain(exc, key)
         finally:
-            if key is not None:
-                table.remove(key)
-            table.close()
+            if table is not None:
+                if key is not None:
+                    table.remove(key)
+                table.close()
 
     async def protocol_send(self, event: Any) -> None:
         try:

@@ -131,8 +131,13 @@ class WriteWatchdog:
     def buffered(self, conn: _Connection) -> int:
         """Bytes this response holds for its client (see the module's docstring)."""
         held = conn.outbox.pending_bytes() if conn.outbox is not None else 0
-        sock = self.connections.socket(conn.client, conn.server) if self.connections else None
+        sock = self._socket(conn)
         return held + (unacknowledged_bytes(sock) if sock is not None else 0)
+
+    def _socket(self, conn: _Connection) -> Any:
+        if self.connections is None:
+            return None
+        return self.connections.socket(conn.client, conn.server)
 
     def _check_buffers(self) -> None:
         if self.max_buffered is None and self.max_total_buffered is None:
@@ -154,9 +159,9 @@ class WriteWatchdog:
 
     def _drop(self, conn: _Connection, why: str) -> None:
         conn.dropped = True
-        sock = self.connections.socket(conn.client, conn.server) if self.connections else None
-        reset = reset_socket(sock) if sock is not None else reset_connection(conn.client,
-                                                                             conn.server)
+        sock = self._socket(conn)
+        reset = (reset_socket(sock) if sock is not None
+                 else reset_connection(conn.client, conn.server))
         log.warning("%s %s: %s; %s", conn.method, conn.path, why,
                     "dropping the connection" if reset else "its socket was not found to drop it")
 
