@@ -54,7 +54,18 @@ def text_of(events: list) -> str:
                    if isinstance(e, dict) and e.get("choices"))
 
 
-def test_a_row_the_core_refuses_fails_only_its_request():
+def post_plain(url: str, body: dict, out: dict) -> None:
+    r = httpx.post(url + "/v1/completions", timeout=120, json=body)
+    out["status"], out["body"], out["end"] = r.status_code, r.json(), time.monotonic()
+
+
+def generated(url: str) -> float:
+    text = httpx.get(url + "/metrics").text
+    return metric(text, "vllm:generation_tokens_total", model_name=MODEL) or 0.0
+
+
+@pytest.mark.parametrize("victim_streams", [True, False], ids=["stream", "plain"])
+def test_a_row_the_core_refuses_fails_only_its_request(victim_streams: bool):
     # From engine step 20 on, once two sequences decode, the oldest row is spoiled: the
     # victim's, admitted first.
     srv = ServerProcess(env={"LLMSERVE_FAULT_INJECT": "bad_row:20"}).wait_ready()
@@ -68,11 +79,16 @@ def test_a_row_the_core_refuses_fails_only_its_request():
                                        "A, B, C, D, E, F, G, H, I, J, K, L, M, N, O, P,")]
         others = [{} for _ in prompts]
         greedy = {"temperature": 0, "ignore_eos": True}
-        t_victim = threading.Thread(target=stream_events, args=(srv.url, dict(
-            greedy, prompt=ids_of("Write a long story about a dragon."), max_tokens=300),
-            victim))
+        t_victim = threading.Thread(target=stream_events if victim_streams else post_plain,
+                                    args=(srv.url, dict(greedy, max_tokens=300, prompt=ids_of(
+                                        "Write a long story about a dragon.")), victim))
         t_victim.start()
-        assert victim["on_first"].wait(60)
+        if victim_streams:
+            assert victim["on_first"].wait(60)
+        else:
+            deadline = time.monotonic() + 60
+            while not generated(srv.url) and time.monotonic() < deadline:
+                time.sleep(0.01)
         threads = [threading.Thread(target=stream_events, args=(
             srv.url, dict(greedy, prompt=p, max_tokens=60), out)) for p, out in zip(prompts,
                                                                                   others)]
@@ -82,13 +98,19 @@ def test_a_row_the_core_refuses_fails_only_its_request():
                            json=dict(greedy, prompt=prompts[0], max_tokens=60))
         for t in (t_victim, *threads):
             t.join(120)
-        # The victim: some tokens, then one error event with the envelope, then [DONE].
-        events = victim["events"]
-        assert events[-1][1] == "[DONE]"
-        failed_at, last = events[-2]
-        assert set(last["error"]) == ENVELOPE and last["error"]["code"] == 500
-        assert all("error" not in e for _, e in events[:-2])
-        assert text_of(events[:-2])
+        if victim_streams:
+            # Some tokens, then one error event with the envelope, then [DONE].
+            events = victim["events"]
+            assert events[-1][1] == "[DONE]"
+            failed_at, last = events[-2]
+            assert set(last["error"]) == ENVELOPE and last["error"]["code"] == 500
+            assert all("error" not in e for _, e in events[:-2])
+            assert text_of(events[:-2])
+        else:  # a 500 with the envelope
+            assert victim["status"] == 500, victim["body"]
+            err = victim["body"]["error"]
+            assert set(err) == ENVELOPE and err["type"] == "InternalServerError"
+            failed_at = victim["end"]
         # At least one of the others shared steps with it (started before it failed), all
         # ended after it and produced exactly what the offline engine produces.
         assert any(out["first"] < failed_at for out in others)

@@ -46,7 +46,8 @@ SCALARS = ["n", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
            "frequency_penalty", "repetition_penalty", "seed", "min_tokens", "max_tokens",
            "prompt_logprobs", "truncate_prompt_tokens", "priority"]
 LISTS = ["stop_token_ids", "allowed_token_ids"]  # [number]
-COMPLETION_FIELDS = SCALARS + LISTS + ["logprobs", "logit_bias", "logit_bias_key", "prompt"]
+COMPLETION_FIELDS = SCALARS + LISTS + ["logprobs", "best_of", "logit_bias", "logit_bias_key",
+                                       "prompt"]
 CHAT_FIELDS = SCALARS + LISTS + ["max_completion_tokens", "top_logprobs", "logit_bias",
                                  "logit_bias_key"]
 
@@ -103,7 +104,7 @@ def check(server, canary, path: str, base: dict[str, Any], fields: dict[str, Any
     assert again.status_code == 200 and again.json()["choices"][0]["text"] == canary["text"]
 
 
-FEW = settings(max_examples=80, deadline=None, database=None,
+FEW = settings(max_examples=60, deadline=None, database=None,
                suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
