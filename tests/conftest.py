@@ -142,7 +142,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     lines = [f"CPU: runs {llmcore.cpu_isa()} at most; built: {llmcore.build_features()}"]
     for family in sorted(set(rec.runs) | {f for f, _ in rec.skips}):
         ran = sorted(rec.runs.get(family, ()), key=order.index)
-        line = f"{family}: compared with scalar: {', '.join(ran) or 'none'}"
+        line = f"{family}: variants checked against scalar/reference: {', '.join(ran) or 'none'}"
         skips = [f"{i} ({why})" for (f, i), why in sorted(rec.skips.items()) if f == family]
         if skips:
             line += f"; skipped: {', '.join(skips)}"

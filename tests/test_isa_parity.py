@@ -258,3 +258,54 @@ def test_build_features_name_the_variants_built() -> None:
         llmcore.isa.set_isa("attention", "sse4")
     with pytest.raises(ValueError, match="unknown kernel family"):
         llmcore.isa.set_isa("convolution", "avx2")
+
+
+# ---- linear: packed bf16 weights, every variant ----------------------------------------------
+
+# The default model's projections (N, K), cut in N where it is large, plus a shape with a
+# partial last panel, an odd panel count and an odd K.
+LINEAR_SHAPES = {"qkv": (960, 576), "gate_up": (1536, 576), "down": (576, 1536),
+                 "ragged": (40, 33)}
+
+
+def linear_case(n: int, k: int, m: int, seed: int) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(seed)
+    w = (torch.randn(n, k, generator=gen) * 0.05).to(torch.bfloat16)
+    x = torch.randn(m, k, generator=gen)
+    bias = torch.randn(n, generator=gen)
+    return w, x, bias
+
+
+@pytest.mark.parametrize("isa", SIMD)
+@pytest.mark.parametrize("shape", sorted(LINEAR_SHAPES))
+@pytest.mark.parametrize("m", [1, 16, 37, 200])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_packed_linear_variant_matches_reference(isa: str, shape: str, m: int,
+                                                 out_dtype: torch.dtype,
+                                                 isa_record: Any) -> None:
+    """Against float64 on the inputs each variant computes from: fp32 activations (scalar,
+    AVX2, and AVX-512 below its row threshold), activations rounded to bf16 (AVX512_BF16 from
+    16 rows on). Either way only fp32 accumulation remains: within 1e-5 of sum |x| |w|."""
+    with llmcore.isa.capped(isa, ("linear",)) as got_isa:
+        if got_isa["linear"] != isa:
+            why = ("this CPU lacks AVX512_BF16" if isa == "avx512"
+                   else f"this CPU runs {llmcore.cpu_isa()} at most")
+            isa_record.skipped("linear", isa, why)
+            pytest.skip(f"linear {isa} not run: {why}")
+        n, k = LINEAR_SHAPES[shape]
+        w, x, bias = linear_case(n, k, m, seed=n + k + m)
+        packed = llmcore.PackedWeight(w)
+        out = torch.empty(m, n, dtype=out_dtype)
+        llmcore.linear(x, packed, bias, out)
+    xin = x.to(torch.bfloat16).double() if isa == "avx512" and m >= 16 else x.double()
+    want = xin @ w.double().T + bias.double()
+    scale = xin.abs() @ w.double().abs().T + bias.double().abs()
+    tol = 1e-5 * scale + 1e-6
+    if out_dtype == torch.bfloat16:
+        tol = tol + want.abs() * 2.0**-8  # the output's own rounding (half an ulp)
+    err = (out.double() - want).abs()
+    assert bool((err <= tol).all()), f"max error {err.max().item():.3g}"
+    # And within bf16 activation rounding of the exact fp32 product.
+    exact = x.double() @ w.double().T + bias.double()
+    assert (out.double() - exact).abs().max().item() <= (2.0**-8 * scale).max().item() + 1e-2
+    isa_record.ran("linear", isa)

@@ -13,10 +13,21 @@ namespace lc::linear {
 
 namespace {
 
-// No AVX-512 variant yet: AVX2 at most. LLMCORE_LINEAR_ISA=scalar forces the
-// portable kernel.
+// "avx512" is the AVX512_BF16 kernel for packed bf16 weights (linear.h), so a
+// CPU without AVX512_BF16 runs the AVX2 kernels at most.
+// LLMCORE_LINEAR_ISA=scalar|avx2 caps the choice.
+bool cpu_has_avx512_bf16() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512bf16");
+#else
+    return false;
+#endif
+}
+
 IsaSetting& isa_setting() {
-    static IsaSetting setting("LLMCORE_LINEAR_ISA", Isa::kAvx2);
+    static IsaSetting setting("LLMCORE_LINEAR_ISA",
+                              cpu_has_avx512_bf16() ? Isa::kAvx512 : Isa::kAvx2);
     return setting;
 }
 
@@ -107,8 +118,12 @@ void run(Job& job, const lc_tensor* bias, std::vector<float>& bias32) {
             job.bias = bias32.data();
         }
     }
-    const bool avx2 = current_isa() == Isa::kAvx2;
-    if (job.packed)
+    const Isa isa = current_isa();
+    const bool avx2 = isa >= Isa::kAvx2;
+    if (job.packed && isa == Isa::kAvx512 && job.packed->dtype == LC_DTYPE_BF16 &&
+        job.M >= kBf16MinRows)
+        run_packed_bf16_avx512(job);
+    else if (job.packed)
         avx2 ? run_packed_avx2(job) : run_packed_scalar(job);
     else
         avx2 ? run_avx2(job) : run_scalar(job);
