@@ -1,9 +1,15 @@
-"""A small OpenAPI document built from the routes and the request models; /docs works offline."""
+"""A small OpenAPI document built from the routes and the request models; /docs works offline.
+
+Each request model's nested models go to components/schemas (pydantic's `$defs` would be
+resolved against the document root, where no `$defs` exists, so validators and fuzzers
+could not follow them).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+from pydantic import BaseModel
 from quart import Quart
 
 from server import __version__
@@ -11,12 +17,14 @@ from server.protocol.chat import ChatCompletionRequest
 from server.protocol.completions import CompletionRequest
 from server.protocol.tokenize import DetokenizeRequest, TokenizeRequest
 
-BODIES = {
-    "/v1/completions": CompletionRequest,
-    "/v1/chat/completions": ChatCompletionRequest,
-    "/tokenize": TokenizeRequest,
-    "/detokenize": DetokenizeRequest,
+BODIES: dict[str, tuple[type[BaseModel], ...]] = {
+    "/v1/completions": (CompletionRequest,),
+    "/v1/chat/completions": (ChatCompletionRequest,),
+    "/tokenize": (TokenizeRequest,),
+    "/detokenize": (DetokenizeRequest,),
+    "/invocations": (ChatCompletionRequest, CompletionRequest),
 }
+REF_TEMPLATE = "#/components/schemas/{model}"
 
 _ERROR = {
     "type": "object",
@@ -34,8 +42,22 @@ _ERROR = {
 }
 
 
+def body_schema(models: tuple[type[BaseModel], ...],
+                components: dict[str, Any]) -> dict[str, Any]:
+    """A request body's schema; the models it refers to are added to `components`."""
+    refs = []
+    for model in models:
+        schema = model.model_json_schema(ref_template=REF_TEMPLATE)
+        for name, sub in [*schema.pop("$defs", {}).items(), (model.__name__, schema)]:
+            if components.setdefault(name, sub) != sub:
+                raise ValueError(f"two different schemas are both named {name}")
+        refs.append({"$ref": REF_TEMPLATE.format(model=model.__name__)})
+    return refs[0] if len(refs) == 1 else {"anyOf": refs}
+
+
 def openapi_document(app: Quart) -> dict[str, Any]:
     paths: dict[str, Any] = {}
+    components: dict[str, Any] = {}
     for rule in app.url_map.iter_rules():
         if rule.endpoint == "static":
             continue
@@ -50,17 +72,18 @@ def openapi_document(app: Quart) -> dict[str, Any]:
                     },
                 },
             }
-            model = BODIES.get(rule.rule)
-            if model is not None and method == "POST":
+            models = BODIES.get(rule.rule)
+            if models is not None and method == "POST":
                 op["requestBody"] = {
                     "required": True,
-                    "content": {"application/json": {"schema": model.model_json_schema()}},
+                    "content": {"application/json": {"schema": body_schema(models, components)}},
                 }
             paths.setdefault(rule.rule, {})[method.lower()] = op
     return {
         "openapi": "3.1.0",
         "info": {"title": "llmserve", "version": __version__},
         "paths": dict(sorted(paths.items())),
+        "components": {"schemas": dict(sorted(components.items()))},
     }
 
 
@@ -80,10 +103,14 @@ fetch("openapi.json").then(r => r.json()).then(doc => {
       h.innerHTML = "<code>" + method.toUpperCase() + " " + path + "</code>";
       root.appendChild(h);
       if (op.requestBody) {
-        const pre = document.createElement("pre");
-        const schema = op.requestBody.content["application/json"].schema;
-        pre.textContent = Object.keys(schema.properties || {}).join(", ");
-        root.appendChild(pre);
+        const body = op.requestBody.content["application/json"].schema;
+        for (const ref of body.anyOf || [body]) {
+          const name = ref.$ref.split("/").pop();
+          const pre = document.createElement("pre");
+          const props = doc.components.schemas[name].properties || {};
+          pre.textContent = name + ": " + Object.keys(props).join(", ");
+          root.appendChild(pre);
+        }
       }
     }
   }
