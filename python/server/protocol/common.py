@@ -2,8 +2,8 @@
 
 Unknown fields are accepted and ignored (extra="allow"), as OpenAI clients send vendor
 extensions freely; the vLLM extensions that would change the output and are not implemented
-are refused by name in server.unsupported. Types are checked here; ranges that depend on the model (vocabulary,
-context, logprob limit) are checked in server.sampling.
+are refused by name in server.unsupported. Types are checked here; value ranges by
+SamplingParams.validate (through server.sampling, which adds the context-length checks).
 """
 
 from __future__ import annotations
