@@ -5,21 +5,17 @@ else --chat-template (a file or a literal template), else the tokenizer's own. A
 may pass `chat_template_kwargs`, but only names the template actually reads, and never
 the names the renderer itself controls.
 
-A template is a program: besides the sandbox (no Python internals), a render is bounded in
-time (RENDER_TIMEOUT), in output (MAX_RENDERED_CHARS, counted while it is produced) and in
-the size of any one string or number it builds (`*` and `**` are checked before they run).
-Rendering runs on the thread that prepares every prompt, so an unbounded template would
-stall all requests, not just its own.
+A template is a program: it renders in server.template_sandbox, bounded in time, memory,
+output and the size of every value it builds; whatever goes wrong in a render (the
+template's own raise_exception, a bound, a recursion or memory error) is the request's
+fault: a 400.
 """
 
 from __future__ import annotations
 
 import functools
 import re
-import sys
-import time
 from datetime import datetime
-from types import FrameType
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +25,14 @@ from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from server.errors import APIError, bad_request
+from server.template_bounds import MAX_RENDERED_CHARS
+from server.template_sandbox import (
+    RENDER_TIMEOUT,
+    BoundedEnvironment,
+    RenderTimeout,
+    RenderTooLarge,
+    render_bounded,
+)
 
 # Names the renderer sets itself: a request can never override them.
 RESERVED_KWARGS = frozenset(
@@ -36,81 +40,8 @@ RESERVED_KWARGS = frozenset(
      "tokenize", "chat_template", "bos_token", "eos_token", "return_dict", "tokenizer_kwargs",
      "raise_exception", "strftime_now", "range", "namespace", "loop"}
 )  # fmt: skip
-MAX_RENDERED_CHARS = 4 * 1024 * 1024
-RENDER_TIMEOUT = 5.0  # seconds; real chat templates render in milliseconds
-MAX_POWER_BITS = 4096  # largest integer `**` may build
-
-
 class _TemplateRaised(Exception):
     pass
-
-
-class _RenderTimeout(Exception):
-    pass
-
-
-_NUMBER = re.compile(r"\d+")
-
-
-def _check_size(value: Any) -> None:
-    """Refuses a number that would size a string beyond any chat prompt: a width, count or
-    padding passed to a method or filter, or written in a format string."""
-    if isinstance(value, bool):
-        return
-    if isinstance(value, int) and abs(value) > MAX_RENDERED_CHARS:
-        raise jinja2.exceptions.SecurityError("a size argument is too large")
-    if isinstance(value, str) and any(len(d) > 7 and int(d) > MAX_RENDERED_CHARS
-                                      for d in _NUMBER.findall(value)):
-        raise jinja2.exceptions.SecurityError("a format width is too large")
-
-
-def _bounded_filter(fn: Any) -> Any:
-    @functools.wraps(fn)
-    def bounded(*args: Any, **kwargs: Any) -> Any:
-        for v in (*args[1:], *kwargs.values()):
-            _check_size(v)
-        return fn(*args, **kwargs)
-    return bounded
-
-
-class _BoundedEnvironment(ImmutableSandboxedEnvironment):
-    """The sandbox, with every way a template can size a string checked before it
-    allocates: `*`, `**` and `%`, call arguments (str.center, ljust, zfill, format...), and
-    the padding filters. The output cap alone comes too late for a value that is built
-    and then measured (`|length`) rather than printed."""
-
-    intercepted_binops = frozenset({"*", "**", "%"})
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        for name in ("center", "indent", "wordwrap", "format", "truncate"):
-            self.filters[name] = _bounded_filter(self.filters[name])
-
-    def call(self, context: Any, obj: Any, /, *args: Any, **kwargs: Any) -> Any:
-        for v in (*args, *kwargs.values()):
-            _check_size(v)
-        return super().call(context, obj, *args, **kwargs)
-
-    def wrap_str_format(self, value: Any) -> Any:
-        # The sandbox's hook for "...".format / format_map, at attribute access: the format
-        # string's widths ("{:>1000000000}") are checked there; other strings are content.
-        wrapped = super().wrap_str_format(value)
-        if wrapped is not None:
-            _check_size(value.__self__)
-        return wrapped
-
-    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
-        if operator == "*":
-            for seq, times in ((left, right), (right, left)):
-                if isinstance(seq, (str, list, tuple)) and isinstance(times, int):
-                    if len(seq) * max(times, 0) > MAX_RENDERED_CHARS:
-                        raise jinja2.exceptions.SecurityError("repetition result too large")
-        elif operator == "%" and isinstance(left, str):
-            _check_size(left)  # "%1000000000s" % x
-        elif operator == "**" and isinstance(left, int) and isinstance(right, int):
-            if right > 0 and abs(left) > 1 and right * max(abs(left).bit_length(), 1) > MAX_POWER_BITS:
-                raise jinja2.exceptions.SecurityError("power result too large")
-        return super().call_binop(context, operator, left, right)
 
 
 def _raise(message: str) -> None:
@@ -123,7 +54,7 @@ def _strftime_now(fmt: str) -> str:
 
 @functools.lru_cache(maxsize=1)
 def _environment() -> ImmutableSandboxedEnvironment:
-    env = _BoundedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env = BoundedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = _strftime_now
     return env
@@ -275,40 +206,18 @@ def _normalise(message: dict[str, Any], parts: bool, knows_developer: bool) -> d
     return msg
 
 
-def _render_bounded(template: jinja2.Template, context: dict[str, Any]) -> str:
-    """template.render with a deadline and an output cap (in the calling thread only)."""
-    deadline = time.monotonic() + RENDER_TIMEOUT
-
-    def check(frame: FrameType, event: str, arg: Any) -> Any:
-        # Called on every call in this thread and on every line of template code: loops
-        # that print nothing still run lines, so no render can outlive the deadline.
-        if time.monotonic() > deadline:
-            raise _RenderTimeout()
-        return check if frame.f_code.co_filename in template_files else None
-
-    template_files = {template.filename or "<template>", "<template>"}
-
-    previous = sys.gettrace()
-    sys.settrace(check)
-    try:
-        pieces, size = [], 0
-        for piece in template.generate(**context):
-            size += len(piece)
-            if size > MAX_RENDERED_CHARS:
-                raise APIError(400, "the rendered chat prompt is too long")
-            pieces.append(piece)
-        return "".join(pieces)
-    finally:
-        sys.settrace(previous)
-
-
 def _render(template: jinja2.Template, context: dict[str, Any], final: Any) -> str:
     """Runs in the tokenizer's worker thread. Template failures become 400s."""
     try:
-        text = _render_bounded(template, context)
-    except _RenderTimeout:
+        text = render_bounded(template, context)
+    except RenderTimeout:
         raise APIError(400, f"the chat template did not render within {RENDER_TIMEOUT:.0f} s") \
             from None
+    except (RenderTooLarge, MemoryError):
+        raise APIError(400, "the chat template needed more memory than a render may use") \
+            from None
+    except RecursionError:
+        raise APIError(400, "the chat template recursed too deeply") from None
     except _TemplateRaised as exc:
         raise APIError(400, f"the chat template rejected the request: {exc}"[:500]) from None
     except jinja2.exceptions.SecurityError:
