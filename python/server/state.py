@@ -46,6 +46,10 @@ class ServerState:
     submit_send: trio.MemorySendChannel[RequestState] | None = None
     reaper: trio.Nursery | None = None
     model_root: str = ""
+    # From the tokenizer actor: logprob token texts (actors.runtime.detokenizer.TokenTexts)
+    # and the longest vocabulary entry (actors.runtime.prompt_bounds).
+    token_texts: Any = None
+    max_token_chars: int = 0
     write_watchdog: Any = None  # server.write_watchdog.WriteWatchdog, set by create_app
     connections: Any = None  # server.transport.ConnectionTable, set by the supervisor
     _fingerprint: str | None = field(default=None, repr=False)

@@ -165,6 +165,8 @@ class Supervisor:
                                cache_info=cache_config_info(engine, cfg))
         await nursery.start(self._supervised, "metrics", metrics.run)
         srv.tokenizer = engine.tokenizer
+        srv.token_texts = tokenizer.token_texts
+        srv.max_token_chars = tokenizer.max_token_chars
         srv.limits = limits
         srv.defaults = self._defaults(engine)
         srv.renderer = ChatRenderer(

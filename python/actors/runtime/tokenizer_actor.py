@@ -16,13 +16,15 @@ Channel bounds (capacity = the admission capacity, in engine sequences):
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import trio
 
 from actors.runtime import faults
-from actors.runtime.detokenizer import IncrementalDetokenizer
+from actors.runtime.detokenizer import IncrementalDetokenizer, TokenTexts
 from actors.runtime.outbox import ChoiceUpdate, TokenLogprob
+from actors.runtime.prompt_bounds import longest_token_chars, prompt_chars_error
 from actors.runtime.request import Child, PromptResult, Registry, RequestError, RequestState
 from actors.runtime.scheduler_actor import SchedulerActor
 
@@ -50,6 +52,9 @@ class TokenizerActor:
         self._batch_recv = batch_recv
         self._vocab_size = vocab_size
         self._limiter = trio.CapacityLimiter(1)
+        # Logprob token texts, decoded here off the event loop; the HTTP side reads them.
+        self.token_texts = TokenTexts(self._backend, vocab_size)
+        self.max_token_chars = longest_token_chars(self._backend)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED):
         async with trio.open_nursery() as nursery:
@@ -107,6 +112,10 @@ class TokenizerActor:
                 text = self._backend.decode(ids, skip_special_tokens=False)
             else:
                 text = prompt.text if prompt.render is None else prompt.render()
+                too_long = None if state.params.truncate_prompt_tokens is not None else \
+                    prompt_chars_error(len(text), state.max_model_len, self.max_token_chars)
+                if too_long is not None:  # cannot fit: refused without tokenizing
+                    raise RequestError(400, too_long, param="prompt")
                 ids = self._backend.encode(
                     text, add_special_tokens=prompt.add_special_tokens
                 ).ids
@@ -170,11 +179,31 @@ class TokenizerActor:
             async for outputs in self._batch_recv:
                 try:
                     faults.check("tokenizer")
-                    self._deliver(outputs)
+                    converted = None
+                    if any(_has_logprobs(out) for out in outputs):
+                        # Up to a million entries (a prompt's logprobs): not on the loop.
+                        converted = await trio.to_thread.run_sync(self._convert_logprobs,
+                                                                  outputs)
+                    self._deliver(outputs, converted)
                 finally:
                     self._scheduler.credits.release()
 
-    def _deliver(self, outputs: list[Any]) -> None:
+    def _convert_logprobs(self, outputs: list[Any]) -> dict[str, _Logprobs]:
+        """Runs in a worker thread: each output's logprobs as TokenLogprobs, with the text
+        of every token they name decoded into token_texts."""
+        converted: dict[str, _Logprobs] = {}
+        for out in outputs:
+            found = self._registry.children.get(out.request_id)
+            if found is None or not _has_logprobs(out):
+                continue
+            prompt = found[1].prompt_token_ids
+            lps = _logprobs(list(out.new_token_ids), out)
+            prompt_lps = _prompt_logprobs(prompt, out)
+            self.token_texts.fill(_named_ids(lps, prompt_lps, prompt))
+            converted[out.request_id] = (lps, prompt_lps)
+        return converted
+
+    def _deliver(self, outputs: list[Any], converted: dict[str, _Logprobs] | None = None) -> None:
         for out in outputs:
             found = self._registry.children.get(out.request_id)
             if found is None:
@@ -190,12 +219,13 @@ class TokenizerActor:
                 continue
             new_ids = list(out.new_token_ids)
             step = child.detokenizer.add(new_ids)
+            lps, prompt_lps = (converted or {}).get(out.request_id) or ([], None)
             update = ChoiceUpdate(
                 index=child.index,
                 text=step.text,
                 token_ids=new_ids,
-                logprobs=_logprobs(new_ids, out),
-                prompt_logprobs=_prompt_logprobs(child.prompt_token_ids, out),
+                logprobs=lps,
+                prompt_logprobs=prompt_lps,
             )
             if step.stop_reason is not None:
                 update.finish_reason = "stop"
@@ -208,6 +238,29 @@ class TokenizerActor:
                 update.finish_reason = out.finish_reason or "stop"
                 update.stop_reason = out.stop_reason
             state.outbox.push(update)
+
+
+_Logprobs = tuple[list[TokenLogprob], "list[TokenLogprob | None] | None"]
+
+
+def _has_logprobs(out: Any) -> bool:
+    return bool(getattr(out, "new_logprobs", None)) or \
+        getattr(out, "prompt_logprobs", None) is not None
+
+
+def _named_ids(lps: list[TokenLogprob], prompt_lps: list[TokenLogprob | None] | None,
+               prompt: list[int]) -> Iterator[int]:
+    """Every token id a response may print for these logprobs (an echo prints the prompt's
+    first token, which has no logprob)."""
+    for lp in lps:
+        yield lp.token_id
+        yield from (t for t, _ in lp.top)
+    if prompt_lps is not None:
+        yield from prompt[:1]
+        for plp in prompt_lps:
+            if plp is not None:
+                yield plp.token_id
+                yield from (t for t, _ in plp.top)
 
 
 def _logprobs(token_ids: list[int], out: Any) -> list[TokenLogprob]:

@@ -2,14 +2,25 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from server.protocol.common import APIModel, SamplingFields
+
+
+# vLLM's (and OpenAI's) reasoning efforts; the chat template receives the request's value.
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
 
 
 class ContentPart(APIModel):
     type: str
     text: str | None = None
+
+    @model_validator(mode="after")
+    def _text_parts_carry_text(self) -> ContentPart:
+        # As vLLM (OpenAI's schema): a text part without a text string is a 400.
+        if self.type == "text" and self.text is None:
+            raise ValueError("a content part of type 'text' needs a `text` string")
+        return self
 
 
 class ChatMessage(APIModel):
@@ -37,3 +48,4 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
+    reasoning_effort: ReasoningEffort | None = None

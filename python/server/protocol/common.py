@@ -8,10 +8,13 @@ SamplingParams.validate (through server.sampling, which adds the context-length 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from actors.sampling_params import INT64_MAX, INT64_MIN
 from pydantic import BaseModel, ConfigDict, Field
+
+# vLLM's VLLM_MAX_STOP_STRINGS default: a longer list is a 400 (the engine takes up to 16).
+MAX_STOP_STRINGS = 4
 
 
 class APIModel(BaseModel):
@@ -38,7 +41,7 @@ class SamplingFields(APIModel):
     repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
-    stop: str | list[str] | None = None
+    stop: str | Annotated[list[str], Field(max_length=MAX_STOP_STRINGS)] | None = None
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False

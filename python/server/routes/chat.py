@@ -10,7 +10,7 @@ from actors.runtime.request import PromptInput
 from server.errors import bad_request
 from server.generation import Generation, new_request_id
 from server.protocol.chat import ChatCompletionRequest
-from server.routes.common import check_model, json_response, sse_response
+from server.routes.common import built_json_response, check_model, sse_response
 from server.routes.stream import chat_logprobs, collect, prompt_logprobs_json, response_usage
 from server.routes.stream import sse_stream
 from server.sampling import build_params, check_stream_options
@@ -25,12 +25,24 @@ def render_call(srv: ServerState, req: Any) -> Any:
     return srv.renderer.prepare(
         messages,
         request_template=req.chat_template,
-        kwargs=req.chat_template_kwargs,
+        kwargs=template_kwargs(req),
         add_generation_prompt=req.add_generation_prompt,
         continue_final_message=req.continue_final_message,
         tools=getattr(req, "tools", None),
         documents=getattr(req, "documents", None),
     )
+
+
+def template_kwargs(req: Any) -> dict[str, Any] | None:
+    """chat_template_kwargs, plus reasoning_effort as vLLM passes it on: under its own name,
+    and as enable_thinking unless the request's kwargs set that (a template that reads
+    neither never sees them)."""
+    effort = getattr(req, "reasoning_effort", None)
+    if effort is None:
+        return req.chat_template_kwargs
+    kwargs = dict(req.chat_template_kwargs or {}, reasoning_effort=effort)
+    kwargs.setdefault("enable_thinking", effort != "none")
+    return kwargs
 
 
 def check_tools(req: ChatCompletionRequest) -> None:
@@ -103,7 +115,7 @@ async def handle(srv: ServerState, req: ChatCompletionRequest) -> Response:
     gen = Generation(srv, rid, prompts, params)
     await gen.start()
     response_id = f"chatcmpl-{rid}"
-    tok = srv.tokenizer.backend_tokenizer
+    texts = srv.token_texts
     role = response_role(req)
     echoed = echo_text(req, role)
 
@@ -112,24 +124,30 @@ async def handle(srv: ServerState, req: ChatCompletionRequest) -> Response:
             results = await collect(gen)
         finally:
             gen.retire()
-        choices = [
-            {
-                "index": r.index,
-                "message": message(role, echoed + r.text),
-                "logprobs": chat_logprobs(tok, r.logprobs, top or 0) if req.logprobs else None,
-                "finish_reason": r.finish_reason,
-                "stop_reason": r.stop_reason,
+
+        def build() -> dict[str, Any]:
+            choices = [
+                {
+                    "index": r.index,
+                    "message": message(role, echoed + r.text),
+                    "logprobs": chat_logprobs(texts, r.logprobs, top or 0)
+                    if req.logprobs else None,
+                    "finish_reason": r.finish_reason,
+                    "stop_reason": r.stop_reason,
+                }
+                for r in results
+            ]
+            return {
+                "id": response_id, "object": "chat.completion", "created": gen.created,
+                "model": model, "choices": choices, "service_tier": None,
+                "system_fingerprint": srv.fingerprint,
+                "usage": response_usage(gen, sum(r.num_tokens for r in results)),
+                "prompt_logprobs": prompt_logprobs_json(
+                    texts, results[0].prompt_logprobs if results else None),
             }
-            for r in results
-        ]
-        return json_response({
-            "id": response_id, "object": "chat.completion", "created": gen.created,
-            "model": model, "choices": choices, "service_tier": None,
-            "system_fingerprint": srv.fingerprint,
-            "usage": response_usage(gen, sum(r.num_tokens for r in results)),
-            "prompt_logprobs": prompt_logprobs_json(
-                tok, results[0].prompt_logprobs if results else None),
-        })
+
+        return await built_json_response(
+            build, off_loop=bool(req.logprobs) or params.prompt_logprobs is not None)
 
     opts = req.stream_options
     include_usage = bool(opts and opts.include_usage)
@@ -160,7 +178,7 @@ async def handle(srv: ServerState, req: ChatCompletionRequest) -> Response:
         # as vLLM sends it; a finish without any token has an empty delta.
         delta = {"content": u.text} if u.text or u.token_ids else {}
         choice: dict[str, Any] = {"index": u.index, "delta": delta,
-                                  "logprobs": chat_logprobs(tok, u.logprobs, top or 0)
+                                  "logprobs": chat_logprobs(texts, u.logprobs, top or 0)
                                   if req.logprobs else None,
                                   "finish_reason": u.finish_reason}
         chunk = dict(base(), choices=[choice])

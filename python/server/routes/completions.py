@@ -10,9 +10,10 @@ from actors.runtime.request import PromptInput
 from server.errors import bad_request
 from server.generation import Generation, new_request_id
 from server.protocol.completions import CompletionRequest
-from server.routes.common import check_model, json_response, sse_response
+from server.routes.common import built_json_response, check_model, sse_response
 from server.routes.stream import collect, completion_logprobs, echo_logprobs
-from server.routes.stream import prompt_logprobs_json, prompt_logprobs_of, response_usage
+from server.routes.stream import echo_prompt_logprobs, prompt_logprobs_json, prompt_logprobs_of
+from server.routes.stream import response_usage
 from server.routes.stream import sse_stream
 from server.sampling import MAX_PROMPTS, build_params, check_stream_options
 from server.state import ServerState
@@ -78,7 +79,7 @@ async def handle(srv: ServerState, req: CompletionRequest) -> Response:
     gen = Generation(srv, rid, prompts, params)
     await gen.start()
     response_id = f"cmpl-{rid}"
-    tok = srv.tokenizer.backend_tokenizer
+    texts = srv.token_texts
     n = params.n
     num_logprobs = -1 if req.logprobs is None else req.logprobs
 
@@ -90,33 +91,44 @@ async def handle(srv: ServerState, req: CompletionRequest) -> Response:
             results = await collect(gen)
         finally:
             gen.retire()
-        choices = []
-        prompt_json: dict[int, Any] = {}  # per prompt: its n choices share one rendering
-        for r in results:
-            text = "" if echo_only else r.text
-            if req.echo:
-                text = prompt_text(r.index) + text
-            prompt_items = prompt_logprobs_of(results, r.index, n)
-            if r.index // n not in prompt_json:
-                prompt_json[r.index // n] = prompt_logprobs_json(tok, prompt_items)
-            lp = None
-            if echo_lps:
-                ids = gen.state.prompt_results[r.index // n].token_ids
-                if prompt_items is None:
-                    raise RuntimeError("the engine returned no prompt logprobs")
-                lp = echo_logprobs(tok, ids, prompt_items, [] if echo_only else r.logprobs,
-                                   num_logprobs)
-            elif req.logprobs is not None:
-                lp = completion_logprobs(tok, r.logprobs, 0, num_logprobs)
-            choices.append({"index": r.index, "text": text, "logprobs": lp,
-                            "finish_reason": r.finish_reason, "stop_reason": r.stop_reason,
-                            "prompt_logprobs": prompt_json.get(r.index // n)})
-        return json_response({
-            "id": response_id, "object": "text_completion", "created": gen.created,
-            "model": model, "choices": choices, "service_tier": None,
-            "system_fingerprint": srv.fingerprint,
-            "usage": response_usage(gen, sum(r.num_tokens for r in results)),
-        })
+
+        def build() -> dict[str, Any]:
+            choices = []
+            # Per prompt, shared by its n choices: prompt_logprobs and the echoed part.
+            prompt_json: dict[int, Any] = {}
+            echo_part: dict[int, dict[str, Any]] = {}
+            for r in results:
+                p = r.index // n
+                text = "" if echo_only else r.text
+                if req.echo:
+                    text = prompt_text(r.index) + text
+                prompt_items = prompt_logprobs_of(results, r.index, n)
+                if p not in prompt_json:
+                    prompt_json[p] = prompt_logprobs_json(texts, prompt_items)
+                lp = None
+                if echo_lps:
+                    if prompt_items is None:
+                        raise RuntimeError("the engine returned no prompt logprobs")
+                    if p not in echo_part:
+                        echo_part[p] = echo_prompt_logprobs(
+                            texts, gen.state.prompt_results[p].token_ids, prompt_items,
+                            num_logprobs)
+                    lp = echo_logprobs(texts, echo_part[p], [] if echo_only else r.logprobs,
+                                       num_logprobs)
+                elif req.logprobs is not None:
+                    lp = completion_logprobs(texts, r.logprobs, 0, num_logprobs)
+                choices.append({"index": r.index, "text": text, "logprobs": lp,
+                                "finish_reason": r.finish_reason, "stop_reason": r.stop_reason,
+                                "prompt_logprobs": prompt_json.get(p)})
+            return {
+                "id": response_id, "object": "text_completion", "created": gen.created,
+                "model": model, "choices": choices, "service_tier": None,
+                "system_fingerprint": srv.fingerprint,
+                "usage": response_usage(gen, sum(r.num_tokens for r in results)),
+            }
+
+        return await built_json_response(
+            build, off_loop=req.logprobs is not None or params.prompt_logprobs is not None)
 
     opts = req.stream_options
     include_usage = bool(opts and opts.include_usage)
@@ -137,7 +149,7 @@ async def handle(srv: ServerState, req: CompletionRequest) -> Response:
             return None  # nothing happened; a token with held-back text still goes out
         lp = None
         if req.logprobs is not None:
-            lp = completion_logprobs(tok, u.logprobs, offsets[u.index], num_logprobs)
+            lp = completion_logprobs(texts, u.logprobs, offsets[u.index], num_logprobs)
             offsets[u.index] += sum(len(t) for t in lp["tokens"])
         chunk = dict(base(), choices=[{"index": u.index, "text": text, "logprobs": lp,
                                        "finish_reason": u.finish_reason,

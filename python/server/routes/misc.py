@@ -10,7 +10,8 @@ import trio
 from quart import Quart, Response
 
 from server import __version__
-from server.errors import APIError, bad_request
+from actors.runtime.prompt_bounds import prompt_chars_error
+from server.errors import APIError, bad_request, overloaded
 from server.openapi import DOCS_HTML, openapi_document
 from server.protocol.chat import ChatCompletionRequest
 from server.protocol.completions import CompletionRequest
@@ -20,7 +21,24 @@ from server.routes import chat, completions
 from server.routes.common import check_model, json_response, parse, read_json
 from server.state import ServerState
 
-_TOKENIZE_LIMITER = trio.CapacityLimiter(2)
+# /tokenize and /detokenize work in worker threads, TOKENIZE_THREADS at a time, with at
+# most TOKENIZE_QUEUE more waiting; beyond that 503 + Retry-After, as a full generation
+# queue answers (each waiting request holds its body, up to --max-body-bytes).
+TOKENIZE_THREADS = 2
+TOKENIZE_QUEUE = 16
+_TOKENIZE_LIMITER = trio.CapacityLimiter(TOKENIZE_THREADS)
+
+
+async def _in_tokenizer_thread(fn: Any) -> Any:
+    if _TOKENIZE_LIMITER.statistics().tasks_waiting >= TOKENIZE_QUEUE:
+        raise overloaded()
+    return await trio.to_thread.run_sync(fn, limiter=_TOKENIZE_LIMITER)
+
+
+# Until the model is loaded the metrics actor does not exist; scrapers still get a 200.
+LOADING_METRICS = (b"# HELP llmserve_model_loading 1 while the model loads (the other metrics "
+                   b"appear once it has loaded)\n# TYPE llmserve_model_loading gauge\n"
+                   b"llmserve_model_loading 1.0\n")
 
 
 def register(app: Quart, srv: ServerState) -> None:
@@ -51,8 +69,8 @@ def register(app: Quart, srv: ServerState) -> None:
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        assert srv.metrics is not None
-        return Response(srv.metrics.exposition(), mimetype="text/plain; version=0.0.4")
+        body = LOADING_METRICS if srv.metrics is None else srv.metrics.exposition()
+        return Response(body, mimetype="text/plain; version=0.0.4")
 
     @app.get("/openapi.json")
     async def openapi() -> Response:
@@ -104,9 +122,15 @@ def register(app: Quart, srv: ServerState) -> None:
             add_special = req.add_special_tokens is not False
 
         def work() -> list[int]:
-            return tok.backend_tokenizer.encode(render(), add_special_tokens=add_special).ids
+            text = render()
+            # The bound generation has: text that cannot fit the context is not tokenized.
+            too_long = prompt_chars_error(len(text), srv.limits.max_model_len,
+                                          srv.max_token_chars)
+            if too_long is not None:
+                raise bad_request(too_long, "prompt")
+            return tok.backend_tokenizer.encode(text, add_special_tokens=add_special).ids
 
-        ids = await trio.to_thread.run_sync(work, limiter=_TOKENIZE_LIMITER)
+        ids = await _in_tokenizer_thread(work)
         out: dict[str, Any] = {"count": len(ids), "max_model_len": srv.limits.max_model_len,
                                "tokens": ids, "token_strs": None}
         if req.return_token_strs:
@@ -117,13 +141,15 @@ def register(app: Quart, srv: ServerState) -> None:
     async def detokenize() -> Response:
         req = parse(DetokenizeRequest, await read_json())
         check_model(srv, req.model)
-        vocab = srv.limits.vocab_size
+        vocab, limit = srv.limits.vocab_size, srv.limits.max_model_len
+        if len(req.tokens) > limit:  # as a token-id prompt: no more than the context
+            raise bad_request(f"at most {limit} tokens (the model's context) can be "
+                              f"detokenized at once; got {len(req.tokens)}", "tokens")
         for t in req.tokens:
             if not 0 <= t < vocab:
                 raise bad_request(f"Token id {t} is out of vocabulary", "tokens")
-        text = await trio.to_thread.run_sync(
-            partial(srv.tokenizer.backend_tokenizer.decode, req.tokens, skip_special_tokens=False),
-            limiter=_TOKENIZE_LIMITER,
+        text = await _in_tokenizer_thread(
+            partial(srv.tokenizer.backend_tokenizer.decode, req.tokens, skip_special_tokens=False)
         )
         return json_response({"prompt": text})
 

@@ -9,7 +9,7 @@ from typing import Any
 import trio
 
 from actors.runtime.outbox import ChoiceUpdate, OutboxFailed, TokenLogprob
-from actors.runtime.detokenizer import token_text
+from actors.runtime.detokenizer import TokenTexts
 from server import sse
 from server.errors import APIError
 from server.generation import Generation
@@ -129,7 +129,7 @@ def prompt_logprobs_of(results: list[ChoiceResult], index: int,
 
 
 def prompt_logprobs_json(
-    tokenizer: Any, items: list[TokenLogprob | None] | None
+    texts: TokenTexts, items: list[TokenLogprob | None] | None
 ) -> list[dict[str, dict[str, Any]] | None] | None:
     """vLLM's ``prompt_logprobs`` field: per prompt token (the first None) a map of token
     id -> {logprob, rank, decoded_token}, the prompt token first, then the top ones."""
@@ -140,32 +140,40 @@ def prompt_logprobs_json(
         if lp is None:
             out.append(None)
             continue
-        entry = {str(lp.token_id): _lp_json(tokenizer, lp.token_id, lp.logprob, lp.rank)}
+        entry = {str(lp.token_id): _lp_json(texts, lp.token_id, lp.logprob, lp.rank)}
         for r, (tid, v) in enumerate(lp.top, start=1):
-            entry.setdefault(str(tid), _lp_json(tokenizer, tid, v, r))
+            entry.setdefault(str(tid), _lp_json(texts, tid, v, r))
         out.append(entry)
     return out
 
 
-def _lp_json(tokenizer: Any, token_id: int, logprob: float, rank: int) -> dict[str, Any]:
+def _lp_json(texts: TokenTexts, token_id: int, logprob: float, rank: int) -> dict[str, Any]:
     return {"logprob": max(logprob, MIN_LOGPROB), "rank": rank,
-            "decoded_token": token_text(tokenizer, token_id)}
+            "decoded_token": texts[token_id]}
 
 
-def echo_logprobs(
-    tokenizer: Any, prompt_ids: list[int], prompt_items: list[TokenLogprob | None],
-    items: list[TokenLogprob], num: int,
+def echo_prompt_logprobs(
+    texts: TokenTexts, prompt_ids: list[int], prompt_items: list[TokenLogprob | None], num: int,
 ) -> dict[str, Any]:
-    """echo with logprobs: the prompt's tokens (the first without a logprob) in front of
-    the generated ones, text offsets counted from the start of the echoed prompt."""
-    head = completion_logprobs(tokenizer, [], 0, num, first_token_id=prompt_ids[0])
-    rest = [lp for lp in prompt_items[1:] if lp is not None] + list(items)
-    tail = completion_logprobs(tokenizer, rest, len(head["tokens"][0]), num)
+    """echo with logprobs, the prompt's part (shared by the prompt's n choices): its tokens,
+    the first without a logprob, text offsets counted from the start of the prompt."""
+    head = completion_logprobs(texts, [], 0, num, first_token_id=prompt_ids[0])
+    rest = [lp for lp in prompt_items[1:] if lp is not None]
+    tail = completion_logprobs(texts, rest, len(head["tokens"][0]), num)
     return {k: head[k] + tail[k] for k in head}
 
 
+def echo_logprobs(texts: TokenTexts, prompt_part: dict[str, Any], items: list[TokenLogprob],
+                  num: int) -> dict[str, Any]:
+    """echo with logprobs: the prompt's part, then the generated tokens, whose text offsets
+    go on from the end of the echoed prompt."""
+    end = prompt_part["text_offset"][-1] + len(prompt_part["tokens"][-1])
+    generated = completion_logprobs(texts, items, end, num)
+    return {k: prompt_part[k] + generated[k] for k in prompt_part}
+
+
 def completion_logprobs(
-    tokenizer: Any, items: list[TokenLogprob], start_offset: int, num: int,
+    texts: TokenTexts, items: list[TokenLogprob], start_offset: int, num: int,
     first_token_id: int | None = None,
 ) -> dict[str, Any]:
     """The legacy completions layout. Each position's top_logprobs holds the sampled token
@@ -175,31 +183,31 @@ def completion_logprobs(
     tokens, token_lps, tops, offsets = [], [], [], []
     offset = start_offset
     if first_token_id is not None:
-        text = token_text(tokenizer, first_token_id)
+        text = texts[first_token_id]
         tokens.append(text)
         token_lps.append(None)
         tops.append(None)
         offsets.append(offset)
         offset += len(text)
     for lp in items:
-        text = token_text(tokenizer, lp.token_id)
+        text = texts[lp.token_id]
         tokens.append(text)
         token_lps.append(max(lp.logprob, MIN_LOGPROB))
         ranked = [(lp.token_id, lp.logprob)]
         ranked += [(t, v) for t, v in lp.top if t != lp.token_id]
         if num >= 0:
             ranked = ranked[: num + 1]
-        tops.append({token_text(tokenizer, t): max(v, MIN_LOGPROB) for t, v in ranked})
+        tops.append({texts[t]: max(v, MIN_LOGPROB) for t, v in ranked})
         offsets.append(offset)
         offset += len(text)
     return {"text_offset": offsets, "token_logprobs": token_lps, "tokens": tokens,
             "top_logprobs": tops}
 
 
-def chat_logprobs(tokenizer: Any, items: list[TokenLogprob], top_n: int) -> dict[str, Any]:
+def chat_logprobs(texts: TokenTexts, items: list[TokenLogprob], top_n: int) -> dict[str, Any]:
     content = []
     for lp in items:
-        text = token_text(tokenizer, lp.token_id)
+        text = texts[lp.token_id]
         content.append(
             {
                 "token": text,
@@ -207,7 +215,7 @@ def chat_logprobs(tokenizer: Any, items: list[TokenLogprob], top_n: int) -> dict
                 "bytes": list(text.encode("utf-8")),
                 "top_logprobs": [
                     {
-                        "token": (t := token_text(tokenizer, tid)),
+                        "token": (t := texts[tid]),
                         "logprob": max(v, MIN_LOGPROB),
                         "bytes": list(t.encode("utf-8")),
                     }
