@@ -1,6 +1,7 @@
-"""Every benchmark script runs in a smoke form: it starts, measures something tiny and prints
-one JSON document with its baseline. (bench_kernels is smoked in test_attention.py;
-gpu_check.sh needs a GPU and is checked for syntax only.)"""
+"""Every script runs in a smoke form: it starts, measures something tiny and prints
+one JSON document, a benchmark's with its baseline, soak's and chaos's with their verdicts.
+(bench_kernels is smoked in test_attention.py; gpu_check.sh needs a GPU and is checked for
+syntax only.)"""
 
 from __future__ import annotations
 
@@ -70,3 +71,52 @@ def test_profile_step_smoke() -> None:
 
 def test_gpu_check_script_parses() -> None:
     subprocess.run(["bash", "-n", str(SCRIPTS / "gpu_check.sh")], check=True)
+
+
+def run_verdict(*args: str, timeout: float = 300) -> tuple[int, dict]:
+    """(exit status, JSON document) of a script that prints its verdict even when it fails."""
+    done = subprocess.run([sys.executable, *args], capture_output=True, text=True,
+                          env=child_env(), timeout=timeout)
+    assert done.stdout.strip(), done.stderr[-3000:]
+    return done.returncode, json.loads(done.stdout)
+
+
+SMOKE_SERVER_ARGS = "--max-model-len 1024 --kv-cache-memory 256m --max-num-seqs 8"
+
+
+@pytest.mark.slow
+def test_soak_smoke_no_errors_flat_rss() -> None:
+    rc, out = run_verdict(str(SCRIPTS / "soak.py"), "--start-server", "--server-args",
+                          SMOKE_SERVER_ARGS, "--concurrency", "6", "--minutes", "0.4",
+                          "--max-tokens", "16", "--sample-interval", "1",
+                          "--progress-interval", "10")
+    summary = {k: v for k, v in out.items() if k != "rss"}
+    assert out["errors"] == 0, summary
+    assert out["requests_served"] >= 12, summary
+    assert out["ttft_p50_s"] > 0 and out["total_p99_s"] >= out["total_p50_s"] > 0, summary
+    rss = out["rss"]
+    assert rss["pid"] and len(rss["samples"]) >= 15, rss
+    assert rss["flat"] is True, rss
+    assert out["after_load"]["idle_after_s"] is not None, out["after_load"]
+    assert out["server_exit_code"] == 0, out.get("server_log_tail")
+    assert out["ok"] and rc == 0
+
+
+@pytest.mark.slow
+def test_chaos_smoke_settles_and_canary_unchanged() -> None:
+    rc, out = run_verdict(str(SCRIPTS / "chaos.py"), "--start-server", "--kills", "48",
+                          "--abandon", "40")
+    checks = out["checks"]
+    failed = {k for k, v in checks.items() if not v}
+    assert not failed, (failed, {k: out[k] for k in out if k != "canary"})
+    assert set(checks) >= {"no_5xx", "settled_after_kills", "settled_after_abandon",
+                           "canary_unchanged", "sigterm_all_told_and_exit_0"}
+    kinds = out["kills"]["by_kind"]
+    assert sum(v for k, v in kinds.items() if k.endswith("_rst")) > 0
+    assert sum(v for k, v in kinds.items() if k.endswith("_fin")) > 0
+    assert kinds.get("mid_stream_rst", 0) + kinds.get("mid_stream_fin", 0) > 0
+    abandon = out["abandon"]
+    assert abandon["abandoned_while_queued"] >= 40 and abandon["max_waiting_seen"] > 0, abandon
+    assert out["sigterm"]["exit_code"] == 0 and not out["sigterm"]["untold"], out["sigterm"]
+    assert out["server_log_errors"] == [], out["server_log_errors"]
+    assert out["ok"] and rc == 0

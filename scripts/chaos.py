@@ -1,0 +1,505 @@
+"""Chaos: clients that vanish, requests abandoned in the queue, SIGTERM under load.
+
+    python scripts/chaos.py --start-server [--kills 1000 --abandon 1000]
+    python scripts/chaos.py --url http://127.0.0.1:8000 [--kills 1000 --abandon 1000]
+
+1. A greedy canary (completions, then the same again, which hits the prefix cache) and the
+   idle values of /metrics.
+2. `kills` streaming requests on raw sockets, each closed at a random point: with part of
+   its body sent, just after the request, after 1-24 SSE events, or after a random delay;
+   half with a TCP RST (SO_LINGER 0), half with a plain close.
+3. Waves of streaming requests larger than the server's seats plus queue; after a moment
+   every one that has received nothing yet (still queued or tokenizing) is closed, until
+   `abandon` were; the running ones are closed too and 503s are counted.
+4. Checks: vllm:num_requests_running and vllm:num_requests_waiting back to 0 within 2 s,
+   vllm:kv_cache_usage_perc back to its idle value and /load back to 0 within 5 s, the
+   server alive, no 5xx other than 503 seen, and the canary's output unchanged.
+5. With --start-server: SIGTERM while streams, queued requests and non-streaming requests are
+   in flight (and a few arrive after it): each must finish or be told why (an error event,
+   finish_reason "abort", or an error status with a JSON body), and the exit code must be 0.
+
+One JSON document on stdout (exit status 0 only when `ok`); progress on stderr. Loopback
+targets only; every loop is bounded in count and time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import shlex
+import socket
+import struct
+import sys
+import time
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+import httpx
+import trio
+
+from server_under_test import ServerUnderTest, check_loopback, log, metric, rss_bytes
+
+# Seats and queue small enough that 1000 abandoned requests take about a minute of waves.
+DEFAULT_SERVER_ARGS = ["--max-num-seqs", "16", "--max-queued-requests", "32",
+                       "--max-model-len", "1024", "--kv-cache-memory", "256m",
+                       "--drain-timeout", "5"]
+CANARY = {"prompt": "The capital of France is a city where", "max_tokens": 32,
+          "temperature": 0.0}
+SETTLE_S = 2.0  # running and waiting must be 0 this soon after the chaos stops
+KV_SETTLE_S = 5.0
+KILL_TIMEOUT_S = 60.0  # a kill task that sees nothing for this long counts as stuck
+GAUGES = ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc")
+
+
+@dataclass
+class Tally:
+    counts: dict[str, int] = field(default_factory=dict)
+    server_errors: list[str] = field(default_factory=list)  # 5xx other than 503
+
+    def add(self, key: str, n: int = 1) -> None:
+        self.counts[key] = self.counts.get(key, 0) + n
+
+    def status(self, code: int | None, where: str) -> None:
+        if code is not None and code >= 500 and code != 503 and len(self.server_errors) < 20:
+            self.server_errors.append(f"{where}: HTTP {code}")
+
+
+class RawStream:
+    """One HTTP/1.1 request on its own socket, read as bytes, closed however the caller says."""
+
+    def __init__(self, host: str, port: int, api_key: str | None) -> None:
+        self.host, self.port, self.api_key = host, port, api_key
+        self.stream: trio.SocketStream | None = None
+        self.status: int | None = None
+        self.events = 0  # SSE data lines seen
+        self.eof = False
+        self._buf = b""
+
+    def request_bytes(self, path: str, body: dict) -> tuple[bytes, bytes]:
+        payload = json.dumps(body).encode()
+        head = (f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+                f"Content-Type: application/json\r\nAccept: text/event-stream\r\n"
+                f"Content-Length: {len(payload)}\r\n")
+        if self.api_key:
+            head += f"Authorization: Bearer {self.api_key}\r\n"
+        return (head + "\r\n").encode(), payload
+
+    async def connect(self) -> None:
+        self.stream = await trio.open_tcp_stream(self.host, self.port)
+
+    async def send(self, data: bytes) -> None:
+        assert self.stream is not None
+        await self.stream.send_all(data)
+
+    async def read_some(self) -> None:
+        assert self.stream is not None
+        data = await self.stream.receive_some(65536)
+        if not data:
+            self.eof = True
+            return
+        self._buf += data
+        if self.status is None and b"\r\n" in self._buf:
+            try:
+                self.status = int(self._buf.split(b" ", 2)[1])
+            except (IndexError, ValueError):
+                self.status = -1
+        self.events += data.count(b"data: ")
+        if self.status not in (None, 200) and b"\r\n\r\n" in self._buf:
+            self.eof = True  # an error answer: nothing will stream on this request
+
+    async def read_until(self, events: int) -> None:
+        while self.events < events and not self.eof:
+            await self.read_some()
+
+    async def close(self, rst: bool) -> None:
+        if self.stream is None:
+            return
+        if rst:
+            try:
+                self.stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                              struct.pack("ii", 1, 0))
+            except OSError:
+                pass
+        await self.stream.aclose()
+
+
+def stream_body(rng: random.Random, i: int, model: str | None,
+                chat: bool | None = None) -> tuple[str, dict]:
+    """A streaming completions or chat body (chat=None: either, at random)."""
+    text = f"Story {i} about {rng.choice(['a fox', 'a ship', 'a bell', 'rain'])}: once,"
+    body: dict = {"stream": True, "max_tokens": rng.randint(24, 96), "ignore_eos": True,
+                  "temperature": rng.choice([0.0, 0.8])}
+    if model:
+        body["model"] = model
+    if chat if chat is not None else rng.random() < 0.5:
+        body["messages"] = [{"role": "user", "content": text}]
+        return "/v1/chat/completions", body
+    body["prompt"] = text
+    return "/v1/completions", body
+
+
+async def kill_one(i: int, rng: random.Random, host: str, port: int, args,
+                   tally: Tally) -> None:
+    path, body = stream_body(rng, i, args.model)
+    plan = rng.choices(["partial_body", "after_request", "mid_stream", "random_time"],
+                       weights=[1, 1, 6, 2])[0]
+    rst = rng.random() < 0.5
+    raw = RawStream(host, port, args.api_key)
+    head, payload = raw.request_bytes(path, body)
+    with trio.move_on_after(KILL_TIMEOUT_S) as scope:
+        try:
+            await raw.connect()
+            if plan == "partial_body":
+                await raw.send(head + payload[: rng.randrange(len(payload))])
+                await trio.sleep(rng.uniform(0, 0.05))
+            else:
+                await raw.send(head + payload)
+                if plan == "after_request":
+                    await trio.sleep(rng.uniform(0, 0.02))
+                elif plan == "mid_stream":
+                    await raw.read_until(rng.randint(1, 24))
+                else:
+                    with trio.move_on_after(rng.uniform(0, 1.5)):
+                        while not raw.eof:
+                            await raw.read_some()
+        except OSError as exc:
+            tally.add(f"oserror_{type(exc).__name__}")
+    if scope.cancelled_caught:
+        tally.add("stuck")
+    await raw.close(rst)
+    tally.add(f"{plan}_{'rst' if rst else 'fin'}")
+    tally.status(raw.status, f"kill {i} ({plan})")
+    if raw.status is not None:
+        tally.add(f"status_{raw.status}")
+
+
+async def kills(args, host: str, port: int, concurrency: int) -> dict:
+    tally = Tally()
+    rng = random.Random(args.seed)
+    limiter = trio.CapacityLimiter(concurrency)
+    t0 = time.monotonic()
+    done = 0
+
+    async def guarded(i: int) -> None:
+        nonlocal done
+        async with limiter:
+            await kill_one(i, random.Random(rng.random()), host, port, args, tally)
+        done += 1
+        if done % max(1, args.kills // 10) == 0:
+            log(f"kills: {done}/{args.kills}")
+
+    async with trio.open_nursery() as n:
+        for i in range(args.kills):
+            n.start_soon(guarded, i)
+    return {"requests": args.kills, "concurrency": concurrency,
+            "seconds": round(time.monotonic() - t0, 1), "by_kind": dict(sorted(
+                tally.counts.items())), "server_errors": tally.server_errors}
+
+
+async def abandon_waves(args, client: httpx.AsyncClient, host: str, port: int,
+                        seats: int, capacity: int) -> dict:
+    tally = Tally()
+    rng = random.Random(args.seed + 1)
+    wave_size = capacity + seats  # more than fit: some get 503 at once
+    per_wave = max(1, capacity - seats)
+    max_waves = 3 * math.ceil(args.abandon / per_wave) + 3
+    abandoned = waves = 0
+    max_waiting = 0.0
+    t0 = time.monotonic()
+    while abandoned < args.abandon and waves < max_waves:
+        waves += 1
+        streams = [RawStream(host, port, args.api_key) for _ in range(wave_size)]
+
+        async def run(raw: RawStream, i: int) -> None:
+            # Completions only: a chat stream sends its role chunk before its first token,
+            # so "nothing received yet" would not tell a queued chat request apart.
+            path, body = stream_body(rng, i, args.model, chat=False)
+            body["max_tokens"] = 128
+            head, payload = raw.request_bytes(path, body)
+            try:
+                await raw.connect()
+                await raw.send(head + payload)
+                while not raw.eof and raw.events == 0:
+                    await raw.read_some()
+            except OSError:
+                tally.add("oserror")
+
+        with trio.move_on_after(args.hold):
+            async with trio.open_nursery() as n:
+                for i, raw in enumerate(streams):
+                    n.start_soon(run, raw, waves * wave_size + i)
+
+                async def watch() -> None:
+                    nonlocal max_waiting
+                    while True:
+                        text = (await client.get("/metrics")).text
+                        max_waiting = max(max_waiting,
+                                          metric(text, "vllm:num_requests_waiting") or 0)
+                        await trio.sleep(0.1)
+
+                n.start_soon(watch)
+        for raw in streams:
+            tally.status(raw.status, f"wave {waves}")
+            if raw.status == 503:
+                tally.add("refused_503")
+            elif raw.events == 0 and not raw.eof and abandoned < args.abandon:
+                abandoned += 1
+                tally.add("abandoned_queued")
+            else:
+                tally.add("closed_running" if raw.events else "closed_other")
+            await raw.close(rng.random() < 0.5)
+        if waves % 5 == 0:
+            log(f"abandon: wave {waves}, {abandoned}/{args.abandon} abandoned while queued")
+    return {"abandoned_while_queued": abandoned, "target": args.abandon, "waves": waves,
+            "wave_size": wave_size, "max_waiting_seen": max_waiting,
+            "seconds": round(time.monotonic() - t0, 1),
+            "by_kind": dict(sorted(tally.counts.items())), "server_errors": tally.server_errors}
+
+
+async def gauges(client: httpx.AsyncClient) -> dict:
+    text = (await client.get("/metrics")).text
+    out = {k: metric(text, f"vllm:{k}") for k in GAUGES}
+    out["metric_events_dropped"] = metric(text, "llmserve_metric_events_dropped_total")
+    out["load"] = (await client.get("/load")).json().get("server_load")
+    return out
+
+
+async def settle(client: httpx.AsyncClient, idle: dict) -> dict:
+    t0 = time.monotonic()
+    first_zero = kv_idle = load_zero = None
+    last = {}
+    while time.monotonic() - t0 < KV_SETTLE_S:
+        last = await gauges(client)
+        now = round(time.monotonic() - t0, 2)
+        if first_zero is None and last["num_requests_running"] == 0 \
+                and last["num_requests_waiting"] == 0:
+            first_zero = now
+        if kv_idle is None and last["kv_cache_usage_perc"] == idle["kv_cache_usage_perc"]:
+            kv_idle = now
+        if load_zero is None and last["load"] == 0:
+            load_zero = now
+        if None not in (first_zero, kv_idle, load_zero):
+            break
+        await trio.sleep(0.05)
+    return {"running_waiting_zero_after_s": first_zero, "kv_idle_after_s": kv_idle,
+            "load_zero_after_s": load_zero, "last": last,
+            "ok": first_zero is not None and first_zero <= SETTLE_S
+            and kv_idle is not None and load_zero is not None}
+
+
+async def canary(client: httpx.AsyncClient, model: str | None) -> str | None:
+    body = dict(CANARY, **({"model": model} if model else {}))
+    r = await client.post("/v1/completions", json=body)
+    if r.status_code != 200:
+        return None
+    return r.json()["choices"][0]["text"]
+
+
+async def sigterm_under_load(args, server: ServerUnderTest, seats: int) -> dict:
+    """Streams, queued streams and whole responses in flight when SIGTERM arrives."""
+    outcomes: dict[str, int] = {}
+    broken: list[str] = []
+
+    def note(kind: str, detail: str | None = None) -> None:
+        outcomes[kind] = outcomes.get(kind, 0) + 1
+        if detail is not None and len(broken) < 20:
+            broken.append(detail[:300])
+
+    rng = random.Random(args.seed + 2)
+    started = trio.Event()
+    first_tokens = 0
+    n_stream = seats + seats // 2
+
+    async def streaming(client: httpx.AsyncClient, i: int) -> None:
+        nonlocal first_tokens
+        path, body = stream_body(rng, i, args.model)
+        body["max_tokens"] = 400 if i % 2 else 16  # some finish within the drain, some not
+        finish: dict[int, str | None] = {}
+        seen_token = False
+        try:
+            async with client.stream("POST", path, json=body) as r:
+                if r.status_code != 200:
+                    text = (await r.aread()).decode(errors="replace")
+                    ok = text.startswith("{") and "error" in json.loads(text)
+                    note(f"status_{r.status_code}" if ok else "status_without_error_body",
+                         None if ok else f"{path}: {r.status_code} {text}")
+                    return
+                async for line in r.aiter_lines():
+                    if not line.startswith("data: "):
+                        continue
+                    if line == "data: [DONE]":
+                        reasons = set(finish.values())
+                        if not finish or None in reasons:
+                            note("done_without_finish_reason", f"{path}: {finish}")
+                        else:
+                            note("aborted_told" if "abort" in reasons else "completed")
+                        return
+                    chunk = json.loads(line[6:])
+                    if "error" in chunk:
+                        note("error_event")
+                        return
+                    for c in chunk.get("choices") or []:
+                        if c.get("finish_reason") is not None or c["index"] not in finish:
+                            finish[c["index"]] = c.get("finish_reason")
+                    if not seen_token:
+                        seen_token = True
+                        first_tokens += 1
+                        if first_tokens >= seats // 2:
+                            started.set()
+            note("ended_without_done", f"{path}: no [DONE], finish reasons {finish}")
+        except httpx.HTTPError as exc:
+            note("broken", f"{path}: {type(exc).__name__}: {exc}")
+
+    async def whole(client: httpx.AsyncClient, i: int) -> None:
+        body = {"prompt": f"Whole response {i}:", "max_tokens": 400, "ignore_eos": True}
+        try:
+            r = await client.post("/v1/completions", json=body)
+            data = r.json()
+            if r.status_code == 200 and data["choices"][0].get("finish_reason"):
+                note("whole_" + data["choices"][0]["finish_reason"])
+            elif r.status_code != 200 and "error" in data:
+                note(f"whole_status_{r.status_code}")
+            else:
+                note("whole_untold", f"whole: {r.status_code} {r.text}")
+        except (httpx.HTTPError, ValueError) as exc:
+            note("whole_broken", f"whole: {type(exc).__name__}: {exc}")
+
+    async def late(client: httpx.AsyncClient, i: int) -> None:
+        try:
+            r = await client.post("/v1/completions", json={"prompt": "late", "max_tokens": 4})
+            note(f"late_status_{r.status_code}")
+        except httpx.ConnectError:
+            note("late_refused")  # the listener is closed: also an answer
+        except httpx.HTTPError as exc:
+            note("late_broken", f"late: {type(exc).__name__}: {exc}")
+
+    limits = httpx.Limits(max_connections=4 * seats + 16)
+    rss_before = rss_bytes(server.pid)
+    t_signal = None
+    async with httpx.AsyncClient(base_url=server.url, timeout=120, limits=limits) as client:
+        async with trio.open_nursery() as n:
+            for i in range(n_stream):
+                n.start_soon(streaming, client, i)
+            for i in range(4):
+                n.start_soon(whole, client, i)
+            with trio.move_on_after(30):
+                await started.wait()
+            t_signal = time.monotonic()
+            log(f"sigterm: {first_tokens} of {n_stream} streams started; sending SIGTERM")
+            server.terminate()
+            await trio.sleep(0.2)
+            for i in range(4):
+                n.start_soon(late, client, i)
+    exit_code = await trio.to_thread.run_sync(server.wait, 60.0)
+    bad = {"broken", "ended_without_done", "done_without_finish_reason",
+           "status_without_error_body", "whole_untold", "whole_broken", "late_broken"}
+    return {"streams": n_stream, "whole": 4, "late": 4, "outcomes": dict(sorted(outcomes.items())),
+            "untold": broken, "exit_code": exit_code,
+            "exit_after_s": round(time.monotonic() - t_signal, 2) if t_signal else None,
+            "rss_mib_before": round(rss_before / 2**20, 1) if rss_before else None,
+            "ok": exit_code == 0 and not (bad & set(outcomes))}
+
+
+async def chaos(args, url: str, server: ServerUnderTest | None, pid: int | None) -> dict:
+    parts = urlsplit(url)
+    host, port = parts.hostname, parts.port or 80
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    out: dict = {"url": url}
+    async with httpx.AsyncClient(base_url=url, timeout=60, headers=headers) as client:
+        cfg = (await client.get("/server_info")).json().get("config", {})
+        seats = int(cfg.get("max_num_seqs") or 128)
+        queued = cfg.get("max_queued_requests")
+        capacity = seats + (int(queued) if queued is not None else 2 * seats)
+        out["seats"], out["capacity"] = seats, capacity
+        before = await canary(client, args.model)
+        before_cached = await canary(client, args.model)
+        idle = await gauges(client)
+        rss0 = rss_bytes(pid) if pid else None
+        out["idle"] = idle
+        log(f"idle: {idle}; canary {before!r}")
+
+        log(f"kills: {args.kills} clients closed mid-request")
+        out["kills"] = await kills(args, host, port, args.kill_concurrency or seats)
+        out["settle_after_kills"] = await settle(client, idle)
+        log(f"after kills: {out['settle_after_kills']}")
+
+        log(f"abandon: {args.abandon} requests closed while queued")
+        out["abandon"] = await abandon_waves(args, client, host, port, seats, capacity)
+        out["settle_after_abandon"] = await settle(client, idle)
+        log(f"after abandon: {out['settle_after_abandon']}")
+
+        alive = (server is None or server.proc.poll() is None) and \
+            (await client.get("/health")).status_code == 200
+        after = await canary(client, args.model)
+        rss1 = rss_bytes(pid) if pid else None
+        out["canary"] = {"before": before, "before_cached": before_cached, "after": after,
+                         "stable_before": before == before_cached,
+                         "unchanged": before is not None and after == before}
+        out["alive"] = alive
+        out["rss_mib"] = {"before": round(rss0 / 2**20, 1) if rss0 else None,
+                          "after": round(rss1 / 2**20, 1) if rss1 else None}
+    if server is not None:
+        log("sigterm under load")
+        out["sigterm"] = await sigterm_under_load(args, server, seats)
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--url", default="http://127.0.0.1:8000")
+    p.add_argument("--start-server", action="store_true",
+                   help="launch `python -m server` on a free loopback port (ignores --url); "
+                        f"defaults: {' '.join(DEFAULT_SERVER_ARGS)}")
+    p.add_argument("--server-args", default="", help="more arguments for the started server")
+    p.add_argument("--pid", type=int, default=None, help="server PID for RSS (with --url)")
+    p.add_argument("--kills", type=int, default=1000)
+    p.add_argument("--abandon", type=int, default=1000)
+    p.add_argument("--kill-concurrency", type=int, default=None, help="default: the seats")
+    p.add_argument("--hold", type=float, default=1.5,
+                   help="seconds a wave waits before closing what is still queued")
+    p.add_argument("--model", default=None)
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    server = None
+    try:
+        if args.start_server:
+            server = ServerUnderTest(DEFAULT_SERVER_ARGS + shlex.split(args.server_args))
+            log(f"starting the server on {server.url} (pid {server.pid})")
+            server.wait_ready()
+            url, pid = server.url, server.pid
+        else:
+            url, pid = check_loopback(args.url), args.pid
+        result = trio.run(chaos, args, url, server, pid)
+        if server is not None:
+            log_text = server.log_tail(200_000)
+            result["server_log_errors"] = [
+                line[:300] for line in log_text.splitlines()
+                if " ERROR " in line or "Traceback" in line][:20]
+    finally:
+        if server is not None:
+            server.close()
+    checks = {
+        "no_5xx": not result["kills"]["server_errors"] and not result["abandon"]["server_errors"],
+        "no_stuck_kills": "stuck" not in result["kills"]["by_kind"],
+        "settled_after_kills": result["settle_after_kills"]["ok"],
+        "settled_after_abandon": result["settle_after_abandon"]["ok"],
+        "abandoned_enough": result["abandon"]["abandoned_while_queued"] >= args.abandon,
+        "queue_was_used": result["abandon"]["max_waiting_seen"] > 0 or args.abandon == 0,
+        "alive": result["alive"],
+        "canary_unchanged": result["canary"]["unchanged"],
+    }
+    if "sigterm" in result:
+        checks["sigterm_all_told_and_exit_0"] = result["sigterm"]["ok"]
+    result["checks"] = checks
+    result["ok"] = all(checks.values())
+    json.dump(result, sys.stdout, indent=2)
+    print()
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
