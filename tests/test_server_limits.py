@@ -247,6 +247,13 @@ def test_bounded_template_methods_still_work(srv):
     r = post(srv, "/tokenize", {"messages": HI, "chat_template": template})
     assert r.status_code == 200, r.text
     assert default_tokenizer().decode(r.json()["tokens"]) == "a+b    xp,qrst.uv!"
+    # Long numbers in content are content, not widths.
+    template = ("{{ 'id 123456789 ok'|wordwrap(20) }}|{{ 'id 123456789 ok'|truncate(20) }}|"
+                "{{ 'id 123456789'|replace('123456789', '#') }}|{{ '%s'|format('5551234567') }}")
+    r = post(srv, "/tokenize", {"messages": HI, "chat_template": template})
+    assert r.status_code == 200, r.text
+    assert default_tokenizer().decode(r.json()["tokens"]) == \
+        "id 123456789 ok|id 123456789 ok|id #|5551234567"
 
 
 @pytest.mark.slow

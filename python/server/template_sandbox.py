@@ -72,12 +72,16 @@ def _check_chars(size: int | None) -> None:
         raise jinja2.exceptions.SecurityError("a string operation's result is too large")
 
 
-def _bounded_filter(fn: Any, size: Any = None) -> Any:
-    """A filter whose size arguments are checked and, given `size` (the filter's own
-    signature, returning a bound on the result's length), whose result is bounded."""
+def _bounded_filter(fn: Any, size: Any = None, *, widths: bool = True) -> Any:
+    """A filter whose width arguments are checked (`widths`: every argument after the value,
+    and after the environment or context a filter may take first) and, given `size` (the
+    filter's own signature, returning a bound on the result's length), whose result is
+    bounded."""
+    skip = 2 if getattr(fn, "jinja_pass_arg", None) is not None else 1
+
     @functools.wraps(fn)
     def bounded(*args: Any, **kwargs: Any) -> Any:
-        for v in (*args[1:], *kwargs.values()):
+        for v in (*args[skip:], *kwargs.values()) if widths else ():
             _check_size(v)
         if size is not None:
             try:
@@ -134,11 +138,13 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
         f["wordwrap"] = _bounded_filter(
             f["wordwrap"], lambda _env, s, width=79, _long=True, wrapstring=None, *_, **__:
             bounds.wordwrap_chars(str(s), width, wrapstring))
-        f["format"] = _bounded_filter(
-            f["format"], lambda value, *a, **k: bounds.percent_chars(str(value), k or a))
+        f["format"] = _bounded_filter(  # its arguments are values; widths are in the value
+            f["format"], lambda value, *a, **k: bounds.percent_chars(str(value), k or a),
+            widths=False)
         f["replace"] = _bounded_filter(
             f["replace"], lambda _ctx, s, old, new, count=None:
-            bounds.replace_chars(str(s), old, new, -1 if count is None else count))
+            bounds.replace_chars(str(s), old, new, -1 if count is None else count),
+            widths=False)
         f["tojson"] = _bounded_filter(
             f["tojson"], lambda _ctx, value, indent=None: bounds.json_chars(value, indent))
         f["join"] = _bounded_join(f["join"])
