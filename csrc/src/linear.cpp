@@ -120,8 +120,7 @@ void run(Job& job, const lc_tensor* bias, std::vector<float>& bias32) {
     }
     const Isa isa = current_isa();
     const bool avx2 = isa >= Isa::kAvx2;
-    if (job.packed && isa == Isa::kAvx512 && job.packed->dtype == LC_DTYPE_BF16 &&
-        job.M >= kBf16MinRows)
+    if (job.packed && isa == Isa::kAvx512 && job.packed->dtype == LC_DTYPE_BF16)
         run_packed_bf16_avx512(job);
     else if (job.packed)
         avx2 ? run_packed_avx2(job) : run_packed_scalar(job);

@@ -1,5 +1,5 @@
-// The packed linear for bf16 weights with AVX512_BF16 (selected at run time for
-// M >= kBf16MinRows on CPUs that have it; see linear.cpp).
+// The packed linear for bf16 weights with AVX512_BF16 (selected at run time on
+// CPUs that have it, for every M; see linear.h).
 //
 // vdpbf16ps multiplies pairs of bf16 and adds both products into an fp32 lane:
 // acc[c] += x[k] w[k][c] + x[k+1] w[k+1][c], 32 multiply-adds per instruction,
@@ -66,10 +66,14 @@ inline __m512i pair_row(const uint16_t* panel, int64_t kk, int64_t K, __m512i id
     return _mm512_permutexvar_epi16(idx, v);
 }
 
-// R rows of xb (bf16 pairs, row stride K2) against P adjacent panels.
+// Bytes a streaming pass prefetches ahead of its use in each panel.
+constexpr int64_t kPrefetchBytes = 1024;
+
+// R rows of xb (bf16 pairs, row stride K2) against P adjacent panels; streaming:
+// the first pass over them (from memory), prefetched ahead.
 template <int R, int P>
 void micro(const Job& job, const uint32_t* xb, int64_t K2, const uint16_t* panel, int64_t m0,
-           int64_t n0, int64_t nvalid_last) {
+           int64_t n0, int64_t nvalid_last, bool streaming) {
     const int64_t K = job.K, per_panel = K * kNR;
     const __m512i idx = _mm512_load_si512(kPairIdx);
     __m512 acc[R][P];
@@ -78,7 +82,12 @@ void micro(const Job& job, const uint32_t* xb, int64_t K2, const uint16_t* panel
         LC_UNROLL
         for (int p = 0; p < P; ++p) acc[r][p] = _mm512_setzero_ps();
     const uint32_t* xr = xb + m0 * K2;
+    const char* pf = reinterpret_cast<const char*>(panel) + kPrefetchBytes;
     for (int64_t kk = 0; kk < K2; ++kk) {
+        if (streaming)  // one 64-byte k-pair per panel per step
+            LC_UNROLL
+            for (int p = 0; p < P; ++p)
+                _mm_prefetch(pf + (p * per_panel + 2 * kk * kNR) * 2, _MM_HINT_T0);
         __m512i w[P];
         LC_UNROLL
         for (int p = 0; p < P; ++p) w[p] = pair_row(panel + p * per_panel, kk, K, idx);
@@ -113,18 +122,18 @@ void micro(const Job& job, const uint32_t* xb, int64_t K2, const uint16_t* panel
 
 template <int P>
 void micro_rows(const Job& job, const uint32_t* xb, int64_t K2, const uint16_t* panel,
-                int64_t m0, int64_t rows, int64_t n0, int64_t nvalid_last) {
+                int64_t m0, int64_t rows, int64_t n0, int64_t nvalid_last, bool streaming) {
     switch (rows) {
-        case 1: micro<1, P>(job, xb, K2, panel, m0, n0, nvalid_last); break;
-        case 2: micro<2, P>(job, xb, K2, panel, m0, n0, nvalid_last); break;
-        case 3: micro<3, P>(job, xb, K2, panel, m0, n0, nvalid_last); break;
-        case 4: micro<4, P>(job, xb, K2, panel, m0, n0, nvalid_last); break;
-        case 5: micro<5, P>(job, xb, K2, panel, m0, n0, nvalid_last); break;
-        case 6: micro<6, P>(job, xb, K2, panel, m0, n0, nvalid_last); break;
-        case 7: micro<7, P>(job, xb, K2, panel, m0, n0, nvalid_last); break;
-        case 8: micro<8, P>(job, xb, K2, panel, m0, n0, nvalid_last); break;
-        case 9: micro<9, P>(job, xb, K2, panel, m0, n0, nvalid_last); break;
-        default: micro<kMR, P>(job, xb, K2, panel, m0, n0, nvalid_last); break;
+        case 1: micro<1, P>(job, xb, K2, panel, m0, n0, nvalid_last, streaming); break;
+        case 2: micro<2, P>(job, xb, K2, panel, m0, n0, nvalid_last, streaming); break;
+        case 3: micro<3, P>(job, xb, K2, panel, m0, n0, nvalid_last, streaming); break;
+        case 4: micro<4, P>(job, xb, K2, panel, m0, n0, nvalid_last, streaming); break;
+        case 5: micro<5, P>(job, xb, K2, panel, m0, n0, nvalid_last, streaming); break;
+        case 6: micro<6, P>(job, xb, K2, panel, m0, n0, nvalid_last, streaming); break;
+        case 7: micro<7, P>(job, xb, K2, panel, m0, n0, nvalid_last, streaming); break;
+        case 8: micro<8, P>(job, xb, K2, panel, m0, n0, nvalid_last, streaming); break;
+        case 9: micro<9, P>(job, xb, K2, panel, m0, n0, nvalid_last, streaming); break;
+        default: micro<kMR, P>(job, xb, K2, panel, m0, n0, nvalid_last, streaming); break;
     }
 }
 
@@ -178,10 +187,10 @@ void run_packed_bf16_avx512(const Job& job) {
                     const uint16_t* panel = base + p * per_panel;
                     if (p + 1 < g1) {
                         const int64_t last = std::min<int64_t>(kNR, job.N - n0 - kNR);
-                        micro_rows<2>(job, xb, K2, panel, m0, rows, n0, last);
+                        micro_rows<2>(job, xb, K2, panel, m0, rows, n0, last, m0 == 0);
                     } else {
                         const int64_t last = std::min<int64_t>(kNR, job.N - n0);
-                        micro_rows<1>(job, xb, K2, panel, m0, rows, n0, last);
+                        micro_rows<1>(job, xb, K2, panel, m0, rows, n0, last, m0 == 0);
                     }
                 }
             }
