@@ -25,6 +25,8 @@ import time
 import httpx
 import pytest
 import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from server_helpers import BASE_ARGS, ServerProcess, default_tokenizer, free_port
 from subproc import child_env
 
@@ -113,6 +115,51 @@ def test_token_texts_are_each_tokens_own_decoding():
     texts.fill(ids)
     assert all(texts[i] == tok.decode([i], skip_special_tokens=False) for i in ids)
     assert texts[vocab + 5] == tok.decode([vocab + 5], skip_special_tokens=False)
+
+
+TEXT = st.text(st.characters(codec="utf-8"), max_size=40) | st.sampled_from(["", "\t", "<a>"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(s=TEXT, old=TEXT, new=TEXT, count=st.integers(-2, 5), tab=st.integers(-2, 12),
+       items=st.lists(TEXT | st.integers(), max_size=6), value=st.recursive(
+           st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | TEXT,
+           lambda inner: st.lists(inner, max_size=4)
+           | st.dictionaries(TEXT, inner, max_size=4), max_leaves=12))
+def test_template_size_bounds_are_never_below_the_result(s, old, new, count, tab, items, value):
+    from jinja2.utils import htmlsafe_json_dumps
+    from server import template_bounds as b
+
+    assert b.replace_chars(s, old, new, count) >= len(s.replace(old, new, count))
+    assert b.expandtabs_chars(s, tab) >= len(s.expandtabs(tab))
+    strs = [x for x in items if isinstance(x, str)]
+    assert b.join_chars(s, strs) >= len(s.join(strs))
+    assert b.value_chars(value) >= len(str(value))
+    assert b.value_chars(value, "r") >= len(repr(value))
+    assert b.json_chars(value) >= len(htmlsafe_json_dumps(value))
+    assert b.json_chars(value, 2) >= len(htmlsafe_json_dumps(value, indent=2))
+    args = (value, s, tab)
+    for fmt in ("{0}", "{0!r}:{1:>{2}}", "{1!a}{0}", "[{1:^7}]"):
+        if tab >= 0:
+            assert b.format_chars(fmt, args, {}) >= len(fmt.format(*args))
+    for fmt, vals in (("%s|%r", (value, s)), ("%*s", (tab, s)), ("%(k)s", {"k": s})):
+        assert b.percent_chars(fmt, vals) >= len(fmt % vals)
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(st.characters(codec="utf-8"), min_size=1, max_size=300)
+       | st.lists(st.sampled_from(["<|im_start|>", "\n" + " " * 80, "#" * 80, "é", "日本",
+                                   "\U0001f600", " the", "\t", "\x06"]), min_size=1)
+       .map("".join))
+def test_prompt_char_bound_never_refuses_a_prompt_that_fits(text):
+    """A text of n tokens is never refused by characters at max_model_len = n."""
+    from actors.runtime.prompt_bounds import PromptCharBound
+
+    tok = default_tokenizer().backend_tokenizer
+    bound = PromptCharBound(tok)
+    assert bound.applies and bound.max_token_chars == 81
+    tokens = len(tok.encode(text, add_special_tokens=False).ids)
+    assert bound.error(text, tokens) is None
 
 
 def test_template_memory_error_is_a_400():
@@ -274,7 +321,8 @@ def test_vllm_request_checks(srv):
         assert err["param"] == "messages" and "text" in err["message"], err
 
 
-SLOW_TEMPLATE = ("{% for i in range(60000) %}{% for j in range(10) %}{% endfor %}{% endfor %}"
+# ~0.5 s a render here: long enough for requests to queue, far from the 5 s render deadline.
+SLOW_TEMPLATE = ("{% for i in range(30000) %}{% for j in range(10) %}{% endfor %}{% endfor %}"
                  "{{ messages[0]['content'] }}")
 
 
@@ -282,7 +330,7 @@ SLOW_TEMPLATE = ("{% for i in range(60000) %}{% for j in range(10) %}{% endfor %
 def test_tokenizer_routes_are_bounded(srv):
     from server.routes.misc import TOKENIZE_QUEUE, TOKENIZE_THREADS
 
-    count = TOKENIZE_THREADS + TOKENIZE_QUEUE + 8
+    count = TOKENIZE_THREADS + TOKENIZE_QUEUE + 12
     results: list[httpx.Response] = []
 
     def one() -> None:

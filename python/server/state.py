@@ -47,9 +47,9 @@ class ServerState:
     reaper: trio.Nursery | None = None
     model_root: str = ""
     # From the tokenizer actor: logprob token texts (actors.runtime.detokenizer.TokenTexts)
-    # and the longest vocabulary entry (actors.runtime.prompt_bounds).
+    # and the prompt length bound (actors.runtime.prompt_bounds.PromptCharBound).
     token_texts: Any = None
-    max_token_chars: int = 0
+    prompt_bound: Any = None
     write_watchdog: Any = None  # server.write_watchdog.WriteWatchdog, set by create_app
     connections: Any = None  # server.transport.ConnectionTable, set by the supervisor
     _fingerprint: str | None = field(default=None, repr=False)

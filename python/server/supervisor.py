@@ -166,7 +166,7 @@ class Supervisor:
         await nursery.start(self._supervised, "metrics", metrics.run)
         srv.tokenizer = engine.tokenizer
         srv.token_texts = tokenizer.token_texts
-        srv.max_token_chars = tokenizer.max_token_chars
+        srv.prompt_bound = tokenizer.prompt_bound
         srv.limits = limits
         srv.defaults = self._defaults(engine)
         srv.renderer = ChatRenderer(

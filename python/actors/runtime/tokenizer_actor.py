@@ -24,7 +24,7 @@ import trio
 from actors.runtime import faults
 from actors.runtime.detokenizer import IncrementalDetokenizer, TokenTexts
 from actors.runtime.outbox import ChoiceUpdate, TokenLogprob
-from actors.runtime.prompt_bounds import longest_token_chars, prompt_chars_error
+from actors.runtime.prompt_bounds import PromptCharBound
 from actors.runtime.request import Child, PromptResult, Registry, RequestError, RequestState
 from actors.runtime.scheduler_actor import SchedulerActor
 
@@ -54,7 +54,7 @@ class TokenizerActor:
         self._limiter = trio.CapacityLimiter(1)
         # Logprob token texts, decoded here off the event loop; the HTTP side reads them.
         self.token_texts = TokenTexts(self._backend, vocab_size)
-        self.max_token_chars = longest_token_chars(self._backend)
+        self.prompt_bound = PromptCharBound(self._backend)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED):
         async with trio.open_nursery() as nursery:
@@ -113,7 +113,7 @@ class TokenizerActor:
             else:
                 text = prompt.text if prompt.render is None else prompt.render()
                 too_long = None if state.params.truncate_prompt_tokens is not None else \
-                    prompt_chars_error(len(text), state.max_model_len, self.max_token_chars)
+                    self.prompt_bound.error(text, state.max_model_len)
                 if too_long is not None:  # cannot fit: refused without tokenizing
                     raise RequestError(400, too_long, param="prompt")
                 ids = self._backend.encode(

@@ -10,7 +10,6 @@ import trio
 from quart import Quart, Response
 
 from server import __version__
-from actors.runtime.prompt_bounds import prompt_chars_error
 from server.errors import APIError, bad_request, overloaded
 from server.openapi import DOCS_HTML, openapi_document
 from server.protocol.chat import ChatCompletionRequest
@@ -124,8 +123,7 @@ def register(app: Quart, srv: ServerState) -> None:
         def work() -> list[int]:
             text = render()
             # The bound generation has: text that cannot fit the context is not tokenized.
-            too_long = prompt_chars_error(len(text), srv.limits.max_model_len,
-                                          srv.max_token_chars)
+            too_long = srv.prompt_bound.error(text, srv.limits.max_model_len)
             if too_long is not None:
                 raise bad_request(too_long, "prompt")
             return tok.backend_tokenizer.encode(text, add_special_tokens=add_special).ids
