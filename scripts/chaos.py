@@ -29,8 +29,6 @@ import json
 import math
 import random
 import shlex
-import socket
-import struct
 import sys
 import time
 from dataclasses import dataclass, field
@@ -38,7 +36,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import trio
-
+from raw_stream import RawStream
 from server_under_test import ServerUnderTest, check_loopback, log, metric, rss_bytes
 
 # Seats and queue small enough that 1000 abandoned requests take about a minute of waves.
@@ -50,6 +48,9 @@ CANARY = {"prompt": "The capital of France is a city where", "max_tokens": 32,
 SETTLE_S = 2.0  # running and waiting must be 0 this soon after the chaos stops
 KV_SETTLE_S = 5.0
 KILL_TIMEOUT_S = 60.0  # a kill task that sees nothing for this long counts as stuck
+# Where a killed client stops (relative weights): with part of its body sent, just after
+# sending the request, after 1-24 SSE events, after a random delay.
+KILL_PLANS = {"partial_body": 1, "after_request": 1, "mid_stream": 6, "random_time": 2}
 GAUGES = ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc")
 
 
@@ -64,65 +65,6 @@ class Tally:
     def status(self, code: int | None, where: str) -> None:
         if code is not None and code >= 500 and code != 503 and len(self.server_errors) < 20:
             self.server_errors.append(f"{where}: HTTP {code}")
-
-
-class RawStream:
-    """One HTTP/1.1 request on its own socket, read as bytes, closed however the caller says."""
-
-    def __init__(self, host: str, port: int, api_key: str | None) -> None:
-        self.host, self.port, self.api_key = host, port, api_key
-        self.stream: trio.SocketStream | None = None
-        self.status: int | None = None
-        self.events = 0  # SSE data lines seen
-        self.eof = False
-        self._buf = b""
-
-    def request_bytes(self, path: str, body: dict) -> tuple[bytes, bytes]:
-        payload = json.dumps(body).encode()
-        head = (f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
-                f"Content-Type: application/json\r\nAccept: text/event-stream\r\n"
-                f"Content-Length: {len(payload)}\r\n")
-        if self.api_key:
-            head += f"Authorization: Bearer {self.api_key}\r\n"
-        return (head + "\r\n").encode(), payload
-
-    async def connect(self) -> None:
-        self.stream = await trio.open_tcp_stream(self.host, self.port)
-
-    async def send(self, data: bytes) -> None:
-        assert self.stream is not None
-        await self.stream.send_all(data)
-
-    async def read_some(self) -> None:
-        assert self.stream is not None
-        data = await self.stream.receive_some(65536)
-        if not data:
-            self.eof = True
-            return
-        self._buf += data
-        if self.status is None and b"\r\n" in self._buf:
-            try:
-                self.status = int(self._buf.split(b" ", 2)[1])
-            except (IndexError, ValueError):
-                self.status = -1
-        self.events += data.count(b"data: ")
-        if self.status not in (None, 200) and b"\r\n\r\n" in self._buf:
-            self.eof = True  # an error answer: nothing will stream on this request
-
-    async def read_until(self, events: int) -> None:
-        while self.events < events and not self.eof:
-            await self.read_some()
-
-    async def close(self, rst: bool) -> None:
-        if self.stream is None:
-            return
-        if rst:
-            try:
-                self.stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
-                                              struct.pack("ii", 1, 0))
-            except OSError:
-                pass
-        await self.stream.aclose()
 
 
 def stream_body(rng: random.Random, i: int, model: str | None,
@@ -143,9 +85,9 @@ def stream_body(rng: random.Random, i: int, model: str | None,
 async def kill_one(i: int, rng: random.Random, host: str, port: int, args,
                    tally: Tally) -> None:
     path, body = stream_body(rng, i, args.model)
-    plan = rng.choices(["partial_body", "after_request", "mid_stream", "random_time"],
-                       weights=[1, 1, 6, 2])[0]
-    rst = rng.random() < 0.5
+    plans = [p for p in KILL_PLANS if p in args.kill_plans]
+    plan = rng.choices(plans, weights=[KILL_PLANS[p] for p in plans])[0]
+    rst = {"rst": True, "fin": False}.get(args.close, rng.random() < 0.5)
     raw = RawStream(host, port, args.api_key)
     head, payload = raw.request_bytes(path, body)
     with trio.move_on_after(KILL_TIMEOUT_S) as scope:
@@ -378,7 +320,9 @@ async def sigterm_under_load(args, server: ServerUnderTest, seats: int) -> dict:
     limits = httpx.Limits(max_connections=4 * seats + 16)
     rss_before = rss_bytes(server.pid)
     t_signal = None
-    async with httpx.AsyncClient(base_url=server.url, timeout=120, limits=limits) as client:
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    async with httpx.AsyncClient(base_url=server.url, timeout=120, limits=limits,
+                                 headers=headers) as client:
         async with trio.open_nursery() as n:
             for i in range(n_stream):
                 n.start_soon(streaming, client, i)
@@ -458,12 +402,19 @@ def main() -> int:
     p.add_argument("--kills", type=int, default=1000)
     p.add_argument("--abandon", type=int, default=1000)
     p.add_argument("--kill-concurrency", type=int, default=None, help="default: the seats")
+    p.add_argument("--kill-plans", default=",".join(KILL_PLANS),
+                   help="where killed clients stop, a comma-separated subset of the default")
+    p.add_argument("--close", choices=["rst", "fin", "both"], default="both",
+                   help="how killed clients close: TCP RST, plain close, or half of each")
     p.add_argument("--hold", type=float, default=1.5,
                    help="seconds a wave waits before closing what is still queued")
     p.add_argument("--model", default=None)
     p.add_argument("--api-key", default=None)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
+    args.kill_plans = set(args.kill_plans.split(","))
+    if not args.kill_plans <= set(KILL_PLANS):
+        p.error(f"--kill-plans: choose from {', '.join(KILL_PLANS)}")
     server = None
     try:
         if args.start_server:

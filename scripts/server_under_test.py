@@ -46,7 +46,7 @@ def rss_bytes(pid: int) -> int | None:
 
 def metric(text: str, name: str) -> float | None:
     """The first sample of `name` in a Prometheus exposition (any labels)."""
-    m = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M)
+    m = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE)
     return float(m.group(1)) if m else None
 
 

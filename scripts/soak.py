@@ -10,7 +10,8 @@ unless it is answered 200, streams its chunks, ends every choice with a finish_r
 than "abort" and ends with [DONE]. The server's RSS (from /proc/PID, the started server's or
 --pid) is sampled every --sample-interval seconds; `flat` holds when the median of the last
 window is within 5% of the median of the second (windows of a minute, or a third of the run
-when it is shorter than three minutes: the first window is warm-up). Afterwards
+when it is shorter than three minutes: the first window is warm-up); without a PID there
+is no RSS and no verdict on it. Afterwards
 vllm:num_requests_running and vllm:num_requests_waiting must be back to 0.
 
 One JSON document on stdout; progress on stderr; exit status 0 only when `ok`. Loopback
@@ -30,7 +31,6 @@ from dataclasses import dataclass, field
 
 import httpx
 import trio
-
 from server_under_test import ServerUnderTest, check_loopback, log, metric, rss_bytes
 
 FLAT_TOLERANCE = 0.05
@@ -152,7 +152,7 @@ def flat_verdict(samples: list, seconds: float) -> dict:
                  "last_window_median_mib": None, "growth": None, "flat": None}
     if second and last:
         a, b = statistics.median(second), statistics.median(last)
-        out.update(second_window_median_mib=a, last_window_median_mib=b,
+        out.update(second_window_median_mib=round(a, 1), last_window_median_mib=round(b, 1),
                    growth=round(b / a - 1, 4), flat=abs(b / a - 1) <= FLAT_TOLERANCE)
     return out
 

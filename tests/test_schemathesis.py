@@ -18,7 +18,6 @@ from typing import Any
 
 import httpx
 import pytest
-
 from server_helpers import ServerProcess
 from subproc import child_env
 
@@ -88,8 +87,8 @@ def test_generated_requests_get_no_5xx_and_always_an_answer(server: ServerProces
            "--max-examples", "20", "--max-time", str(TIME_BUDGET_S), "--workers", "1",
            "--seed", "1", "--request-timeout", str(REQUEST_TIMEOUT_S), "--no-color",
            "--report", "json", "--report-json-path", str(report)]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=child_env(), cwd=tmp_path,
-                          timeout=TIME_BUDGET_S + 120)
+    done = subprocess.run(cmd, check=False, capture_output=True, text=True, env=child_env(),
+                          cwd=tmp_path, timeout=TIME_BUDGET_S + 120)
     out = json.loads(report.read_text())
     summary = done.stdout[-6000:]
     assert out["failures"] == [] and out["errors"] == [], summary

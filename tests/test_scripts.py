@@ -75,8 +75,8 @@ def test_gpu_check_script_parses() -> None:
 
 def run_verdict(*args: str, timeout: float = 300) -> tuple[int, dict]:
     """(exit status, JSON document) of a script that prints its verdict even when it fails."""
-    done = subprocess.run([sys.executable, *args], capture_output=True, text=True,
-                          env=child_env(), timeout=timeout)
+    done = subprocess.run([sys.executable, *args], check=False, capture_output=True,
+                          text=True, env=child_env(), timeout=timeout)
     assert done.stdout.strip(), done.stderr[-3000:]
     return done.returncode, json.loads(done.stdout)
 
@@ -104,7 +104,7 @@ def test_soak_smoke_no_errors_flat_rss() -> None:
 
 @pytest.mark.slow
 def test_chaos_smoke_settles_and_canary_unchanged() -> None:
-    rc, out = run_verdict(str(SCRIPTS / "chaos.py"), "--start-server", "--kills", "48",
+    rc, out = run_verdict(str(SCRIPTS / "chaos.py"), "--start-server", "--kills", "120",
                           "--abandon", "40")
     checks = out["checks"]
     failed = {k for k, v in checks.items() if not v}
