@@ -10,11 +10,10 @@ import torch.nn.functional as F
 
 @pytest.fixture(params=["avx2", "scalar"])
 def isa(request: pytest.FixtureRequest):
-    got = llmcore.set_elementwise_isa(request.param)
-    if got != request.param:
-        pytest.skip(f"this CPU does not run {request.param}")
-    yield got
-    llmcore.set_elementwise_isa("avx2")
+    with llmcore.isa.capped(request.param, ("elementwise",)) as got:
+        if got["elementwise"] != request.param:
+            pytest.skip(f"this CPU does not run {request.param}")
+        yield request.param
 
 
 def _rms_ref(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:

@@ -18,10 +18,11 @@ import pytest
 from actors import LLM, SamplingParams
 from actors.messages import Admit
 from actors.sampling_params import SamplingParamsError
+import test_engine
+from test_engine import loaded  # noqa: F401 - the module-scoped fixture
 
 pytestmark = pytest.mark.slow
 
-MiB = 1 << 20
 PASSAGE = (
     "The lighthouse keeper climbed the spiral stairs every evening at dusk, counting each "
     "of the one hundred and twelve steps, trimming the wick and polishing the great lens "
@@ -29,15 +30,8 @@ PASSAGE = (
 )
 
 
-@pytest.fixture(scope="module")
-def loaded(default_model: tuple[Any, float]) -> Any:
-    return default_model[0]
-
-
 def make_llm(loaded: Any, **overrides: Any) -> LLM:
-    args: dict[str, Any] = dict(dtype="float32", kv_cache_memory=256 * MiB, max_model_len=4096)
-    args.update(overrides)
-    return LLM(str(loaded.source), loaded=loaded, **args)
+    return test_engine.make_llm(loaded, **{"max_model_len": 4096, **overrides})
 
 
 def greedy(max_tokens: int) -> SamplingParams:

@@ -23,6 +23,14 @@
 #include "internal.h"
 #include "weight.h"
 
+// Loops over register-resident arrays are unrolled early, so that the arrays become
+// registers (otherwise GCC keeps a memory copy of the accumulators, updated every k).
+#if defined(__clang__)
+#define LC_UNROLL _Pragma("unroll")
+#else
+#define LC_UNROLL _Pragma("GCC unroll 16")
+#endif
+
 namespace lc::linear {
 
 struct Job {

@@ -22,14 +22,6 @@
 namespace lc::linear {
 namespace {
 
-// Loops over register-resident arrays are unrolled early, so that the arrays become
-// registers (otherwise GCC keeps a memory copy of the accumulators, updated every k).
-#if defined(__clang__)
-#define LC_UNROLL _Pragma("unroll")
-#else
-#define LC_UNROLL _Pragma("GCC unroll 16")
-#endif
-
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 // bf16 bits -> fp32: widen to 32 bits and shift into the high half.
 inline __m256 load8(const uint16_t* p) {

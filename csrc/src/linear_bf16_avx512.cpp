@@ -39,12 +39,6 @@
 namespace lc::linear {
 namespace {
 
-#if defined(__clang__)
-#define LC_UNROLL _Pragma("unroll")
-#else
-#define LC_UNROLL _Pragma("GCC unroll 16")
-#endif
-
 constexpr int kNR = 16;  // columns per panel
 static_assert(kNR == weight::kPanel, "the packed kernels read weight.h's panels as kNR wide");
 constexpr int kMR = 10;  // x rows per microkernel
