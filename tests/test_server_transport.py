@@ -287,6 +287,49 @@ def test_connection_level_errors_never_leave_their_connection(server_proc):
     serves(server_proc)
 
 
+# -- a client that leaves as its response starts -------------------------------------------
+
+def _stream_request(i: int) -> bytes:
+    if i % 2:
+        body = {"prompt": f"Story {i}:"}
+        path = "/v1/completions"
+    else:
+        body = {"messages": [{"role": "user", "content": f"Story {i}:"}]}
+        path = "/v1/chat/completions"
+    body.update(stream=True, max_tokens=400, ignore_eos=True)
+    return request("POST", path, body=orjson.dumps(body))
+
+
+def _reset(s: socket.socket) -> None:
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    s.close()
+
+
+def test_clients_reset_as_the_headers_come_back_leave_nothing_running(server_proc):
+    """A reset that reaches the server after the request was admitted but before its SSE
+    body was first iterated (while the response head is written) used to leave the request
+    registered and generating for nobody. Resets are swept across the time the head takes
+    to come back, so some land in that window on any machine."""
+    wait_idle(server_proc)
+    heads = []
+    for i in range(5):
+        with connect(server_proc) as s:
+            started = time.perf_counter()
+            s.sendall(_stream_request(i))
+            assert select.select([s], [], [], 10)[0]
+            heads.append(time.perf_counter() - started)
+            _reset(s)
+    head = sorted(heads)[2]
+    steps = 40
+    for i in range(160):
+        s = connect(server_proc)
+        s.sendall(_stream_request(i))
+        time.sleep(head * 1.25 * (i % steps) / steps)
+        _reset(s)
+    wait_idle(server_proc, timeout=3)
+    serves(server_proc)
+
+
 # -- framing that could smuggle a request -------------------------------------------------
 
 SMUGGLED = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"

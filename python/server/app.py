@@ -13,6 +13,7 @@ from werkzeug.exceptions import HTTPException
 
 from server.auth import APIKeyMiddleware
 from server.errors import APIError, envelope_bytes
+from server.generation import RetireAtRequestEnd
 from server.routes import misc
 from server.state import ServerState
 from server.write_watchdog import WriteWatchdog
@@ -111,5 +112,6 @@ def create_app(srv: ServerState) -> Any:
     srv.write_watchdog = WriteWatchdog(
         APIKeyMiddleware(app.asgi_app, cfg.api_keys), connections=srv.connections,
         max_buffered=cfg.max_buffered_bytes, max_total_buffered=cfg.max_total_buffered_bytes)
-    app.asgi_app = srv.write_watchdog  # type: ignore[method-assign]
+    # Outermost: whatever ends a request, the generations it started are retired.
+    app.asgi_app = RetireAtRequestEnd(srv.write_watchdog)  # type: ignore[method-assign]
     return app

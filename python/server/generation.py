@@ -10,13 +10,22 @@ response in memory, but never the capacity other requests need. The registry ent
 
 `retire` never awaits: it runs in `finally` of a handler that may be cancelled because the
 client went away, and the wait for retirement happens in a reaper task of the server.
+
+The handler's own `finally` is not enough: a streamed response's `finally` lives in its body
+generator, which never runs if the client goes away before the body is first iterated (while
+the response head is written). So every Generation that reached the tokenizer is also noted
+on the request being served, and `RetireAtRequestEnd`, an ASGI middleware, retires them when
+that request ends, however it ends (`retire` is idempotent).
 """
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import time
 import uuid
+from collections.abc import MutableMapping
+from typing import Any
 
 import trio
 
@@ -29,6 +38,10 @@ from server.write_watchdog import track_output
 log = logging.getLogger("server.requests")
 
 RETIRE_TIMEOUT = 30.0
+
+# The Generations started while serving the current ASGI request (set by RetireAtRequestEnd).
+_request_generations: contextvars.ContextVar[list[Generation] | None] = contextvars.ContextVar(
+    "llmserve_request_generations", default=None)
 
 
 def new_request_id(header: str | None, body: str | None) -> str:
@@ -90,6 +103,10 @@ class Generation:
             self.state.retired.set()  # never reached the tokenizer: nothing else holds it
             self.retire()
             raise
+        # From here on retire() is what ends it, whoever calls it: the request owns it too.
+        owned = _request_generations.get()
+        if owned is not None:
+            owned.append(self)
         if srv.reaper is not None:
             srv.reaper.start_soon(self._release_slots_when_retired)
         try:
@@ -142,3 +159,27 @@ class Generation:
         if self._slots_held:
             self._slots_held = False
             self.srv.admission.release(self.slots)  # type: ignore[union-attr]
+
+
+class RetireAtRequestEnd:
+    """ASGI middleware: retire every Generation started while serving a request when the
+    request ends (response written, client gone, cancelled or failed)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+        if scope.get("type") != "http":
+            await self.app(scope, receive, send)
+            return
+        owned: list[Generation] = []
+        token = _request_generations.set(owned)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            _request_generations.reset(token)
+            for gen in owned:
+                try:
+                    gen.retire()
+                except Exception:  # one failure must not keep the others running
+                    log.exception("retiring request %s failed", gen.state.request_id)
