@@ -80,3 +80,23 @@ def test_openai_sdk_with_and_without_key(keyed_server):
     with openai.OpenAI(base_url=keyed_server.url + "/v1", api_key="nope", max_retries=0) as c:
         with pytest.raises(openai.AuthenticationError):
             c.completions.create(model="SmolLM2-135M-Instruct", prompt="Hi", max_tokens=2)
+
+
+@pytest.mark.slow
+def test_pooled_client_never_meets_a_connection_closed_after_an_early_401(keyed_server):
+    """The 401 answers before a large body has arrived. The connection either stays usable
+    (the rest of the body is read and dropped) or the response says `Connection: close`: a
+    pooled client reusing it never finds it dead."""
+    body = b'{"prompt": "' + b"x" * 200_000 + b'"}'
+    failures: list[str] = []
+    with httpx.Client(base_url=keyed_server.url, timeout=30) as c:
+        for _ in range(300):
+            try:
+                r = c.post("/v1/completions", content=body,
+                           headers={"Content-Type": "application/json"})
+            except httpx.HTTPError as exc:
+                failures.append(f"{type(exc).__name__}: {exc}")
+                continue
+            assert r.status_code == 401, r.text[:300]
+        assert c.get("/health").status_code == 200
+    assert not failures, (len(failures), failures[:3])

@@ -439,6 +439,67 @@ def test_responses_that_end_the_connection_close_it(server_proc):
         assert [status for status, _, _ in got] == [want]
 
 
+# -- answers that come before the body has arrived ------------------------------------------
+
+EARLY = [("POST", "/v1/nothere", 404), ("POST", "/health", 405)]
+
+
+def test_pooled_client_never_meets_a_connection_closed_after_an_early_answer(server_proc):
+    """404 and 405 answer before a 200 KB body has arrived; a pooled client reusing the
+    connection must never find it closed without having been told."""
+    body = b'{"prompt": "' + b"x" * 200_000 + b'"}'
+    failures: list[str] = []
+    with httpx.Client(base_url=server_proc.url, timeout=30) as c:
+        for i in range(200):
+            method, path, want = EARLY[i % len(EARLY)]
+            try:
+                r = c.request(method, path, content=body,
+                              headers={"Content-Type": "application/json"})
+            except httpx.HTTPError as exc:
+                failures.append(f"{type(exc).__name__}: {exc}")
+                continue
+            assert r.status_code == want, r.text[:300]
+    assert not failures, (len(failures), failures[:3])
+    serves(server_proc)
+
+
+def test_a_body_answered_early_is_read_and_the_connection_kept(server_proc):
+    """The rest of a body of known, bounded length is read and dropped after the early
+    answer, and the next request on the connection is served."""
+    body = b"x" * 300_000
+    with connect(server_proc) as s:
+        s.sendall(request("POST", "/v1/nothere", headers=[f"Content-Length: {len(body)}"]))
+        got = b""
+        while b"\r\n\r\n" not in got:  # the answer comes before the body is sent
+            piece = s.recv(65536)
+            assert piece, got
+            got += piece
+        assert b"connection: close" not in got.lower(), got
+        for i in range(0, len(body), 50_000):
+            s.sendall(body[i:i + 50_000])
+            time.sleep(0.01)
+        s.sendall(request("GET", "/health", content_type=None))
+        data, closed = read_all(s, timeout=2)
+    got = responses(got + data)
+    assert [status for status, _, _ in got] == [404, 200] and not closed, got
+
+
+@pytest.mark.parametrize("framing", ["large", "chunked"])
+def test_an_early_answer_that_ends_the_connection_says_so(server_proc, framing):
+    """A body too large to read and drop, or of unknown length: the early answer carries
+    `Connection: close`, and the server closes."""
+    if framing == "large":
+        head = request("POST", "/v1/nothere", headers=["Content-Length: 3000000"])
+    else:
+        head = request("POST", "/v1/nothere", headers=["Transfer-Encoding: chunked"])
+    with connect(server_proc) as s:
+        s.sendall(head + (b"x" * 1000 if framing == "large" else b"3e8\r\n" + b"x" * 1000))
+        data, closed = read_all(s, timeout=5)
+    got = responses(data)
+    assert [status for status, _, _ in got] == [404] and closed, (data[:300], closed)
+    assert got[0][1].get("connection") == "close", got[0][1]
+
+
 # -- output held for slow readers ----------------------------------------------------------
 
 def _open_stream(srv: ServerProcess, logprobs: int | None) -> socket.socket:

@@ -18,6 +18,11 @@ the names Hypercorn's trio worker looks up:
                 more than h11_max_header_count headers, or a header block over
                 h11_max_incomplete_size -> 431
                 every parse error answered with the JSON envelope, then the connection closes
+                a response that comes before its request's body has all arrived (401, 404,
+                405, 413...): with a Content-Length up to EARLY_DRAIN_BYTES, the rest of
+                the body is read and dropped, then the connection serves the next request
+                (the keep-alive timeout bounds the wait); otherwise the response carries
+                `Connection: close` and the connection closes after it
 
 The containment and the close fixes apply to any config; the limits and the envelope only
 to a `TransportConfig`. Framing is refused, not repaired: behind a proxy that reads the
@@ -37,7 +42,8 @@ import hypercorn.protocol
 import hypercorn.trio.run
 import trio
 from hypercorn.config import Config as HypercornConfig
-from hypercorn.events import Closed
+from hypercorn.events import Closed, RawData, Updated
+from hypercorn.protocol.events import Response
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.utils import parse_socket_addr
@@ -56,6 +62,9 @@ REFUSE_SECONDS = 1.0  # how long a refused connection may take to read its 503
 REFUSE_DRAIN_BYTES = 64 * 1024
 MAX_REFUSING = 64  # refusals reading their client's request at once; beyond, close at once
 TRACE_EVERY = 60.0  # seconds between full tracebacks of connection failures
+# The largest body whose unread rest is read and dropped after an early response, so that
+# the connection stays usable; a larger one, or one of unknown length, closes it.
+EARLY_DRAIN_BYTES = 1024 * 1024
 
 _MESSAGES = {
     400: "The request is not valid HTTP/1.1 (request line, headers or body framing).",
@@ -141,9 +150,87 @@ class _StrictConnection(h11.Connection):
 class StrictH11Protocol(H11Protocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self._body_length: int | None = None  # the current request's Content-Length
+        self._draining = False  # reading and dropping the rest of a body answered early
         if isinstance(self.config, TransportConfig):
             self.connection = _StrictConnection(self.config.h11_max_incomplete_size,
                                                 self.config.h11_max_header_count)
+
+    async def _create_stream(self, request: h11.Request) -> None:
+        self._body_length = None
+        for name, value in request.headers:
+            if name == b"content-length":  # h11 has checked it is one decimal number
+                self._body_length = int(value)
+        await super()._create_stream(request)
+
+    async def stream_send(self, event: Any) -> None:
+        if (isinstance(event, Response) and event.status_code >= 200
+                and isinstance(self.config, TransportConfig)
+                and self.connection.their_state is h11.SEND_BODY
+                and not (self._body_length is not None
+                         and self._body_length <= EARLY_DRAIN_BYTES)
+                and not any(n.lower() == b"connection" and v.lower() == b"close"
+                            for n, v in event.headers)):
+            # Answered before the body arrived, and the rest is too much (or of unknown
+            # length) to read and drop: the connection closes after this response, so the
+            # response has to say so, or a pooled client sends its next request into it.
+            event = Response(stream_id=event.stream_id, status_code=event.status_code,
+                             headers=[*event.headers, (b"connection", b"close")])
+        await super().stream_send(event)
+
+    async def _maybe_recycle(self) -> None:
+        if (isinstance(self.config, TransportConfig) and not self.context.terminated.is_set()
+                and self.connection.our_state is h11.DONE
+                and self.connection.their_state is h11.SEND_BODY):
+            # The response is complete and promised keep-alive (stream_send added no
+            # close), but the body has not all arrived: read and drop the rest first. The
+            # keep-alive timer bounds how long that may take. Set before any await: from
+            # here on, data that arrives is the reader's to drop (handle).
+            self._draining = True
+            await self._close_stream()
+            await self.send(Updated(idle=True))
+            await self.can_read.set()
+            # While this task waited, the reader may have dropped the rest of the body and
+            # started the next cycle itself (then it is no longer draining).
+            if self._draining and await self._drop_body():
+                # (Nothing pipelined behind the body has been parsed yet; the next data
+                # received will be.)
+                await self._next_cycle()
+            return
+        await super()._maybe_recycle()
+
+    async def handle(self, event: Any) -> None:
+        if self._draining and isinstance(event, RawData):
+            self.connection.receive_data(event.data)
+            if await self._drop_body():
+                await self._next_cycle()
+                await self._handle_events()  # a request already sent behind the body
+            return
+        await super().handle(event)
+
+    async def _drop_body(self) -> bool:
+        """Drop what has arrived of the body. True once it has ended; False while more is
+        to come, or when the connection is closing (a broken body, the peer gone)."""
+        try:
+            while self.connection.their_state is h11.SEND_BODY:
+                event = self.connection.next_event()
+                if event is h11.NEED_DATA:
+                    return False
+                if isinstance(event, h11.ConnectionClosed):
+                    break
+        except h11.RemoteProtocolError:  # a broken body, or the peer closed inside it
+            pass
+        if self.connection.their_state is h11.DONE and self.connection.our_state is h11.DONE:
+            return True
+        self._draining = False
+        await self.send(Closed())
+        return False
+
+    async def _next_cycle(self) -> None:
+        self._draining = False
+        self.connection.start_next_cycle()
+        await self.send(Updated(idle=True))  # the keep-alive timeout starts again
+        await self.can_read.set()
 
     async def _send_error_response(self, status_code: int) -> None:
         if not isinstance(self.config, TransportConfig):
