@@ -109,8 +109,6 @@ def build_params(
     allowed = req.allowed_token_ids
     if allowed is not None and len(allowed) > limits.vocab_size:
         raise bad_request("allowed_token_ids is longer than the vocabulary", "allowed_token_ids")
-    truncate = req.truncate_prompt_tokens
-
     if req.priority != 0 and limits.scheduling_policy != "priority":
         # vLLM's message (its engine's check); vLLM's protocol documents the refusal.
         raise bad_request(
@@ -145,7 +143,7 @@ def build_params(
         prompt_logprobs=prompt_logprobs,
         logit_bias=_logit_bias(req.logit_bias),
         allowed_token_ids=None if allowed is None else tuple(dict.fromkeys(allowed)),
-        truncate_prompt_tokens=truncate,
+        truncate_prompt_tokens=req.truncate_prompt_tokens,
         truncation_side=req.truncation_side or "left",
         priority=req.priority,
         cache_salt=req.cache_salt,

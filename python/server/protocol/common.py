@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from actors.sampling_params import INT64_MAX, INT64_MIN
 from pydantic import BaseModel, ConfigDict, Field
 
 # vLLM's VLLM_MAX_STOP_STRINGS default: a longer list is a 400 (the engine takes up to 16).
@@ -40,7 +39,7 @@ class SamplingFields(APIModel):
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
-    seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
+    seed: int | None = None  # ranges: SamplingParams.validate, once
     stop: str | Annotated[list[str], Field(max_length=MAX_STOP_STRINGS)] | None = None
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False
@@ -49,9 +48,9 @@ class SamplingFields(APIModel):
     skip_special_tokens: bool | None = None
     prompt_logprobs: int | None = None
     allowed_token_ids: list[int] | None = None
-    truncate_prompt_tokens: int | None = Field(default=None, ge=-1, le=INT64_MAX)
+    truncate_prompt_tokens: int | None = None
     truncation_side: Literal["left", "right"] | None = None
-    priority: int = Field(default=0, ge=INT64_MIN, le=INT64_MAX)
+    priority: int = 0
     cache_salt: str | None = None  # checked in server.sampling (vLLM's rules and ours)
     request_id: str | None = Field(default=None, max_length=256)
     user: str | None = None
