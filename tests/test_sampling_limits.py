@@ -22,11 +22,9 @@ def f32(x: float) -> float:
     return struct.unpack("f", struct.pack("f", x))[0]
 
 
-def rejects(param: str, max_logprobs: int = 20, sampler: int | None = None,
-            **kwargs: object) -> str:
+def rejects(param: str, max_logprobs: int = 20, **kwargs: object) -> str:
     with pytest.raises(SamplingParamsError) as info:
-        SamplingParams(**kwargs).validate(VOCAB, max_logprobs,  # type: ignore[arg-type]
-                                          max_sample_logprobs=sampler)
+        SamplingParams(**kwargs).validate(VOCAB, max_logprobs)  # type: ignore[arg-type]
     assert info.value.param == param, info.value
     return info.value.message
 
@@ -85,12 +83,11 @@ def test_logprobs_follow_vllm_max_logprobs() -> None:
         rejects(name, **{name: True})
 
 
-def test_sampled_logprobs_also_fit_the_cores_cap() -> None:
-    cap = 20
-    SamplingParams(logprobs=cap).validate(VOCAB, -1, max_sample_logprobs=cap)
-    message = rejects("logprobs", max_logprobs=-1, sampler=cap, logprobs=cap + 1)
-    assert f"at most {cap}" in message
-    rejects("logprobs", max_logprobs=-1, sampler=cap, logprobs=-1)
-    # Prompt logprobs are computed outside the sampler: only max_logprobs bounds them.
-    SamplingParams(prompt_logprobs=cap + 1).validate(VOCAB, -1, max_sample_logprobs=cap)
+def test_logprobs_are_bounded_by_max_logprobs_and_the_vocabulary_only() -> None:
+    # The core's sampler returns any count up to the vocabulary: no cap of its own.
+    SamplingParams(logprobs=VOCAB, prompt_logprobs=VOCAB).validate(VOCAB, -1)
+    assert "greater than max allowed: 1000" in rejects("logprobs", max_logprobs=-1,
+                                                       logprobs=VOCAB + 1)
+    assert "greater than max allowed: 25" in rejects("prompt_logprobs", max_logprobs=25,
+                                                     prompt_logprobs=26)
 

@@ -18,7 +18,6 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-import llmcore
 from server_helpers import ServerProcess, default_tokenizer
 
 pytestmark = pytest.mark.slow
@@ -165,11 +164,6 @@ def test_max_logprobs_as_vllm_refuses(server) -> None:
                                                               "BadRequestError")
 
 
-CORE_CAP = getattr(llmcore, "MAX_TOP_LOGPROBS", None)
-
-
-@pytest.mark.skipif(CORE_CAP is not None and CORE_CAP < VOCAB,
-                    reason=f"this build's core returns at most {CORE_CAP} top logprobs a token")
 def test_max_logprobs_minus_one_reaches_the_engine() -> None:
     """--max-logprobs -1 (the vocabulary) passes through to the engine: 25 alternatives on
     either API, and -1 asks for all of them."""

@@ -126,17 +126,6 @@ class LLMEngine:
             dtype=self.kv_cache_dtype,
             sliding_windows=mc.sliding_windows,
         )
-        # Top logprobs per sampled token: vLLM's max_logprobs (-1: the vocabulary), within
-        # what the core's sampler returns when it has a cap (llmcore.MAX_TOP_LOGPROBS; a
-        # core without it returns up to the vocabulary). Prompt logprobs are gathered in
-        # torch: only max_logprobs bounds them.
-        cap = getattr(llmcore, "MAX_TOP_LOGPROBS", None)
-        self.max_sample_logprobs: int | None = None if cap is None else int(cap)
-        wanted = self.vocab_size if config.max_logprobs == -1 else config.max_logprobs
-        if self.max_sample_logprobs is not None and wanted > self.max_sample_logprobs:
-            log.warning("max_logprobs=%d: sampled tokens get at most %d top logprobs (the "
-                        "core's limit); prompt logprobs up to %d", config.max_logprobs,
-                        self.max_sample_logprobs, wanted)
         log.info("engine ready in %.1f s", time.perf_counter() - t0)
 
     # ------------------------------------------------------------------ requests
@@ -144,8 +133,7 @@ class LLMEngine:
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     arrival_time: float | None = None, priority: int | None = None) -> None:
         """Validates and queues a request. Raises ValueError for what cannot run."""
-        params.validate(self.vocab_size, self.config.max_logprobs,
-                        max_sample_logprobs=self.max_sample_logprobs)
+        params.validate(self.vocab_size, self.config.max_logprobs)
         effective = params.priority if priority is None else priority
         if effective != 0 and self.config.scheduling_policy != "priority":
             raise ValueError(  # vLLM's message

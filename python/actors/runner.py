@@ -313,8 +313,7 @@ class ModelRunner:
                     use[j] = 1
             kwargs["allowed_bitmask"] = mask
             kwargs["use_bitmask"] = use
-        # Validation keeps every row within the core's cap (llmcore.MAX_TOP_LOGPROBS); a
-        # row beyond it is refused by the core like any other bad row.
+        # Any count up to the vocabulary; the core refuses a row beyond it like any other.
         num_top = max((self._num_top(r) for r in rows if r.want_logprobs), default=0)
 
         res = llmcore.sample(logits, temperature, top_k, top_p, min_p, rep, pres, freq, seed,

@@ -175,15 +175,14 @@ class SamplingParams:
 
     # ------------------------------------------------------------------ validation
 
-    def validate(self, vocab_size: int, max_logprobs: int = 20, *, max_n: int = MAX_N,
-                 max_sample_logprobs: int | None = None) -> None:
+    def validate(self, vocab_size: int, max_logprobs: int = 20, *, max_n: int = MAX_N) -> None:
         """Raises SamplingParamsError for the first out-of-range field.
 
         Every value is judged as the core will hold it (float32 reals, int32 top_k), so a
         request that passes cannot make the sampler refuse its row. ``max_logprobs`` is
         vLLM's limit on logprobs and prompt_logprobs (-1: the vocabulary, which is also
-        what a request's -1 asks for); ``max_sample_logprobs`` is the sampler's own cap on
-        top logprobs per sampled token (llmcore.MAX_TOP_LOGPROBS; None: none).
+        what a request's -1 asks for); the core's sampler returns any count up to the
+        vocabulary, so nothing else bounds them.
         """
         _int_in(self.n, "n", 1, max_n)
         if self.n > 1 and _is_real(self.temperature) and self.temperature < GREEDY_EPS:
@@ -210,9 +209,8 @@ class SamplingParams:
             _int_in(self.max_tokens, "max_tokens", 1, None)
         _int_in(self.min_tokens, "min_tokens", 0, self.max_tokens)
         self._validate_stop(vocab_size)
-        _logprobs_in(self.logprobs, "logprobs", vocab_size, max_logprobs, max_sample_logprobs)
-        # Prompt logprobs are gathered outside the sampler: max_logprobs alone bounds them.
-        _logprobs_in(self.prompt_logprobs, "prompt_logprobs", vocab_size, max_logprobs, None)
+        _logprobs_in(self.logprobs, "logprobs", vocab_size, max_logprobs)
+        _logprobs_in(self.prompt_logprobs, "prompt_logprobs", vocab_size, max_logprobs)
         self._validate_logit_bias(vocab_size)
         if self.allowed_token_ids is not None:
             if len(self.allowed_token_ids) == 0:
@@ -317,8 +315,7 @@ def _real_in(x: object, name: str, low: float, high: float, *, low_open: bool = 
         )
 
 
-def _logprobs_in(value: object, name: str, vocab_size: int, max_logprobs: int,
-                 sampler_cap: int | None) -> None:
+def _logprobs_in(value: object, name: str, vocab_size: int, max_logprobs: int) -> None:
     """vLLM's rule and messages: -1 asks for the whole vocabulary, and max_logprobs=-1
     allows it."""
     if value is None:
@@ -335,11 +332,6 @@ def _logprobs_in(value: object, name: str, vocab_size: int, max_logprobs: int,
         raise SamplingParamsError(
             f"Requested {kind} logprobs of {wanted}, which is greater than max allowed: "
             f"{allowed}", name,
-        )
-    if sampler_cap is not None and wanted > sampler_cap:
-        raise SamplingParamsError(
-            f"Requested {kind} logprobs of {wanted}, but the sampler returns at most "
-            f"{sampler_cap} per token", name,
         )
 
 

@@ -54,7 +54,6 @@ class Limits:
     vocab_size: int
     max_model_len: int
     max_logprobs: int = 20  # vLLM's --max-logprobs (-1: the vocabulary)
-    max_sample_logprobs: int | None = None  # the core sampler's cap (None: the vocabulary)
     scheduling_policy: str = "fcfs"  # the engine's: priority != 0 needs "priority"
 
 
@@ -149,8 +148,7 @@ def build_params(
         cache_salt=req.cache_salt,
     )
     try:
-        params.validate(limits.vocab_size, limits.max_logprobs,
-                        max_sample_logprobs=limits.max_sample_logprobs)
+        params.validate(limits.vocab_size, limits.max_logprobs)
     except SamplingParamsError as exc:
         raise bad_request(exc.message, (aliases or {}).get(exc.param, exc.param)) from None
     _check_context(params, limits, aliases or {})

@@ -138,8 +138,7 @@ class Supervisor:
         policy = getattr(getattr(engine, "config", None), "scheduling_policy",
                          cfg.scheduling_policy)
         limits = Limits(vocab_size=int(vocab_size), max_model_len=int(max_model_len),
-                        max_logprobs=cfg.max_logprobs, scheduling_policy=str(policy),
-                        max_sample_logprobs=getattr(engine, "max_sample_logprobs", None))
+                        max_logprobs=cfg.max_logprobs, scheduling_policy=str(policy))
         max_seqs = int(getattr(getattr(engine, "config", None), "max_num_seqs", None)
                        or cfg.max_num_seqs or 64)
         capacity = max_seqs + (cfg.max_queued_requests if cfg.max_queued_requests is not None
