@@ -95,8 +95,8 @@ def offline(args, concurrency: int) -> dict:
     # The same OpenMP setting `python -m server` uses (see server/__main__.py), set before
     # torch loads, so both sides of the ratio run the engine the same way.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    from actors.engine import EngineConfig, LLMEngine
-    from actors.sampling_params import SamplingParams
+    from actors.core.engine import EngineConfig, LLMEngine
+    from actors.params.sampling import SamplingParams
 
     engine = LLMEngine(EngineConfig(max_num_seqs=concurrency, max_model_len=args.max_model_len,
                                     kv_cache_memory=args.kv_cache_memory))

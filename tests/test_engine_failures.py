@@ -17,7 +17,7 @@ import pytest
 
 from actors import LLM, SamplingParams
 from actors.messages import Admit
-from actors.sampling_params import SamplingParamsError
+from actors.params.sampling import SamplingParamsError
 import test_engine
 from test_engine import loaded  # noqa: F401 - the module-scoped fixture
 

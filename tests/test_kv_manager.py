@@ -5,9 +5,9 @@ from __future__ import annotations
 import llmcore  # the real pool: build the core first
 import pytest
 
-from actors.kv_manager import KVManager
-from actors.sampling_params import SamplingParams
-from actors.sequence import Sequence
+from actors.core.kv_manager import KVManager
+from actors.params.sampling import SamplingParams
+from actors.core.sequence import Sequence
 
 BS = 4
 

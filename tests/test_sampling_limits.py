@@ -12,8 +12,8 @@ import struct
 
 import pytest
 
-from actors.sampling_params import FLOAT32_MIN_NORMAL, INT32_MAX, SamplingParams
-from actors.sampling_params import SamplingParamsError
+from actors.params.sampling import FLOAT32_MIN_NORMAL, INT32_MAX, SamplingParams
+from actors.params.sampling import SamplingParamsError
 
 VOCAB = 1000
 

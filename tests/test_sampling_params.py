@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from actors.sampling_params import SamplingParams, SamplingParamsError
+from actors.params.sampling import SamplingParams, SamplingParamsError
 
 VOCAB = 1000
 

@@ -17,12 +17,12 @@ import pytest
 
 import llmcore  # the real pool: build the core first
 
-from actors.kv_manager import KVManager
+from actors.core.kv_manager import KVManager
 from actors.messages import Admit, Logprobs, PromptLogprobs, RequestOutput, SampledToken
 from actors.messages import StepPlan, StepResult
-from actors.sampling_params import SamplingParams
-from actors.scheduler import Scheduler, SchedulerConfig
-from actors.sequence import FinishReason, Sequence, SequenceStatus
+from actors.params.sampling import SamplingParams
+from actors.core.scheduler import Scheduler, SchedulerConfig
+from actors.core.sequence import FinishReason, Sequence, SequenceStatus
 from subproc import child_pythonpath
 
 VOCAB = 50_000
@@ -147,7 +147,7 @@ def prompt_of(n: int, salt: int = 0) -> list[int]:
 
 def test_policy_modules_import_without_torch_or_core() -> None:
     code = (
-        "import sys, actors.scheduler, actors.messages, actors.sequence, actors.kv_manager;"
+        "import sys, actors.core.scheduler, actors.messages, actors.core.sequence, actors.core.kv_manager;"
         "bad = [m for m in ('torch', 'llmcore', 'numpy') if m in sys.modules];"
         "assert not bad, bad"
     )

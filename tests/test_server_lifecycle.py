@@ -35,7 +35,7 @@ STREAM = {"prompt": "Write a poem about the sea.", "max_tokens": 16, "ignore_eos
 def test_help_documents_every_flag_with_default():
     from server.cli import ENGINE_DEFAULTS, build_parser
 
-    from actors.engine import EngineConfig
+    from actors.core.engine import EngineConfig
 
     out = subprocess.run([sys.executable, "-m", "server", "--help"], capture_output=True,
                          text=True, timeout=60, check=True,

@@ -13,9 +13,9 @@ __all__ = ["LLM", "EngineConfig", "LLMEngine", "SamplingParams"]
 
 _LAZY = {
     "LLM": "actors.llm",
-    "EngineConfig": "actors.engine",
-    "LLMEngine": "actors.engine",
-    "SamplingParams": "actors.sampling_params",
+    "EngineConfig": "actors.core.engine",
+    "LLMEngine": "actors.core.engine",
+    "SamplingParams": "actors.params.sampling",
 }
 
 

@@ -14,9 +14,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from actors.engine import EngineConfig, LLMEngine
+from actors.core.engine import EngineConfig, LLMEngine
 from actors.messages import Logprobs
-from actors.sampling_params import SamplingParams
+from actors.params.sampling import SamplingParams
 
 __all__ = ["LLM", "CompletionOutput", "GenerationOutput"]
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from actors.sampling_params import SamplingParams
+from actors.params.sampling import SamplingParams
 
 __all__ = [
     "Abort",

@@ -61,7 +61,7 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action) or ""
 
 
-# The engine's defaults (actors.engine.EngineConfig), repeated here so that `--help` needs
+# The engine's defaults (actors.core.engine.EngineConfig), repeated here so that `--help` needs
 # no heavy imports; tests/test_server_lifecycle.py checks they agree.
 ENGINE_DEFAULTS = {"max_num_seqs": 128, "max_num_batched_tokens": 2048,
                    "kv_cache_memory": 2 << 30, "kv_cache_dtype": "auto",

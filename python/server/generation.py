@@ -29,7 +29,7 @@ from typing import Any
 
 import trio
 
-from actors.sampling_params import SamplingParams
+from actors.params.sampling import SamplingParams
 from actors.runtime.request import PromptInput, RequestState
 from server.errors import APIError, bad_request, overloaded
 from server.state import ServerState

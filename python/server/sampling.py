@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from actors.sampling_params import (
+from actors.params.sampling import (
     SamplingParams,
     SamplingParamsError,
     cache_salt_error,

@@ -50,7 +50,7 @@ ABORT_GRACE = 5.0  # seconds aborted requests get to retire after the drain time
 
 def make_engine_factory(config: ServerConfig) -> Callable[[], Any]:
     def build() -> Any:
-        from actors.engine import EngineConfig, LLMEngine
+        from actors.core.engine import EngineConfig, LLMEngine
 
         fields = {
             "model": config.model,

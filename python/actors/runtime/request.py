@@ -21,7 +21,7 @@ import trio
 
 from actors.runtime.detokenizer import IncrementalDetokenizer
 from actors.runtime.outbox import Outbox
-from actors.sampling_params import SamplingParams
+from actors.params.sampling import SamplingParams
 
 
 @dataclass(slots=True)

@@ -15,16 +15,16 @@ from pathlib import Path
 from typing import Any
 
 import llmcore
-from actors.kv_manager import KVManager
+from actors.core.kv_manager import KVManager
 from actors.messages import Admit, RequestOutput
-from actors.runner import ModelRunner, kv_bytes_per_block
-from actors.sampling_params import SamplingParams
-from actors.scheduler.config import SchedulerConfig
-from actors.scheduler.policy import Scheduler
+from actors.core.runner.model_runner import ModelRunner, kv_bytes_per_block
+from actors.params.sampling import SamplingParams
+from actors.core.scheduler.config import SchedulerConfig
+from actors.core.scheduler.policy import Scheduler
 
 __all__ = ["EngineConfig", "LLMEngine"]
 
-log = logging.getLogger("actors.engine")
+log = logging.getLogger("actors.core.engine")
 
 GiB = 1 << 30
 

@@ -30,13 +30,13 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
-from actors.kv_manager import KVManager
+from actors.core.kv_manager import KVManager
 from actors.messages import Admit, Logprobs, RequestOutput, SampledToken, ScheduledSeq, StepPlan
 from actors.messages import StepResult
-from actors.scheduler.config import SchedulerConfig, SchedulerStats
-from actors.scheduler.queues import make_waiting_queue
-from actors.scheduler.views import new_seq_of, output_of, sampling_row_of
-from actors.sequence import FinishReason, Sequence, SequenceStatus
+from actors.core.scheduler.config import SchedulerConfig, SchedulerStats
+from actors.core.scheduler.queues import make_waiting_queue
+from actors.core.scheduler.views import new_seq_of, output_of, sampling_row_of
+from actors.core.sequence import FinishReason, Sequence, SequenceStatus
 
 __all__ = ["Scheduler"]
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 
-from actors.sampling_params import SamplingParams
+from actors.params.sampling import SamplingParams
 
 __all__ = ["FinishReason", "Sequence", "SequenceStatus"]
 

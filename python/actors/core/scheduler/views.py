@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from actors.messages import Logprobs, NewSeq, RequestOutput, SamplingRow
-from actors.sequence import Sequence
+from actors.core.sequence import Sequence
 
 __all__ = ["new_seq_of", "output_of", "sampling_row_of"]
 

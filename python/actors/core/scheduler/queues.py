@@ -12,7 +12,7 @@ import heapq
 from collections import deque
 from collections.abc import Iterator
 
-from actors.sequence import Sequence
+from actors.core.sequence import Sequence
 
 __all__ = ["FcfsQueue", "PriorityQueue", "WaitingQueue", "make_waiting_queue"]
 

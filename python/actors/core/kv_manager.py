@@ -33,7 +33,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from actors.sequence import Sequence
+from actors.core.sequence import Sequence
 
 if TYPE_CHECKING:  # the core is imported when a manager is built, not with this module
     import llmcore

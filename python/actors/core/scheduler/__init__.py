@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from actors.scheduler.config import SchedulerConfig, SchedulerStats
-from actors.scheduler.policy import Scheduler
+from actors.core.scheduler.config import SchedulerConfig, SchedulerStats
+from actors.core.scheduler.policy import Scheduler
 
 __all__ = ["Scheduler", "SchedulerConfig", "SchedulerStats"]

@@ -32,7 +32,7 @@ from actors.messages import StepPlan, StepResult
 
 __all__ = ["ModelRunner", "kv_bytes_per_block"]
 
-log = logging.getLogger("actors.runner")
+log = logging.getLogger("actors.core.runner.model_runner")
 
 # What building a row's int32/float32 columns or the core's own checks raise for a value
 # the sampler cannot take: the step goes on without that row.

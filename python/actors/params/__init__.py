@@ -1,0 +1,1 @@
+"""Request parameters and their one rule book."""
