@@ -77,7 +77,7 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
     produced = 0
     while eng.has_unfinished_requests():
         t = time.perf_counter()
-        outs = eng.step()
+        outs = eng.step().outputs
         steps.append(time.perf_counter() - t)
         produced += sum(len(o.new_token_ids) for o in outs)
     # The first step that yields a token ends the prefill (a long prompt may take several).

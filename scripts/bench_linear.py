@@ -144,7 +144,7 @@ def bench_engine(args: argparse.Namespace) -> list[dict[str, Any]]:
             steps: list[tuple[float, int]] = []
             while eng.has_unfinished_requests():
                 t = time.perf_counter()
-                outs = eng.step()
+                outs = eng.step().outputs
                 steps.append((time.perf_counter() - t, sum(len(o.new_token_ids) for o in outs)))
             # Steps that produce one token per sequence are decode steps (the first also
             # finishes the prompts, so it is skipped).

@@ -107,7 +107,7 @@ def offline(args, concurrency: int) -> dict:
         engine.add_request(f"r{i}", ids, params)
     tokens = 0
     while engine.has_unfinished_requests():
-        tokens += sum(len(o.new_token_ids) for o in engine.step())
+        tokens += sum(len(o.new_token_ids) for o in engine.step().outputs)
     elapsed = time.perf_counter() - start
     return {"concurrency": concurrency, "output_tokens": tokens,
             "output_tokens_per_s": round(tokens / elapsed, 2)}

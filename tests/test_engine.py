@@ -110,7 +110,7 @@ def test_preemption_matches(loaded: Any, mixed_prompts, alone) -> None:
     llm = make_llm(loaded, kv_cache_memory=40 * per_block, max_model_len=256,
                    enable_prefix_caching=False)
     got = generate_ids(llm, mixed_prompts, greedy(24))
-    assert llm.engine.stats()["num_preemptions"] > 0
+    assert llm.engine.stats().num_preemptions > 0
     assert got == alone
 
 
@@ -124,7 +124,7 @@ def test_prefix_cache_hits_match(loaded: Any) -> None:
     rest = generate_ids(cached, prompts[1:], greedy(16))
     assert first + rest == want
     stats = cached.engine.stats()
-    assert stats["prefix_cache_hits"] >= 2 * 32  # the shared system prompt, twice
+    assert stats.prefix_cache_hits >= 2 * 32  # the shared system prompt, twice
 
 
 def test_seeded_sampling_same_alone_and_in_batch(base: LLM, mixed_prompts) -> None:
@@ -263,10 +263,10 @@ def test_cache_salt_separates_prefix_cache(loaded: Any) -> None:
     assert full >= 32
     cached, outputs = [], []
     for salt in ("tenant-a", "tenant-b", "tenant-a", None, None, "tenant-b"):
-        before = llm.engine.stats()["prefix_cache_hits"]
+        before = llm.engine.stats().prefix_cache_hits
         out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=8,
                                                     ignore_eos=True, cache_salt=salt))[0]
-        assert llm.engine.stats()["prefix_cache_hits"] - before == out.num_cached_tokens
+        assert llm.engine.stats().prefix_cache_hits - before == out.num_cached_tokens
         cached.append(out.num_cached_tokens)
         outputs.append(out.outputs[0].token_ids)
     assert cached == [0, 0, full, 0, full, full]
@@ -292,7 +292,7 @@ def test_priority_policy_admits_lower_values_first(loaded: Any) -> None:
                            priority=priority)
     first_token: list[str] = []
     while engine.has_unfinished_requests():
-        for out in engine.step():
+        for out in engine.step().outputs:
             if out.new_token_ids and out.request_id not in first_token:
                 first_token.append(out.request_id)
     assert first_token == ["m3", "p0", "p0-later", "p5"]

@@ -59,7 +59,7 @@ def test_prompt_several_times_the_token_budget(loaded: Any, base: LLM) -> None:
     engine.add_request("long", prompt, greedy(12))
     outputs: list[int] = []
     while engine.has_unfinished_requests():
-        step = engine.step()
+        step = engine.step().outputs
         if not step:
             steps_without_sampling += 1
         for out in step:
@@ -72,7 +72,7 @@ def test_prompt_several_times_the_token_budget(loaded: Any, base: LLM) -> None:
     alone = [base.generate([p], greedy(24))[0].outputs[0].token_ids for p in short]
     mixed = chunked.generate([short[0], prompt, short[1]], [greedy(24), greedy(12), greedy(24)])
     assert [o.outputs[0].token_ids for o in mixed] == [alone[0], want, alone[1]]
-    assert engine.stats()["kv_usage"] == 0.0
+    assert engine.stats().kv_usage == 0.0
 
 
 @pytest.mark.parametrize("field,value", [
@@ -124,7 +124,7 @@ def test_a_row_the_core_refuses_fails_only_its_request(base: LLM, bad: dict) -> 
     got: dict[str, list[int]] = {}
     finish: dict[tuple[str, int], str | None] = {}
     while engine.has_unfinished_requests():
-        for out in engine.step():
+        for out in engine.step().outputs:
             got.setdefault(out.request_id, []).extend(out.new_token_ids)
             if out.finished:
                 finish[(out.request_id, out.index)] = out.finish_reason
@@ -134,7 +134,7 @@ def test_a_row_the_core_refuses_fails_only_its_request(base: LLM, bad: dict) -> 
     assert [got[f"good-{i}"] for i in range(3)] == want
     assert got["good-3"] == want_seeded
     assert all(finish[(f"good-{i}", 0)] == "length" for i in range(4))
-    assert engine.stats()["kv_usage"] == 0.0 and not engine.has_unfinished_requests()
+    assert engine.stats().kv_usage == 0.0 and not engine.has_unfinished_requests()
     # The engine goes on serving.
     assert base.generate([prompts[1]], greedy(10))[0].outputs[0].token_ids == want[1]
 

@@ -202,7 +202,7 @@ def test_last_admitted_names_this_steps_admissions() -> None:
     admitted: list[list[str]] = []
     while d.sched.has_unfinished():
         d.step()
-        admitted.append(list(d.sched.last_admitted))
+        admitted.append([rid for rid, index in d.sched.last_admitted])
         assert d.sched.last_preempted == []
     assert admitted[0] == ["long"]  # the first 8 of its 20 tokens
     assert [rid for step in admitted for rid in step] == ["long", "short"]  # each once
@@ -387,7 +387,7 @@ def test_priority_victim_already_scheduled_this_step_gives_its_tokens_back() -> 
     # block), yet it is the worst priority, so it is the victim, not the newer high.
     d = two_running("priority", num_blocks=5, low_prompt=8, high_prompt=6)
     assert step_until_preemption(d) == ["high"]  # low's scheduled tokens were taken back
-    assert d.sched.last_preempted == ["low"]
+    assert d.sched.last_preempted == [("low", 0)]
     assert [s.request_id for s in d.sched.running] == ["high"]
     d.run()
     for rid in ("low", "high"):
@@ -398,7 +398,7 @@ def test_priority_victim_already_scheduled_this_step_gives_its_tokens_back() -> 
 def test_fcfs_victim_is_the_newest_arrival_whatever_its_priority() -> None:
     d = two_running("fcfs", num_blocks=5, low_prompt=8, high_prompt=6)
     assert step_until_preemption(d) == ["low"]
-    assert d.sched.last_preempted == ["high"]
+    assert d.sched.last_preempted == [("high", 0)]
     d.run()
     d.assert_drained()
 
@@ -408,7 +408,7 @@ def test_priority_victim_preempting_itself_lets_later_running_sequences_run() ->
     # priority, so it preempts itself, and high (after it in running) still runs this step.
     d = two_running("priority", num_blocks=6, low_prompt=8, high_prompt=6)
     assert step_until_preemption(d) == ["high"]
-    assert d.sched.last_preempted == ["low"]
+    assert d.sched.last_preempted == [("low", 0)]
     d.run()
     for rid in ("low", "high"):
         assert d.outputs[(rid, 0)] == d.expected(rid, 0, 8)
@@ -421,7 +421,7 @@ def test_priority_victim_ties_break_by_latest_arrival() -> None:
     d.add("second", prompt_of(8, 1), t=1, priority=5, max_tokens=12)
     d.add("best", prompt_of(8, 2), t=2, priority=1, max_tokens=12)
     step_until_preemption(d)
-    assert d.sched.last_preempted == ["second"]
+    assert d.sched.last_preempted == [("second", 0)]
     d.run()
     d.assert_drained()
 
@@ -677,9 +677,9 @@ def test_priority_admission_by_value_then_arrival_and_preempted_reenter_by_key()
     assert [s.request_id for s in d.sched.waiting] == ["e-3", "b0", "d0", "a1", "c1"]
     order: list[str] = []
     while d.sched.has_unfinished():
-        order += [rid for rid in d.sched.last_admitted if rid not in order]
+        order += [rid for rid, _ in d.sched.last_admitted if rid not in order]
         d.step()
-    order += [rid for rid in d.sched.last_admitted if rid not in order]
+    order += [rid for rid, _ in d.sched.last_admitted if rid not in order]
     assert order == ["e-3", "b0", "d0", "a1", "c1"]
 
 
@@ -689,7 +689,7 @@ def test_priority_preempted_sequence_waits_behind_better_priorities_only() -> No
     d.add("low", prompt_of(8, 1), t=1, priority=9, max_tokens=12)
     d.add("mid", prompt_of(8, 2), t=2, priority=3, max_tokens=12)
     step_until_preemption(d)
-    assert d.sched.last_preempted == ["low"]
+    assert d.sched.last_preempted == [("low", 0)]
     d.add("later-low", prompt_of(8, 3), t=3, priority=9, max_tokens=4)
     d.add("later-mid", prompt_of(8, 4), t=4, priority=3, max_tokens=4)
     # The victim keeps its arrival: ahead of a later arrival of its priority, behind a

@@ -106,7 +106,7 @@ class LLM:
         done = 0
         t0 = time.perf_counter()
         while self.engine.has_unfinished_requests():
-            for out in self.engine.step():
+            for out in self.engine.step().outputs:
                 res = results[out.request_id]
                 co = res.outputs[out.index]
                 co.token_ids.extend(out.new_token_ids)

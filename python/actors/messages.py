@@ -1,24 +1,33 @@
-"""Typed messages between the tokenizer, the scheduler and the engine.
+"""Every message that crosses a boundary inside the engine side, typed and frozen.
 
-All are frozen slots dataclasses. Engine-facing ones (StepPlan, StepResult) carry ids
-and numbers only, so the engine can move to another process unchanged.
+Two boundaries, both of plain data (ids, numbers, tuples, frozen params), so either side
+can move to another process unchanged (``actors.core.process`` proves the first):
 
-    Tokenizer --Admit/Abort--> Scheduler --StepPlan--> Engine
-        ^                        |   ^                   |
-        +-------TokenBatch-------+   +----StepResult-----+
+    front end (actors.runtime, actors.llm)          engine core (actors.core)
+        Admit / Abort / Control    ------------->   EngineCore.add / abort / control
+        TokenBatch, EngineStats,   <-------------   EngineCore.step / stats
+        ControlResult
+
+    Scheduler --StepPlan--> ModelRunner --StepResult--> Scheduler   (inside the core)
+
+The front end sends one ``Admit`` per prompt with ``params.n`` choices: the core runs the
+prompt once and forks the other n - 1 choices from it after its first token, sharing the
+prompt's KV blocks. ``RequestOutput.index`` names the choice (0 .. n - 1). ``Abort`` with
+an index ends one choice (a stop string matched by the detokenizer), without one the
+whole request.
 
 Step protocol: ``schedule()`` and ``update()`` alternate strictly; every non-empty
 StepPlan is answered by exactly one StepResult with the same step_id before the next
-plan. The engine applies ``released_seq_ids`` first, then ``new_seqs``, then runs.
+plan. The runner applies ``released_seq_ids`` first, then ``new_seqs``, then runs.
 
-Per-sequence state on the engine side. A sequence is keyed by ``seq_id`` (unique
+Per-sequence state on the runner side. A sequence is keyed by ``seq_id`` (unique
 for the scheduler's lifetime). The plan sends full data once (``NewSeq``: prompt,
 outputs so far, static sampling lists) when a sequence is (re)admitted and only the
 new tokens afterwards; ``released_seq_ids`` says when to drop it. The penalty context
 of a sampling row (prompt and output tokens) is therefore::
 
     prompt  = NewSeq.prompt_token_ids
-    outputs = NewSeq.output_token_ids + every token the engine sampled for it since
+    outputs = NewSeq.output_token_ids + every token the runner sampled for it since
 
 since the scheduler appends every sampled token it gets back (a sequence aborted
 meanwhile is released instead).
@@ -26,13 +35,19 @@ meanwhile is released instead).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from actors.params.sampling import SamplingParams
 
 __all__ = [
     "Abort",
     "Admit",
+    "Control",
+    "ControlResult",
+    "EngineInfo",
+    "EngineStats",
+    "SeqRef",
     "Logprobs",
     "NewSeq",
     "PromptLogprobs",
@@ -45,12 +60,14 @@ __all__ = [
     "TokenBatch",
 ]
 
-# ---------------------------------------------------------------------- tokenizer side
+# ------------------------------------------------------------- front end -> engine core
 
 
 @dataclass(frozen=True, slots=True)
 class Admit:
-    """A tokenized request entering the scheduler (params already validated)."""
+    """A tokenized prompt entering the core with ``params.n`` choices. The front end has
+    validated it (``SamplingParams.validate``, ``actors.params.prompt.check_prompt``); the
+    core trusts it."""
 
     request_id: str
     prompt_token_ids: tuple[int, ...]
@@ -61,9 +78,27 @@ class Admit:
 
 @dataclass(frozen=True, slots=True)
 class Abort:
-    """Stop a request at any stage; its blocks are freed at once. Unknown ids are ignored."""
+    """Stop a request (``index`` None: every choice) or one choice of it, at any stage; its
+    blocks are freed at once. Unknown ids and finished choices are ignored."""
 
     request_id: str
+    index: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Control:
+    """An operator command, applied by the core between steps and answered by one
+    ControlResult: ``reset_prefix_cache``; the admin endpoints add theirs here."""
+
+    command: str
+    args: tuple[tuple[str, Any], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ControlResult:
+    ok: bool
+    value: Any = None
+    error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,14 +137,54 @@ class RequestOutput:
     prompt_logprobs: tuple[Logprobs | None, ...] | None = None
 
 
+SeqRef = tuple[str, int]  # (request_id, choice index)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    """A snapshot of the core's gauges and cumulative counters."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_usage: float = 0.0
+    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache
+    prefix_cache_hits: int = 0  # of those, tokens found
+    num_preemptions: int = 0
+
+
 @dataclass(frozen=True, slots=True)
 class TokenBatch:
-    """Everything one step produced, sent as one message (per-message cost matters)."""
+    """Everything one step produced, sent as one message (per-message cost matters).
 
-    outputs: tuple[RequestOutput, ...]
+    ``scheduled``: choices this step moved from waiting to running (a queue time ends
+    there); ``preempted``: choices it sent back to waiting, once per preemption."""
+
+    outputs: tuple[RequestOutput, ...] = ()
+    scheduled: tuple[SeqRef, ...] = ()
+    preempted: tuple[SeqRef, ...] = ()
 
 
-# ---------------------------------------------------------------------- engine side
+@dataclass(frozen=True, slots=True)
+class EngineInfo:
+    """What the front end needs to know about a loaded core (fixed once it has loaded)."""
+
+    model_dir: str  # the tokenizer and chat template live here
+    vocab_size: int
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    block_size: int
+    num_blocks: int
+    kv_cache_dtype: str  # as configured: auto | float32 | bfloat16
+    enable_prefix_caching: bool
+    scheduling_policy: str
+    max_logprobs: int
+    eos_token_ids: tuple[int, ...]
+    # Sampling defaults from generation_config.json (SamplingParams field -> value).
+    generation_defaults: tuple[tuple[str, Any], ...] = field(default=())
+
+
+# ------------------------------------------------------------------ inside the core
 
 
 @dataclass(frozen=True, slots=True)

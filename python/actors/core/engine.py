@@ -16,7 +16,9 @@ from typing import Any
 
 import llmcore
 from actors.core.kv_manager import KVManager
-from actors.messages import Admit, RequestOutput
+from actors.errors import RequestRefused
+from actors.messages import Abort, Admit, Control, ControlResult, EngineInfo, EngineStats
+from actors.messages import RequestOutput, TokenBatch
 from actors.core.runner.model_runner import ModelRunner, kv_bytes_per_block
 from actors.params.sampling import SamplingParams
 from actors.core.scheduler.config import SchedulerConfig
@@ -156,23 +158,70 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
-    def step(self) -> list[RequestOutput]:
-        plan = self.scheduler.schedule()
-        if plan.is_empty:
-            return []
-        result = self.runner.execute(plan)
-        return self.scheduler.update(result)
+    # ------------------------------------------------------------------ EngineCore
 
-    def stats(self) -> dict[str, float | int]:
+    @property
+    def info(self) -> EngineInfo:
+        c = self.config
+        return EngineInfo(
+            model_dir=str(self.model_dir),
+            vocab_size=self.vocab_size,
+            max_model_len=self.max_model_len,
+            max_num_seqs=c.max_num_seqs,
+            max_num_batched_tokens=c.max_num_batched_tokens,
+            block_size=c.block_size,
+            num_blocks=self.num_blocks,
+            kv_cache_dtype=c.kv_cache_dtype,
+            enable_prefix_caching=c.enable_prefix_caching,
+            scheduling_policy=c.scheduling_policy,
+            max_logprobs=c.max_logprobs,
+            eos_token_ids=tuple(self.eos_token_ids),
+            generation_defaults=tuple(self.generation_defaults.items()),
+        )
+
+    def add(self, admit: Admit) -> None:
+        """Queues a checked prompt (EngineCore.add)."""
+        try:
+            self.scheduler.add_request(admit)
+        except RequestRefused:
+            raise
+        except ValueError as exc:
+            raise RequestRefused(str(exc)) from exc
+
+    def abort(self, abort: Abort) -> None:
+        self.scheduler.abort(abort.request_id, abort.index)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> TokenBatch:
+        plan = self.scheduler.schedule()
+        sched = self.scheduler
+        if plan.is_empty:
+            return TokenBatch((), tuple(sched.last_admitted), tuple(sched.last_preempted))
+        result = self.runner.execute(plan)
+        outputs = self.scheduler.update(result)
+        return TokenBatch(tuple(outputs), tuple(sched.last_admitted),
+                          tuple(sched.last_preempted))
+
+    def stats(self) -> EngineStats:
         s = self.scheduler.stats()
-        return {
-            "num_running": s.num_running,
-            "num_waiting": s.num_waiting,
-            "kv_usage": s.kv_usage,
-            "prefix_cache_queries": s.prefix_queried_tokens,
-            "prefix_cache_hits": s.prefix_hit_tokens,
-            "num_preemptions": s.num_preemptions,
-        }
+        return EngineStats(
+            num_running=s.num_running,
+            num_waiting=s.num_waiting,
+            kv_usage=s.kv_usage,
+            prefix_cache_queries=s.prefix_queried_tokens,
+            prefix_cache_hits=s.prefix_hit_tokens,
+            num_preemptions=s.num_preemptions,
+        )
+
+    def control(self, command: Control) -> ControlResult:
+        """Operator commands between steps: ``reset_prefix_cache`` drops every cached
+        block hash (blocks in use stay; they are simply not found again)."""
+        if command.command == "reset_prefix_cache":
+            self.kv.pool.reset_cache()
+            return ControlResult(True)
+        return ControlResult(False, error=f"unknown control command {command.command!r}")
 
     def default_sampling_params(self, **overrides: Any) -> SamplingParams:
         """SamplingParams with the model's generation defaults, then the overrides."""

@@ -22,6 +22,7 @@ from typing import Any
 
 import trio
 
+from actors.messages import TokenBatch
 from actors.runtime import faults
 from actors.runtime.faults import InjectedFault
 
@@ -65,7 +66,7 @@ class EngineActor:
         task_status.started(self)
         await trio.sleep_forever()
 
-    def _step(self) -> list[Any]:
+    def _step(self) -> TokenBatch:
         """Runs in the worker thread."""
         self._steps += 1
         if self._fault_after is not None and self._steps > self._fault_after:
@@ -73,7 +74,7 @@ class EngineActor:
         faults.maybe_spoil_row(self.engine)
         return self.engine.step()
 
-    async def step(self) -> list[Any]:
+    async def step(self) -> TokenBatch:
         """One engine step. Not cancellable mid-step: a step leaves the engine consistent."""
         try:
             return await trio.to_thread.run_sync(self._step, limiter=self._limiter)

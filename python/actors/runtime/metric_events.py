@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from actors.messages import EngineStats
+
 
 @dataclass(frozen=True, slots=True)
 class StepTokens:
@@ -45,18 +47,6 @@ class GroupFinished:
 
     n: int
     max_num_generation_tokens: int
-
-
-@dataclass(frozen=True, slots=True)
-class EngineStats:
-    """A snapshot of the engine's gauges and cumulative counters."""
-
-    num_running: int
-    num_waiting: int
-    kv_usage: float
-    prefix_cache_queries: int
-    prefix_cache_hits: int
-    num_preemptions: int
 
 
 MetricEvent = StepTokens | SequenceFinished | GroupFinished | EngineStats

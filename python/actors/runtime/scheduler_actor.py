@@ -20,6 +20,7 @@ from typing import Any
 
 import trio
 
+from actors.messages import TokenBatch
 from actors.runtime import faults
 from actors.runtime.engine_actor import EngineActor, EngineFailed
 from actors.runtime.metric_events import (
@@ -119,8 +120,9 @@ class SchedulerActor:
                 continue
             await self.credits.acquire()
             started = time.monotonic()
-            outputs = await self._engine.step()
-            self._note_schedule(engine, started)
+            batch = await self._engine.step()
+            outputs = list(batch.outputs)
+            self._note_schedule(batch, started)
             self._account(outputs)
             self._batch_send.send_nowait(outputs)  # never raises WouldBlock: see credits
             faults.check("scheduler")
@@ -156,16 +158,15 @@ class SchedulerActor:
                 self._retire(child, child.finish_reason or "abort")
             # Otherwise its Admit has not arrived yet (it is retired then) or it is gone.
 
-    def _note_schedule(self, engine: Any, started: float) -> None:
+    def _note_schedule(self, batch: TokenBatch, started: float) -> None:
         """From the step just run (engine id = child id): preemptions per sequence, and
         when each newly admitted sequence was first scheduled (its queue time ends there,
         although a long prompt's first token comes several chunked steps later)."""
-        scheduler = getattr(engine, "scheduler", None)
-        for engine_id in getattr(scheduler, "last_preempted", ()):
+        for engine_id, _index in batch.preempted:
             found = self._registry.children.get(engine_id)
             if found is not None:
                 found[1].num_preemptions += 1
-        for engine_id in getattr(scheduler, "last_admitted", ()):
+        for engine_id, _index in batch.scheduled:
             found = self._registry.children.get(engine_id)
             if found is not None and found[1].scheduled_at is None:
                 found[1].scheduled_at = started
@@ -212,15 +213,7 @@ class SchedulerActor:
             state.note_retired()
 
     def _publish_stats(self, engine: Any) -> None:
-        s = engine.stats()
-        stats = EngineStats(
-            num_running=int(s.get("num_running", 0)),
-            num_waiting=int(s.get("num_waiting", 0)),
-            kv_usage=float(s.get("kv_usage", 0.0)),
-            prefix_cache_queries=int(s.get("prefix_cache_queries", 0)),
-            prefix_cache_hits=int(s.get("prefix_cache_hits", 0)),
-            num_preemptions=int(s.get("num_preemptions", 0)),
-        )
+        stats = engine.stats()
         if stats != self._last_stats:
             self._last_stats = stats
             self._emit(stats)

@@ -64,11 +64,12 @@ class Scheduler:
         self._engine_known: set[int] = set()  # seq ids the engine holds state for
         self._released: list[int] = []
         self.num_preemptions = 0
-        # Request ids preempted by the latest schedule(), once per preemption (metrics).
-        self.last_preempted: list[str] = []
-        # Request ids the latest schedule() moved from waiting to running (metrics: a
-        # request's queue time ends at its first admission, not at its first token).
-        self.last_admitted: list[str] = []
+        # (request id, choice index) preempted by the latest schedule(), once per
+        # preemption (metrics).
+        self.last_preempted: list[tuple[str, int]] = []
+        # (request id, choice index) the latest schedule() moved from waiting to running
+        # (metrics: a queue time ends at the first admission, not at the first token).
+        self.last_admitted: list[tuple[str, int]] = []
 
     # ------------------------------------------------------------------ requests in
 
@@ -92,9 +93,23 @@ class Scheduler:
         self._requests[admit.request_id] = [seq]
         self.waiting.push(seq)
 
-    def abort(self, request_id: str) -> list[RequestOutput]:
-        """Finishes every sequence of a request now, freeing its blocks. Idempotent."""
-        return self._end_request(request_id, FinishReason.ABORT)
+    def abort(self, request_id: str, index: int | None = None) -> list[RequestOutput]:
+        """Finishes every sequence of a request (or only choice ``index``) now, freeing
+        its blocks. Idempotent; an unknown id or a finished choice is ignored. A choice
+        not forked yet (its prompt is still running) ends only with its request."""
+        if index is None:
+            return self._end_request(request_id, FinishReason.ABORT)
+        live = self._requests.get(request_id)
+        seq = next((s for s in live or () if s.index == index), None)
+        if seq is None or seq.pending_children:
+            return []
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        else:
+            self.waiting.remove(seq)
+        seq.finish(FinishReason.ABORT)
+        self._retire(seq)
+        return [output_of(seq)]
 
     def _end_request(self, request_id: str, reason: FinishReason) -> list[RequestOutput]:
         seqs = self._requests.pop(request_id, None)
@@ -248,7 +263,7 @@ class Scheduler:
                 seq.num_cached_tokens = hit
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            self.last_admitted.append(seq.request_id)
+            self.last_admitted.append((seq.request_id, seq.index))
             scheduled[seq.seq_id] = (seq, num_new)
             budget -= num_new
             seats += 1 + seq.pending_children
@@ -289,7 +304,7 @@ class Scheduler:
         seq.status = SequenceStatus.PREEMPTED
         seq.num_preemptions += 1
         self.num_preemptions += 1
-        self.last_preempted.append(seq.request_id)
+        self.last_preempted.append((seq.request_id, seq.index))
         self._release(seq)
         self.waiting.push_front(seq)
 
