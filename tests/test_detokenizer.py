@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from actors.runtime.detokenizer import IncrementalDetokenizer
+from actors.text.detokenizer import IncrementalDetokenizer
 from server_helpers import default_tokenizer
 
 

@@ -106,7 +106,7 @@ def test_json_nesting_depth_ignores_brackets_in_strings():
 
 
 def test_token_texts_are_each_tokens_own_decoding():
-    from actors.runtime.detokenizer import TokenTexts
+    from actors.text.detokenizer import TokenTexts
 
     tok = default_tokenizer().backend_tokenizer
     vocab = tok.get_vocab_size()

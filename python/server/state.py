@@ -46,7 +46,7 @@ class ServerState:
     submit_send: trio.MemorySendChannel[RequestState] | None = None
     reaper: trio.Nursery | None = None
     model_root: str = ""
-    # From the tokenizer actor: logprob token texts (actors.runtime.detokenizer.TokenTexts)
+    # From the tokenizer actor: logprob token texts (actors.text.detokenizer.TokenTexts)
     # and the prompt length bound (actors.runtime.prompt_bounds.PromptCharBound).
     token_texts: Any = None
     prompt_bound: Any = None

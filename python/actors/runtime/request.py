@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from actors.runtime.detokenizer import IncrementalDetokenizer
+from actors.text.detokenizer import IncrementalDetokenizer
 from actors.runtime.outbox import Outbox
 from actors.params.sampling import SamplingParams
 

@@ -22,7 +22,7 @@ from typing import Any
 import trio
 
 from actors.runtime import faults
-from actors.runtime.detokenizer import IncrementalDetokenizer, TokenTexts
+from actors.text.detokenizer import IncrementalDetokenizer, TokenTexts
 from actors.runtime.outbox import ChoiceUpdate, TokenLogprob
 from actors.runtime.prompt_bounds import PromptCharBound
 from actors.runtime.request import Child, PromptResult, Registry, RequestError, RequestState

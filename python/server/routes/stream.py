@@ -9,7 +9,7 @@ from typing import Any
 import trio
 
 from actors.runtime.outbox import ChoiceUpdate, OutboxFailed, TokenLogprob
-from actors.runtime.detokenizer import TokenTexts
+from actors.text.detokenizer import TokenTexts
 from server import sse
 from server.errors import APIError
 from server.generation import Generation
