@@ -77,9 +77,10 @@ def test_valid_flag_values_still_parse():
                       "--max-queued-requests", "0", "--drain-timeout", "0", "--seed", "-5",
                       "--block-size", "1024", "--max-model-len", "2", "--generation-config",
                       "vllm", "--chat-template", "{{ messages[0]['content'] }}"])
-    assert (cfg.dtype, cfg.port, cfg.max_logprobs, cfg.seed) == ("float32", 0, -1, -5)
+    engine = cfg.engine
+    assert (engine.dtype, cfg.port, engine.max_logprobs, engine.seed) == ("float32", 0, -1, -5)
     for name in DTYPE_CHOICES:
-        assert parse_args(["--dtype", name]).dtype == name
+        assert parse_args(["--dtype", name]).engine.dtype == name
 
 
 def test_invalid_flag_exits_2_before_loading_anything():
@@ -328,7 +329,7 @@ SLOW_TEMPLATE = ("{% for i in range(30000) %}{% for j in range(10) %}{% endfor %
 
 @pytest.mark.slow
 def test_tokenizer_routes_are_bounded(srv):
-    from server.routes.misc import TOKENIZE_QUEUE, TOKENIZE_THREADS
+    from server.api.openai.tokenize import TOKENIZE_QUEUE, TOKENIZE_THREADS
 
     count = TOKENIZE_THREADS + TOKENIZE_QUEUE + 12
     results: list[httpx.Response] = []

@@ -13,7 +13,7 @@ __all__ = ["LLM", "EngineConfig", "LLMEngine", "SamplingParams"]
 
 _LAZY = {
     "LLM": "actors.llm",
-    "EngineConfig": "actors.core.engine",
+    "EngineConfig": "actors.config",
     "LLMEngine": "actors.core.engine",
     "SamplingParams": "actors.params.sampling",
 }

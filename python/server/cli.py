@@ -8,6 +8,8 @@ import os
 import re
 import sys
 
+from actors.config import EngineConfig
+
 from server import flag_checks as check
 from server.config import ServerConfig
 
@@ -61,11 +63,18 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action) or ""
 
 
-# The engine's defaults (actors.core.engine.EngineConfig), repeated here so that `--help` needs
-# no heavy imports; tests/test_server_lifecycle.py checks they agree.
-ENGINE_DEFAULTS = {"max_num_seqs": 128, "max_num_batched_tokens": 2048,
-                   "kv_cache_memory": 2 << 30, "kv_cache_dtype": "auto",
-                   "scheduling_policy": "fcfs"}
+def _size_text(n: int) -> str:
+    """A byte count as _size reads it back: 2147483648 -> '2g'."""
+    for suffix, scale in (("t", 1 << 40), ("g", 1 << 30), ("m", 1 << 20), ("k", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale}{suffix}"
+    return str(n)
+
+
+# The engine's own defaults: actors.config imports nothing heavy, so --help stays fast.
+ENGINE = EngineConfig()
+# The one engine default the server changes: vLLM's `serve` seeds with 0 by default.
+SERVER_SEED = 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=_HelpFormatter,
     )
     a = p.add_argument
-    a("--model", type=check.model_path, default=None, help="model: a GGUF file or Hugging "
+    a("--model", type=check.model_path, default=ENGINE.model, help="model: a GGUF file or Hugging "
       "Face directory. Default: the bundled SmolLM2-135M-Instruct GGUF")
     a("--served-model-name", nargs="+", type=check.non_empty, default=None, help="names "
       "clients use for the model (aliases); the first is reported in responses and metrics. "
@@ -86,43 +95,45 @@ def build_parser() -> argparse.ArgumentParser:
     a("--api-key", nargs="+", type=check.non_empty, default=None, help="API keys; every route "
       f"except /health and /ping then needs one. Also read from {' or '.join(KEY_ENV_VARS)}. "
       "Default: none (no authentication)")
-    a("--max-model-len", type=check.in_range(_tokens, 2), default=None,
+    a("--max-model-len", type=check.in_range(_tokens, 2), default=ENGINE.max_model_len,
       help="context length (prompt + output). Default: the model's max_position_embeddings")
     a("--max-num-seqs", type=check.in_range(check.integer, 1),
-      default=ENGINE_DEFAULTS["max_num_seqs"],
+      default=ENGINE.max_num_seqs,
       help="most sequences running at once (in one engine step)")
     a("--max-num-batched-tokens", type=check.in_range(_tokens, 1),
-      default=ENGINE_DEFAULTS["max_num_batched_tokens"],
+      default=ENGINE.max_num_batched_tokens,
       help="most tokens per engine step (prefill chunks + decodes)")
-    a("--block-size", type=check.in_range(check.integer, 1, 1024), default=16,
+    a("--block-size", type=check.in_range(check.integer, 1, 1024), default=ENGINE.block_size,
       help="tokens per KV cache block (the core's block pool takes 1-1024)")
     a("--kv-cache-memory", type=check.in_range(_size, 1),
-      default=ENGINE_DEFAULTS["kv_cache_memory"],
-      help="bytes of KV cache for all layers, e.g. 512m or 2g. Default: 2g")
-    a("--kv-cache-dtype", default=ENGINE_DEFAULTS["kv_cache_dtype"], choices=["auto", "float32", "bfloat16"],
+      default=ENGINE.kv_cache_memory, help="bytes of KV cache for all layers, e.g. 512m or "
+      f"2g. Default: {_size_text(ENGINE.kv_cache_memory)}")
+    a("--kv-cache-dtype", default=ENGINE.kv_cache_dtype, choices=["auto", "float32", "bfloat16"],
       help="element type of the KV cache: 'auto' stores K/V in the model's dtype; bfloat16 "
       "holds twice the tokens of float32 in the same memory")
-    a("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+    a("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+      default=ENGINE.enable_prefix_caching,
       help="reuse KV blocks of shared prompt prefixes")
-    a("--scheduling-policy", default=ENGINE_DEFAULTS["scheduling_policy"],
+    a("--scheduling-policy", default=ENGINE.scheduling_policy,
       choices=["fcfs", "priority"], help="order in which waiting requests are admitted: "
       "'fcfs' by arrival (a request's priority must then be 0), 'priority' by the request's "
       "priority (lower first), then arrival; when the KV cache runs out, the worst priority "
       "running request is preempted")
-    a("--dtype", type=check.dtype, default="auto", help="weight dtype: auto, float32 (or "
+    a("--dtype", type=check.dtype, default=ENGINE.dtype, help="weight dtype: auto, float32 (or "
       "float) or bfloat16; activations are float32 on CPUs. float16/half are refused")
     a("--seed", type=check.in_range(check.integer, check.INT64_MIN, check.INT64_MAX),
-      default=0, help="engine seed for unseeded requests")
-    a("--generation-config", type=check.generation_config, default="auto", help="where "
-      "request defaults for sampling come from: 'auto' = the model's generation_config.json, "
-      "'vllm' = none (OpenAI's), or a folder holding a generation_config.json. Default: auto")
+      default=SERVER_SEED, help="engine seed for unseeded requests")
+    a("--generation-config", type=check.generation_config, default=ENGINE.generation_config,
+      help="where request defaults for sampling come from: 'auto' = the model's "
+      "generation_config.json, 'vllm' = none (OpenAI's), or a folder holding a "
+      f"generation_config.json. Default: {ENGINE.generation_config}")
     a("--chat-template", type=check.chat_template, default=None, help="chat template file or "
       "literal Jinja text. Default: the tokenizer's")
     a("--chat-template-content-format", default="auto", choices=["auto", "string", "openai"],
       help="how message content is passed to the template")
     a("--trust-request-chat-template", action="store_true",
       help="allow requests to supply their own chat_template")
-    a("--max-logprobs", type=check.in_range(check.integer, -1), default=20,
+    a("--max-logprobs", type=check.in_range(check.integer, -1), default=ENGINE.max_logprobs,
       help="largest logprobs/top_logprobs (-1: no cap)")
     a("--max-queued-requests", type=check.in_range(check.integer, 0), default=None,
       help="sequences allowed to wait beyond --max-num-seqs before new requests get 503 + "
@@ -155,12 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: list[str] | None = None) -> ServerConfig:
     args = build_parser().parse_args(argv)
     keys = args.api_key or [v for v in (os.environ.get(k) for k in KEY_ENV_VARS) if v][:1]
-    return ServerConfig(
+    engine = EngineConfig(
         model=args.model,
-        served_model_names=args.served_model_name or [],
-        host=args.host,
-        port=args.port,
-        api_keys=list(keys),
+        dtype=args.dtype,
         max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
@@ -168,14 +176,20 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         kv_cache_memory=args.kv_cache_memory,
         kv_cache_dtype=args.kv_cache_dtype,
         enable_prefix_caching=args.enable_prefix_caching,
-        scheduling_policy=args.scheduling_policy,
-        dtype=args.dtype,
         seed=args.seed,
+        scheduling_policy=args.scheduling_policy,
         generation_config=args.generation_config,
+        max_logprobs=args.max_logprobs,
+    )
+    return ServerConfig(
+        engine=engine,
+        served_model_names=args.served_model_name or [],
+        host=args.host,
+        port=args.port,
+        api_keys=list(keys),
         chat_template=args.chat_template,
         chat_template_content_format=args.chat_template_content_format,
         trust_request_chat_template=args.trust_request_chat_template,
-        max_logprobs=args.max_logprobs,
         max_queued_requests=args.max_queued_requests,
         max_body_bytes=args.max_body_bytes,
         drain_timeout=args.drain_timeout,

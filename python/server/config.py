@@ -1,4 +1,8 @@
-"""ServerConfig: every setting of `python -m server`, resolved from the command line."""
+"""ServerConfig: every setting of `python -m server`, resolved from the command line.
+
+The engine's settings are not repeated here: ``ServerConfig.engine`` is the EngineConfig
+the engine is built from (``actors.config``, which imports nothing heavy).
+"""
 
 from __future__ import annotations
 
@@ -6,32 +10,23 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from actors.config import EngineConfig
+
 
 @dataclass
 class ServerConfig:
-    model: str | None = None  # None: the bundled default model
+    # Every engine setting (model, context, KV cache, scheduling, seed, generation
+    # defaults, max_logprobs): the engine is built from this very object.
+    engine: EngineConfig = field(default_factory=EngineConfig)
     served_model_names: list[str] = field(default_factory=lambda: ["default"])
     host: str = "127.0.0.1"
     port: int = 8000
     api_keys: list[str] = field(default_factory=list)
-    # engine
-    max_model_len: int | None = None
-    max_num_seqs: int | None = None
-    max_num_batched_tokens: int | None = None
-    block_size: int = 16
-    kv_cache_memory: int | None = None
-    kv_cache_dtype: str = "auto"
-    enable_prefix_caching: bool = True
-    scheduling_policy: str = "fcfs"  # fcfs | priority
-    dtype: str = "auto"
-    seed: int = 0
-    generation_config: str = "auto"
     # chat
     chat_template: str | None = None
     chat_template_content_format: str = "auto"
     trust_request_chat_template: bool = False
     # limits and admission
-    max_logprobs: int = 20
     max_queued_requests: int | None = None  # None: 2 x max_num_seqs
     max_body_bytes: int = 4 * 1024 * 1024
     drain_timeout: float = 30.0
@@ -45,6 +40,36 @@ class ServerConfig:
     enable_log_requests: bool = False
     log_level: str = "info"
     log_json: bool = False
+
+    # Read-only views of engine settings for code that still reads them here (the
+    # supervisor's wiring); they hold nothing, so they cannot drift from ``engine``.
+    @property
+    def model(self) -> str | None:
+        return self.engine.model
+
+    @property
+    def max_num_seqs(self) -> int:
+        return self.engine.max_num_seqs
+
+    @property
+    def block_size(self) -> int:
+        return self.engine.block_size
+
+    @property
+    def kv_cache_dtype(self) -> str:
+        return self.engine.kv_cache_dtype
+
+    @property
+    def enable_prefix_caching(self) -> bool:
+        return self.engine.enable_prefix_caching
+
+    @property
+    def scheduling_policy(self) -> str:
+        return self.engine.scheduling_policy
+
+    @property
+    def max_logprobs(self) -> int:
+        return self.engine.max_logprobs
 
 
 def env_seconds(name: str, default: float, environ: Mapping[str, str] | None = None) -> float:

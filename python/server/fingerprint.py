@@ -13,13 +13,16 @@ import hashlib
 from server import __version__
 from server.config import ServerConfig
 
-# The settings that change outputs; addresses, keys and logging do not.
+# The settings that change outputs; addresses, keys and logging do not. All but
+# chat_template are the engine's (config.engine).
 _KEYS = ("model", "max_model_len", "dtype", "kv_cache_dtype", "block_size", "seed",
          "generation_config", "chat_template", "max_logprobs")
 
 
 def system_fingerprint(config: ServerConfig, model_root: str) -> str:
-    parts = [f"{key}={getattr(config, key, None)!r}" for key in _KEYS]
+    engine = config.engine
+    parts = [f"{key}={getattr(engine if hasattr(engine, key) else config, key)!r}"
+             for key in _KEYS]
     parts.append(f"root={model_root!r}")
     digest = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:8]
     return f"llmserve-{__version__}-{digest}"

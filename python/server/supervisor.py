@@ -50,24 +50,9 @@ ABORT_GRACE = 5.0  # seconds aborted requests get to retire after the drain time
 
 def make_engine_factory(config: ServerConfig) -> Callable[[], Any]:
     def build() -> Any:
-        from actors.core.engine import EngineConfig, LLMEngine
+        from actors.core.engine import LLMEngine
 
-        fields = {
-            "model": config.model,
-            "dtype": config.dtype,
-            "max_model_len": config.max_model_len,
-            "max_num_seqs": config.max_num_seqs,
-            "max_num_batched_tokens": config.max_num_batched_tokens,
-            "block_size": config.block_size,
-            "kv_cache_memory": config.kv_cache_memory,
-            "kv_cache_dtype": config.kv_cache_dtype,
-            "enable_prefix_caching": config.enable_prefix_caching,
-            "scheduling_policy": config.scheduling_policy,
-            "seed": config.seed,
-            "generation_config": config.generation_config,
-            "max_logprobs": config.max_logprobs,
-        }
-        return LLMEngine(EngineConfig(**{k: v for k, v in fields.items() if v is not None}))
+        return LLMEngine(config.engine)
 
     return build
 

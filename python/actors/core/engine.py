@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import llmcore
+from actors.config import EngineConfig, GiB  # EngineConfig re-exported: its old home
 from actors.core.kv_manager import KVManager
 from actors.errors import RequestRefused
 from actors.messages import Abort, Admit, Control, ControlResult, EngineInfo, EngineStats
@@ -27,27 +27,6 @@ from actors.core.scheduler.policy import Scheduler
 __all__ = ["EngineConfig", "LLMEngine"]
 
 log = logging.getLogger("actors.core.engine")
-
-GiB = 1 << 30
-
-
-@dataclass(slots=True)
-class EngineConfig:
-    model: str | None = None  # None: the default SmolLM2-135M-Instruct GGUF
-    dtype: str = "auto"  # auto | float32 | bfloat16
-    max_model_len: int | None = None  # None: the model's max_position_embeddings
-    max_num_seqs: int = 128
-    max_num_batched_tokens: int = 2048
-    block_size: int = 16
-    kv_cache_memory: int = 2 * GiB  # bytes for the KV cache of all layers
-    kv_cache_dtype: str = "auto"  # auto (the model's dtype) | float32 | bfloat16
-    enable_prefix_caching: bool = True
-    seed: int | None = None
-    scheduling_policy: str = "fcfs"  # fcfs | priority
-    generation_config: str = "auto"  # auto (the model's file) | vllm (none) | a directory
-    max_logprobs: int = 20
-    num_threads: int | None = None  # CPU threads for torch and the core; None: all
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class LLMEngine:

@@ -1,0 +1,35 @@
+"""EngineConfig: every setting of the engine, in one place.
+
+The engine (``actors.core.engine.LLMEngine``), the offline ``LLM`` and the server
+(``server.config.ServerConfig.engine``) all hold this one object, so a setting and its
+default are written once. The module imports nothing but the standard library: the
+server's ``--help`` reads these defaults without loading torch or transformers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["EngineConfig", "GiB"]
+
+GiB = 1 << 30
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    model: str | None = None  # None: the default SmolLM2-135M-Instruct GGUF
+    dtype: str = "auto"  # auto | float32 | bfloat16
+    max_model_len: int | None = None  # None: the model's max_position_embeddings
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int = 2048
+    block_size: int = 16
+    kv_cache_memory: int = 2 * GiB  # bytes for the KV cache of all layers
+    kv_cache_dtype: str = "auto"  # auto (the model's dtype) | float32 | bfloat16
+    enable_prefix_caching: bool = True
+    seed: int | None = None
+    scheduling_policy: str = "fcfs"  # fcfs | priority
+    generation_config: str = "auto"  # auto (the model's file) | vllm (none) | a directory
+    max_logprobs: int = 20
+    num_threads: int | None = None  # CPU threads for torch and the core; None: all
+    extra: dict[str, Any] = field(default_factory=dict)

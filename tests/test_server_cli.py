@@ -1,0 +1,101 @@
+"""The command line of `python -m server`: --help, and how flags become the one EngineConfig.
+
+    --help     every flag documented with its default; the engine flags show EngineConfig's
+               own defaults (no copy to drift); no torch or transformers is imported
+    engine     the engine flags land in ServerConfig.engine, the object the engine is built
+               from, and nowhere else
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+
+from actors.config import EngineConfig
+from subproc import child_env
+
+# Engine settings the server's command line sets; the rest (num_threads, extra) keep the
+# engine's defaults.
+ENGINE_FLAGS = {"model": "--model", "dtype": "--dtype", "max_model_len": "--max-model-len",
+                "max_num_seqs": "--max-num-seqs",
+                "max_num_batched_tokens": "--max-num-batched-tokens",
+                "block_size": "--block-size", "kv_cache_memory": "--kv-cache-memory",
+                "kv_cache_dtype": "--kv-cache-dtype",
+                "enable_prefix_caching": "--enable-prefix-caching", "seed": "--seed",
+                "scheduling_policy": "--scheduling-policy",
+                "generation_config": "--generation-config", "max_logprobs": "--max-logprobs"}
+
+
+def help_blocks() -> dict[str, str]:
+    out = subprocess.run([sys.executable, "-m", "server", "--help"], capture_output=True,
+                         text=True, timeout=60, check=True, env=child_env()).stdout
+    blocks = {}
+    for block in out.split("\n  -")[1:]:
+        blocks["-" + block.split()[0].rstrip(",")] = " ".join(block.split())
+    return blocks
+
+
+def test_help_documents_every_flag_with_its_default():
+    from server.cli import build_parser
+
+    blocks = help_blocks()
+    for action in build_parser()._actions:
+        if action.option_strings == ["-h", "--help"]:
+            continue
+        block = blocks.get(action.option_strings[0])
+        assert block is not None, action.option_strings
+        assert "default" in block.lower(), block
+
+
+def test_help_shows_the_engine_config_defaults():
+    blocks = help_blocks()
+    defaults = EngineConfig()
+    shown = {"max_num_seqs": f"(default: {defaults.max_num_seqs})",
+             "max_num_batched_tokens": f"(default: {defaults.max_num_batched_tokens})",
+             "block_size": f"(default: {defaults.block_size})",
+             "kv_cache_memory": f"Default: {defaults.kv_cache_memory >> 30}g",
+             "kv_cache_dtype": f"(default: {defaults.kv_cache_dtype})",
+             "enable_prefix_caching": f"(default: {defaults.enable_prefix_caching})",
+             "scheduling_policy": f"(default: {defaults.scheduling_policy})",
+             "dtype": f"(default: {defaults.dtype})",
+             "generation_config": f"Default: {defaults.generation_config}",
+             "max_logprobs": f"(default: {defaults.max_logprobs})"}
+    for name, text in shown.items():
+        assert text in blocks[ENGINE_FLAGS[name]], (name, blocks[ENGINE_FLAGS[name]])
+
+
+def test_help_imports_no_engine_libraries():
+    code = ("import sys, contextlib, io\n"
+            "from server.cli import parse_args\n"
+            "with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
+            "    parse_args(['--help'])\n"
+            "heavy = [m for m in ('torch', 'transformers', 'numpy', 'llmcore', 'trio')"
+            " if m in sys.modules]\n"
+            "assert not heavy, heavy\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60, env=child_env())
+
+
+def test_engine_flags_fill_server_config_engine():
+    from server.cli import parse_args
+    from server.config import ServerConfig
+
+    assert not {f.name for f in dataclasses.fields(ServerConfig)} & set(ENGINE_FLAGS), \
+        "an engine setting is copied into ServerConfig"
+    cfg = parse_args([])
+    assert isinstance(cfg.engine, EngineConfig)
+    # The server seeds with 0 by default (as `vllm serve`); every other default is the
+    # engine's.
+    assert cfg.engine == dataclasses.replace(EngineConfig(), seed=0)
+    cfg = parse_args(["--dtype", "float", "--max-model-len", "8k", "--max-num-seqs", "3",
+                      "--max-num-batched-tokens", "512", "--block-size", "32",
+                      "--kv-cache-memory", "512m", "--kv-cache-dtype", "bfloat16",
+                      "--no-enable-prefix-caching", "--seed", "-5",
+                      "--scheduling-policy", "priority", "--generation-config", "vllm",
+                      "--max-logprobs", "-1"])
+    assert cfg.engine == EngineConfig(
+        dtype="float32", max_model_len=8000, max_num_seqs=3, max_num_batched_tokens=512,
+        block_size=32, kv_cache_memory=512 << 20, kv_cache_dtype="bfloat16",
+        enable_prefix_caching=False, seed=-5, scheduling_policy="priority",
+        generation_config="vllm", max_logprobs=-1)
+
