@@ -15,8 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from actors.core.engine import EngineConfig, LLMEngine
-from actors.messages import Logprobs
+from actors.messages import Abort, Logprobs
 from actors.params.sampling import SamplingParams
+from actors.text.detokenizer import IncrementalDetokenizer
 
 __all__ = ["LLM", "CompletionOutput", "GenerationOutput"]
 
@@ -28,7 +29,7 @@ class CompletionOutput:
     token_ids: list[int]
     logprobs: list[Logprobs] | None
     finish_reason: str | None
-    stop_reason: int | None = None
+    stop_reason: int | str | None = None  # the stop token id, or the stop string matched
 
 
 @dataclass(slots=True)
@@ -68,8 +69,10 @@ class LLM:
     ) -> list[GenerationOutput]:
         """Runs every prompt to completion; results come back in prompt order.
 
-        Text is decoded once at the end with the request's skip_special_tokens. Stop
-        strings are not applied here (the server's detokenizer handles them).
+        Text comes from the detokenizer the server uses, one per choice, fed each step's
+        new tokens: a stop string ends its choice there (the core is told to abort it), with
+        finish_reason "stop" and stop_reason the string, so the text, the reason and the
+        token ids are what the server would answer.
         """
         if isinstance(prompts, str) or (
             isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
@@ -88,6 +91,8 @@ class LLM:
 
         results: dict[str, GenerationOutput] = {}
         order: list[str] = []
+        detoks: dict[tuple[str, int], IncrementalDetokenizer] = {}
+        backend = self.tokenizer.backend_tokenizer
         for prompt, sp in zip(prompts, params):
             rid = str(next(self._ids))
             if isinstance(prompt, str):
@@ -102,20 +107,41 @@ class LLM:
                  for i in range(sp.n)],
             )
             order.append(rid)
+            for i in range(sp.n):
+                detoks[rid, i] = IncrementalDetokenizer(
+                    backend,
+                    prompt_token_ids=ids,
+                    skip_special_tokens=sp.skip_special_tokens,
+                    stop=sp.stop,
+                    include_stop_str_in_output=sp.include_stop_str_in_output,
+                )
 
+        engine = self.engine
         done = 0
         t0 = time.perf_counter()
-        while self.engine.has_unfinished_requests():
-            for out in self.engine.step().outputs:
+        while engine.has_unfinished():
+            for out in engine.step().outputs:
                 res = results[out.request_id]
                 co = res.outputs[out.index]
+                if co.finish_reason is not None:
+                    continue  # ended by a stop string; the core was told
                 co.token_ids.extend(out.new_token_ids)
                 if co.logprobs is not None and out.new_logprobs:
                     co.logprobs.extend(out.new_logprobs)
                 res.num_cached_tokens = out.num_cached_tokens
                 if out.prompt_logprobs is not None:
                     res.prompt_logprobs = list(out.prompt_logprobs)
-                if out.finished:
+                detok = detoks[out.request_id, out.index]
+                piece = detok.add(list(out.new_token_ids))
+                co.text += piece.text
+                if piece.stop_reason is not None:
+                    # The string wins over whatever else ended the choice in this step.
+                    co.finish_reason, co.stop_reason = "stop", piece.stop_reason
+                    if not out.finished:
+                        engine.abort(Abort(out.request_id, out.index))
+                    done += 1
+                elif out.finished:
+                    co.text += detok.flush()
                     co.finish_reason = out.finish_reason
                     co.stop_reason = out.stop_reason
                     done += 1
@@ -124,9 +150,4 @@ class LLM:
                       end="", file=sys.stderr)
         if use_tqdm:
             print(file=sys.stderr)
-
-        for rid, sp in zip(order, params):
-            for co in results[rid].outputs:
-                co.text = self.tokenizer.decode(co.token_ids,
-                                                skip_special_tokens=sp.skip_special_tokens)
         return [results[rid] for rid in order]

@@ -1,0 +1,108 @@
+"""Stop strings in the offline LLM: the detokenizer the server uses ends a choice at its
+stop string, the core aborts that choice alone, and the answer (text, finish reason, stop
+reason) is the one `python -m server` gives for the same prompt."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from actors import SamplingParams
+from server_helpers import ServerProcess, offline_llm
+
+pytestmark = pytest.mark.slow
+
+PROMPT = "Once upon a time, in a small village by the sea,"
+WORD = "Elara"  # the greedy continuation names her a few tokens in
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return offline_llm()
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(llm) -> list[int]:
+    return llm.tokenizer.encode(PROMPT, add_special_tokens=False)
+
+
+@pytest.fixture(scope="module")
+def full(llm, prompt_ids):
+    """The greedy continuation without stop strings."""
+    out = llm.generate([prompt_ids], SamplingParams(temperature=0, max_tokens=24))[0]
+    co = out.outputs[0]
+    assert WORD in co.text and not co.text.startswith(WORD), co.text
+    return co
+
+
+def test_stop_string_ends_the_choice_before_it(llm, prompt_ids, full) -> None:
+    co = llm.generate([prompt_ids], SamplingParams(temperature=0, max_tokens=24,
+                                                   stop=[WORD]))[0].outputs[0]
+    assert co.text == full.text[: full.text.index(WORD)]
+    assert co.finish_reason == "stop" and co.stop_reason == WORD
+    # Generation ended at the token completing the word: a strict prefix of the full run.
+    assert 0 < len(co.token_ids) < len(full.token_ids)
+    assert co.token_ids == full.token_ids[: len(co.token_ids)]
+    assert WORD in llm.tokenizer.decode(co.token_ids)
+    assert WORD not in llm.tokenizer.decode(co.token_ids[:-1])
+    assert not llm.engine.has_unfinished()
+    assert llm.engine.stats().kv_usage == 0.0
+
+
+def test_include_stop_str_in_output(llm, prompt_ids, full) -> None:
+    co = llm.generate([prompt_ids], SamplingParams(
+        temperature=0, max_tokens=24, stop=["no such text", WORD],
+        include_stop_str_in_output=True))[0].outputs[0]
+    assert co.text == full.text[: full.text.index(WORD) + len(WORD)]
+    assert co.finish_reason == "stop" and co.stop_reason == WORD
+
+
+def test_unmatched_stop_string_runs_to_length(llm, prompt_ids, full) -> None:
+    co = llm.generate([prompt_ids], SamplingParams(temperature=0, max_tokens=24,
+                                                   stop=["no such text"]))[0].outputs[0]
+    assert (co.text, co.token_ids) == (full.text, full.token_ids)
+    assert co.finish_reason == "length" and co.stop_reason is None
+
+
+def test_seeded_choices_stop_each_at_their_own_string(llm, prompt_ids) -> None:
+    base = dict(n=6, seed=11, temperature=1.0, max_tokens=24)
+    free = llm.generate([prompt_ids], SamplingParams(**base))[0].outputs
+    stops = [",", "."]
+    got = llm.generate([prompt_ids], SamplingParams(**base, stop=stops))[0].outputs
+    stopped = 0  # choices that stopped before their 24th token (aborted in the core)
+    for f, g in zip(free, got):
+        hits = [(f.text.find(s), s) for s in stops if s in f.text]
+        if not hits:
+            assert (g.text, g.token_ids, g.finish_reason) == (f.text, f.token_ids, "length")
+            continue
+        pos, s = min(hits)
+        assert g.text == f.text[:pos] and g.finish_reason == "stop" and g.stop_reason == s
+        # An aborted choice leaves its siblings' tokens untouched.
+        assert g.token_ids == f.token_ids[: len(g.token_ids)]
+        stopped += len(g.token_ids) < len(f.token_ids)
+    assert stopped >= 2, [f.text for f in free]
+    assert len({f.text for f in free}) > 1
+    assert not llm.engine.has_unfinished()
+    assert llm.engine.stats().kv_usage == 0.0
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = ServerProcess().wait_ready()
+    yield srv.url
+    assert srv.stop() == 0, srv.log()
+
+
+@pytest.mark.parametrize("include", [False, True])
+def test_same_answer_as_the_server(server, llm, prompt_ids, include) -> None:
+    want = llm.generate([prompt_ids], SamplingParams(
+        temperature=0, max_tokens=24, stop=[WORD],
+        include_stop_str_in_output=include))[0].outputs[0]
+    r = httpx.post(server + "/v1/completions", timeout=60, json={
+        "prompt": prompt_ids, "max_tokens": 24, "temperature": 0, "stop": [WORD],
+        "include_stop_str_in_output": include})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert (choice["text"], choice["finish_reason"]) == (want.text, "stop")
+    assert choice["stop_reason"] == WORD == want.stop_reason
+    assert r.json()["usage"]["completion_tokens"] == len(want.token_ids)
