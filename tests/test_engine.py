@@ -152,6 +152,28 @@ def test_n_greater_than_one_and_logprobs(base: LLM) -> None:
         assert all(lp.logprob <= 0 and len(lp.top_token_ids) == 2 for lp in o.logprobs)
 
 
+def test_n_choices_fork_from_one_prefill_and_repeat(base: LLM) -> None:
+    """The core owns n: one Admit, the prompt computed once (one prefix-cache lookup of
+    the prompt, not 16), 16 distinct choices that repeat exactly under the same seed."""
+    prompt = token_ids(base, [PROMPTS[2] * 3])[0]
+    params = SamplingParams(n=16, seed=7, temperature=1.0, max_tokens=8, ignore_eos=True)
+    runs = []
+    for _ in range(2):
+        before = base.engine.stats().prefix_cache_queries
+        out = base.generate([prompt], params)[0]
+        # An admission looks up every prompt token but the last (which must be computed).
+        assert base.engine.stats().prefix_cache_queries - before == len(prompt) - 1
+        runs.append([tuple(o.token_ids) for o in out.outputs])
+    assert runs[0] == runs[1]
+    assert len(set(runs[0])) == 16 and all(len(t) == 8 for t in runs[0])
+    # Choice 0 samples with the request's own seed: the same tokens as n=1.
+    one = SamplingParams(n=1, seed=7, temperature=1.0, max_tokens=8, ignore_eos=True)
+    assert tuple(generate_ids(base, [prompt], one)[0]) == runs[0][0]
+    other = SamplingParams(n=16, seed=8, temperature=1.0, max_tokens=8, ignore_eos=True)
+    assert [tuple(o.token_ids) for o in base.generate([prompt], other)[0].outputs] != runs[0]
+    assert base.engine.stats().kv_usage == 0.0
+
+
 def test_eos_stops_and_blocks_return(base: LLM) -> None:
     chat = base.tokenizer.apply_chat_template(
         [{"role": "user", "content": "Say OK."}], tokenize=False, add_generation_prompt=True)

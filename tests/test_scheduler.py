@@ -505,6 +505,147 @@ def test_abort_of_a_request_with_unforked_siblings() -> None:
     d.assert_drained()
 
 
+def forked(d: Driver, rid: str, index: int) -> Sequence:
+    return next(s for s in d.sched.running if (s.request_id, s.index) == (rid, index))
+
+
+@pytest.mark.parametrize("index", [0, 1, 2])
+def test_abort_one_forked_choice_frees_only_its_blocks(index: int) -> None:
+    d = Driver(num_blocks=32, block_size=4, max_num_seqs=4)
+    d.add("multi", prompt_of(10), n=3, max_tokens=6)
+    d.step()  # choice 0 computes the prompt and draws; 1 and 2 fork
+    d.step()  # 1 and 2 recompute the partial block and draw their first token
+    seqs = {i: forked(d, "multi", i) for i in range(3)}
+    shared = seqs[0].block_ids[:2]
+    assert all(s.block_ids[:2] == shared for s in seqs.values())
+    own = [b for b in seqs[index].block_ids if b not in shared]
+    assert own and all(d.pool.ref_count(b) == 1 for b in own)
+    free = d.pool.num_free()
+    outs = d.sched.abort("multi", index)
+    d.record(outs)
+    assert [(o.index, o.finish_reason, o.num_output_tokens) for o in outs] == [
+        (index, "abort", 2 if index == 0 else 1)]
+    assert d.pool.num_free() == free + len(own)  # only its own blocks come back
+    assert [d.pool.ref_count(b) for b in shared] == [2, 2]
+    d.pool.check()
+    assert d.sched.abort("multi", index) == []  # twice: nothing more
+    d.run()
+    for i in {0, 1, 2} - {index}:
+        assert d.outputs[("multi", i)] == d.expected("multi", i, 6)
+        assert d.finished[("multi", i)].finish_reason == "length"
+    assert d.sched.abort("multi", (index + 1) % 3) == []  # finished: ignored
+    assert d.sched.abort("multi", 7) == []
+    d.assert_drained()
+
+
+def test_choices_aborted_before_the_fork_are_never_forked() -> None:
+    d = Driver(num_blocks=32, block_size=4, max_num_seqs=4)
+    d.add("multi", prompt_of(10), n=3, max_tokens=4)
+    d.record(d.sched.abort("multi", 2))
+    assert d.finished[("multi", 2)].finish_reason == "abort"
+    assert d.sched.abort("multi", 2) == []
+    d.run()
+    assert sorted(k for k in d.outputs if k[0] == "multi") == [("multi", 0), ("multi", 1),
+                                                               ("multi", 2)]
+    assert d.outputs[("multi", 2)] == []
+    assert all(d.outputs[("multi", i)] == d.expected("multi", i, 4) for i in (0, 1))
+    assert max(len(p.seqs) for p in d.plans) == 2  # choice 2 never ran
+    d.assert_drained()
+
+
+def test_choice_zero_aborted_before_the_fork_still_computes_the_prompt() -> None:
+    d = Driver(num_blocks=32, block_size=4, max_num_seqs=4)
+    d.add("multi", prompt_of(10), n=3, max_tokens=4)
+    d.record(d.sched.abort("multi", 0))
+    d.run()
+    assert d.finished[("multi", 0)].finish_reason == "abort" and d.outputs[("multi", 0)] == []
+    assert all(d.outputs[("multi", i)] == d.expected("multi", i, 4) for i in (1, 2))
+    assert d.plans[0].seqs[0].num_tokens == 10  # the prompt ran once, as choice 0
+    d.assert_drained()
+
+
+def test_every_choice_aborted_before_the_fork_ends_the_request() -> None:
+    d = Driver(num_blocks=32, block_size=4, max_num_seqs=4, max_num_batched_tokens=4)
+    d.add("multi", prompt_of(10), n=3, max_tokens=4)
+    d.step()  # a first chunk of the prompt: blocks held, nothing forked
+    assert d.pool.num_free() < 32
+    for i in (1, 0, 2):
+        d.record(d.sched.abort("multi", i))
+    assert {i for (r, i) in d.finished if r == "multi"} == {0, 1, 2}
+    assert not d.sched.has_unfinished()
+    d.record(d.sched.abort("multi"))  # the whole request, after: nothing more
+    d.run()
+    d.assert_drained()
+
+
+def test_whole_request_abort_after_one_choice_reports_each_choice_once() -> None:
+    d = Driver(num_blocks=32, block_size=4, max_num_seqs=4, max_num_batched_tokens=4)
+    d.add("pre", prompt_of(10), n=3, max_tokens=4)
+    d.step()
+    d.record(d.sched.abort("pre", 1))  # before the fork
+    outs = d.sched.abort("pre")
+    assert sorted(o.index for o in outs) == [0, 2]
+    d.record(outs)
+    d = Driver(num_blocks=32, block_size=4, max_num_seqs=4)
+    d.add("post", prompt_of(10), n=3, max_tokens=4)
+    d.step()
+    d.record(d.sched.abort("post", 1))  # after it
+    outs = d.sched.abort("post")
+    assert sorted(o.index for o in outs) == [0, 2]
+    d.record(outs)
+    d.assert_drained()
+
+
+def test_abort_of_a_preempted_choice_and_of_a_preempted_prompt() -> None:
+    """A forked choice sent back to waiting is aborted there; so is choice 0 preempted
+    before its siblings forked. Blocks all come back, the others' tokens are unchanged."""
+    d = Driver(num_blocks=9, block_size=4, max_model_len=36, caching=False, max_num_seqs=4)
+    d.add("old", prompt_of(9), t=0, max_tokens=20)
+    d.add("multi", prompt_of(6, 1), t=1, n=2, max_tokens=20)
+    while not any(s.status is SequenceStatus.PREEMPTED for s in d.sched.waiting):
+        d.step()
+        assert d.sched.has_unfinished()
+    victim = next(s for s in d.sched.waiting if s.status is SequenceStatus.PREEMPTED)
+    assert victim.request_id == "multi"
+    d.record(d.sched.abort("multi", victim.index))
+    d.pool.check()
+    d.run()
+    assert d.outputs[("old", 0)] == d.expected("old", 0, 20)
+    other = 1 - victim.index
+    assert d.outputs[("multi", other)] == d.expected("multi", other, 20)
+    d.assert_drained()
+
+    d = Driver(num_blocks=6, block_size=4, max_model_len=24, caching=False, max_num_seqs=4,
+               max_num_batched_tokens=4)
+    d.add("old", prompt_of(15), t=0, max_tokens=8)
+    d.add("multi", prompt_of(12, 1), t=1, n=2, max_tokens=4)
+    while not d.sched.num_preemptions:
+        d.step()
+    (seq,) = [s for s in d.sched.waiting if s.request_id == "multi"]
+    assert seq.index == 0 and seq.pending_children == 1  # preempted mid-prompt
+    d.record(d.sched.abort("multi", 0))
+    d.run()
+    assert d.outputs[("multi", 1)] == d.expected("multi", 1, 4)
+    assert d.outputs[("multi", 0)] == [] and d.finished[("multi", 0)].finish_reason == "abort"
+    assert d.outputs[("old", 0)] == d.expected("old", 0, 8)
+    d.assert_drained()
+
+
+def test_aborted_choice_leaves_the_shared_prefix_cached() -> None:
+    d = Driver(num_blocks=32, block_size=4, max_num_seqs=4)
+    d.add("multi", prompt_of(13), n=2, max_tokens=8)
+    d.step()
+    d.step()
+    d.record(d.sched.abort("multi", 0))
+    d.record(d.sched.abort("multi", 1))
+    d.assert_drained()
+    d.add("again", prompt_of(13), max_tokens=1)
+    d.step()
+    assert d.plans[-1].seqs[0].start_pos == 12  # three committed prompt blocks found
+    d.run()
+    d.assert_drained()
+
+
 # ---------------------------------------------------------------------- n > 1
 
 
@@ -705,8 +846,9 @@ def test_priority_preempted_sequence_waits_behind_better_priorities_only() -> No
 @pytest.mark.parametrize("policy", ["fcfs", "priority"])
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_random_simulation(policy: str, seed: int) -> None:
-    """Random arrivals, lengths, shared prefixes, n > 1 and aborts on a tight pool:
-    every request ends, with exactly its expected tokens, and every block comes back."""
+    """Random arrivals, lengths, shared prefixes, n > 1 and aborts (of requests and of
+    single choices, forked or not) on a tight pool: every choice ends once, with exactly
+    its expected tokens unless aborted, and every block comes back."""
     rng = random.Random(seed)
     d = Driver(
         num_blocks=40, block_size=4, max_model_len=96, max_num_batched_tokens=24,
@@ -716,6 +858,7 @@ def test_random_simulation(policy: str, seed: int) -> None:
     want: dict[str, tuple[int, int]] = {}  # rid -> (n, max_tokens)
     arrival_step: dict[str, int] = {}
     aborted: set[str] = set()
+    aborted_choices: set[tuple[str, int]] = set()
     waits: list[int] = []
     step = 0
     for k in range(60):
@@ -736,6 +879,13 @@ def test_random_simulation(policy: str, seed: int) -> None:
                 victim = rng.choice(live)
                 d.record(d.sched.abort(victim))
                 aborted.add(victim)
+        if rng.random() < 0.08:
+            choices = [(r, i) for r, (n, _) in want.items() if r not in aborted
+                       for i in range(n) if (r, i) not in d.finished]
+            if choices:
+                choice = rng.choice(choices)
+                d.record(d.sched.abort(*choice))
+                aborted_choices.add(choice)
         for o in d.step():
             if o.num_output_tokens == 1 and o.new_token_ids:
                 waits.append(step - arrival_step[o.request_id])
@@ -743,10 +893,11 @@ def test_random_simulation(policy: str, seed: int) -> None:
     step += d.run(max_steps=5000)
 
     assert d.sched.num_preemptions > 0, "the pool should be tight enough to preempt"
+    assert aborted_choices
     for rid, (n, max_tokens) in want.items():
         for i in range(n):
             out = d.finished[(rid, i)]  # everyone finished: nobody starved
-            if rid in aborted:
+            if rid in aborted or (rid, i) in aborted_choices:
                 continue
             toks = d.outputs[(rid, i)]
             eos_at = [p for (r, j, p) in d.planted if (r, j) == (rid, i)]

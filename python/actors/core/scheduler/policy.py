@@ -17,7 +17,9 @@ A step:
      (head-of-line), so nothing behind it can overtake it forever.
 
 A request with n > 1 first runs as one sequence and reserves n seats; when its prompt
-is computed and its first token drawn, n - 1 siblings fork from it (KVManager.fork).
+is computed and its first token drawn, n - 1 siblings fork from it (KVManager.fork), each
+with its seed from ``actors.core.seeds.choice_seed``. A choice aborted before that fork is
+remembered and never forked (choice 0 then still finishes the prompt for the others).
 
 No starvation (FCFS): the oldest running sequence is never a victim while a newer one
 runs, so it finishes; head-of-line admission and front-of-queue re-entry then let every
@@ -36,11 +38,10 @@ from actors.messages import StepResult
 from actors.core.scheduler.config import SchedulerConfig, SchedulerStats
 from actors.core.scheduler.queues import make_waiting_queue
 from actors.core.scheduler.views import new_seq_of, output_of, sampling_row_of
+from actors.core.seeds import choice_seed, request_seed
 from actors.core.sequence import FinishReason, Sequence, SequenceStatus
 
 __all__ = ["Scheduler"]
-
-_U64 = (1 << 64) - 1
 
 
 class Scheduler:
@@ -57,6 +58,8 @@ class Scheduler:
         self.waiting = make_waiting_queue(config.policy)
         self.running: list[Sequence] = []
         self._requests: dict[str, list[Sequence]] = {}  # live sequences per request
+        # Choices aborted before they forked (request id -> indices), already reported.
+        self._cancelled: dict[str, set[int]] = {}
         self._next_seq_id = 0
         self._rng = random.Random(config.seed)
         self._step_id = 0
@@ -88,45 +91,71 @@ class Scheduler:
             )
         if params.n > self.config.max_num_seqs:
             raise ValueError(f"n={params.n} exceeds max_num_seqs={self.config.max_num_seqs}")
-        seq = self._new_sequence(admit.request_id, admit.prompt_token_ids, admit, index=0)
+        seq = self._new_sequence(admit.request_id, admit.prompt_token_ids, admit, index=0,
+                                 rng_seed=request_seed(params.seed, self._rng))
         seq.pending_children = params.n - 1
         self._requests[admit.request_id] = [seq]
         self.waiting.push(seq)
 
     def abort(self, request_id: str, index: int | None = None) -> list[RequestOutput]:
         """Finishes every sequence of a request (or only choice ``index``) now, freeing
-        its blocks. Idempotent; an unknown id or a finished choice is ignored. A choice
-        not forked yet (its prompt is still running) ends only with its request."""
+        its blocks. Idempotent; an unknown id or a finished choice is ignored.
+
+        A choice not forked yet (its prompt is still running as choice 0) is reported
+        aborted now and skipped at the fork; choice 0 itself keeps computing the prompt
+        while any sibling still wants it, and leaves at the fork without an output."""
         if index is None:
             return self._end_request(request_id, FinishReason.ABORT)
         live = self._requests.get(request_id)
-        seq = next((s for s in live or () if s.index == index), None)
-        if seq is None or seq.pending_children:
+        if not live:
             return []
-        if seq.status is SequenceStatus.RUNNING:
-            self.running.remove(seq)
-        else:
-            self.waiting.remove(seq)
+        first = live[0]
+        if first.pending_children and 0 <= index <= first.pending_children:
+            cancelled = self._cancelled.setdefault(request_id, set())
+            if index in cancelled:
+                return []
+            cancelled.add(index)
+            out = replace(output_of(first), index=index, finished=True, finish_reason="abort",
+                          stop_reason=None, new_token_ids=(), new_logprobs=None,
+                          num_output_tokens=0 if index else first.num_output_tokens)
+            if len(cancelled) == first.pending_children + 1:  # nobody wants the prompt
+                del self._cancelled[request_id]
+                self._remove(first)
+                first.finish(FinishReason.ABORT)
+                first.pending_children = 0
+                self._retire(first)
+            return [out]
+        seq = next((s for s in live if s.index == index), None)
+        if seq is None:
+            return []
+        self._remove(seq)
         seq.finish(FinishReason.ABORT)
         self._retire(seq)
         return [output_of(seq)]
 
+    def _remove(self, seq: Sequence) -> None:
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        else:
+            self.waiting.remove(seq)
+
     def _end_request(self, request_id: str, reason: FinishReason) -> list[RequestOutput]:
         seqs = self._requests.pop(request_id, None)
+        cancelled = self._cancelled.pop(request_id, set())
         if seqs is None:
             return []
         outputs = []
         for seq in seqs:
-            if seq.status is SequenceStatus.RUNNING:
-                self.running.remove(seq)
-            else:
-                self.waiting.remove(seq)
+            self._remove(seq)
             self.kv.free(seq)
             seq.finish(reason)
             self._release(seq)
-            outputs.append(output_of(seq))
+            out = output_of(seq)
+            if seq.index not in cancelled:
+                outputs.append(out)
             for i in range(1, seq.pending_children + 1):  # siblings that never started
-                outputs.append(replace(outputs[-1], index=i, num_output_tokens=0))
+                if i not in cancelled:
+                    outputs.append(replace(out, index=i, num_output_tokens=0))
             seq.pending_children = 0
         return outputs
 
@@ -214,7 +243,10 @@ class Scheduler:
                 seq.append_token(tok.token_id)
                 new = (tok.token_id,)
             if seq.pending_children:  # before a finished parent gives its blocks back
-                self._fork_children(seq)
+                if self._fork_children(seq):  # choice 0 itself was aborted (reported then)
+                    seq.finish(FinishReason.ABORT)
+                    self._retire(seq)
+                    continue
             if seq.is_finished:
                 self._retire(seq)
             prompt_lps = None
@@ -323,26 +355,27 @@ class Scheduler:
             self._engine_known.discard(seq.seq_id)
             self._released.append(seq.seq_id)
 
-    def _fork_children(self, parent: Sequence) -> None:
+    def _fork_children(self, parent: Sequence) -> bool:
+        """Forks the choices not aborted meanwhile; True if choice 0 itself was."""
         live = self._requests[parent.request_id]
+        cancelled = self._cancelled.pop(parent.request_id, set())
         for i in range(1, parent.pending_children + 1):
-            child = self._new_sequence(parent.request_id, parent.prompt_token_ids, parent, index=i)
+            if i in cancelled:
+                continue
+            # Choice 0 holds the request seed (choice_seed(seed, 0) is the seed itself).
+            child = self._new_sequence(parent.request_id, parent.prompt_token_ids, parent,
+                                       index=i, rng_seed=choice_seed(parent.rng_seed, i))
             child.num_cached_tokens = parent.num_cached_tokens
             self.kv.fork(parent, child)
             child.status = SequenceStatus.RUNNING
             self.running.append(child)
             live.append(child)
         parent.pending_children = 0
+        return 0 in cancelled
 
-    def _new_sequence(
-        self, request_id: str, prompt: tuple[int, ...], src: Admit | Sequence, *, index: int
-    ) -> Sequence:
+    def _new_sequence(self, request_id: str, prompt: tuple[int, ...], src: Admit | Sequence,
+                      *, index: int, rng_seed: int) -> Sequence:
         params = src.params
-        seed = params.seed
-        if seed is None:
-            rng_seed = self._rng.getrandbits(64)
-        else:
-            rng_seed = _mix64(seed + index) if index else seed & _U64
         seq = Sequence(
             self._next_seq_id,
             request_id,
@@ -363,11 +396,3 @@ def _logprobs_of(seq: Sequence, tok: SampledToken) -> tuple[Logprobs, ...] | Non
     if seq.params.logprobs is None or tok.logprobs is None:
         return None
     return (tok.logprobs,)
-
-
-def _mix64(x: int) -> int:
-    """splitmix64 finaliser: distinct, well-spread seeds for the siblings of a seeded request."""
-    x = (x + 0x9E3779B97F4A7C15) & _U64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _U64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _U64
-    return x ^ (x >> 31)
