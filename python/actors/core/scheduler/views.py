@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from actors.messages import Logprobs, NewSeq, RequestOutput, SamplingRow
 from actors.core.sequence import Sequence
+from actors.messages import Logprobs, NewSeq, RequestOutput, SamplingRow
 
 __all__ = ["new_seq_of", "output_of", "sampling_row_of"]
 
