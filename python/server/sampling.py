@@ -9,6 +9,7 @@ and the checks against this server's context length.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,18 +27,6 @@ from server.protocol.common import SamplingFields
 MAX_STOP_TOKEN_IDS = 256
 MAX_PROMPTS = 64
 
-# Generation-config keys that become server defaults, and their request field names.
-DEFAULT_KEYS = {
-    "temperature": "temperature",
-    "top_p": "top_p",
-    "top_k": "top_k",
-    "min_p": "min_p",
-    "repetition_penalty": "repetition_penalty",
-    "presence_penalty": "presence_penalty",
-    "frequency_penalty": "frequency_penalty",
-    "max_new_tokens": "max_tokens",
-    "skip_special_tokens": "skip_special_tokens",
-}
 OPENAI_DEFAULTS = {
     "temperature": 1.0,
     "top_p": 1.0,
@@ -57,14 +46,11 @@ class Limits:
     scheduling_policy: str = "fcfs"  # the engine's: priority != 0 needs "priority"
 
 
-def server_defaults(generation_config: dict[str, Any] | None) -> dict[str, Any]:
-    """The subset of generation_config.json that acts as request defaults."""
-    out: dict[str, Any] = {}
-    for key, field in DEFAULT_KEYS.items():
-        for name in (key, field):  # raw file keys or already-renamed ones
-            if generation_config and generation_config.get(name) is not None:
-                out[field] = generation_config[name]
-    return out
+def server_defaults(generation_defaults: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The routes' ``defaults``: the engine's generation defaults (``EngineInfo.
+    generation_defaults``, read from generation_config.json by actors.params.defaults and
+    already named as SamplingParams fields), as they are."""
+    return dict(generation_defaults or {})
 
 
 def build_params(

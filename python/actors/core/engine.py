@@ -7,7 +7,6 @@ benchmarks call ``step()`` in a loop.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ from actors.errors import RequestRefused
 from actors.messages import Abort, Admit, Control, ControlResult, EngineInfo, EngineStats
 from actors.messages import RequestOutput, TokenBatch
 from actors.core.runner.model_runner import ModelRunner, kv_bytes_per_block
+from actors.params.defaults import load_generation_defaults
 from actors.params.sampling import SamplingParams
 from actors.core.scheduler.config import SchedulerConfig
 from actors.core.scheduler.policy import Scheduler
@@ -63,7 +63,8 @@ class LLMEngine:
             (self.tokenizer.eos_token_id,) if self.tokenizer.eos_token_id is not None else ()
         )
         self.vocab_size = mc.vocab_size
-        self.generation_defaults = _generation_defaults(self.model_dir, config.generation_config)
+        self.generation_defaults = load_generation_defaults(self.model_dir,
+                                                            config.generation_config)
 
         per_block = kv_bytes_per_block(mc.num_layers, mc.num_kv_heads, mc.head_dim,
                                        config.block_size, self.kv_cache_dtype)
@@ -225,30 +226,3 @@ def _load_tokenizer(model_dir: Path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(model_dir))
-
-
-# generation_config.json key -> SamplingParams field
-_GEN_KEYS = {
-    "temperature": "temperature",
-    "top_p": "top_p",
-    "top_k": "top_k",
-    "min_p": "min_p",
-    "repetition_penalty": "repetition_penalty",
-    "max_new_tokens": "max_tokens",
-}
-
-
-def _generation_defaults(model_dir: Path, setting: str) -> dict[str, Any]:
-    """Sampling defaults from generation_config.json, as vLLM's --generation-config does."""
-    if setting == "vllm":
-        return {}
-    folder = model_dir if setting == "auto" else Path(setting)
-    path = folder / "generation_config.json"
-    if not path.is_file():
-        if setting != "auto":
-            raise FileNotFoundError(f"no generation_config.json in {folder}")
-        return {}
-    raw = json.loads(path.read_text())
-    if raw.get("do_sample") is False:
-        raw = {k: v for k, v in raw.items() if k not in ("temperature", "top_p", "top_k")}
-    return {ours: raw[theirs] for theirs, ours in _GEN_KEYS.items() if raw.get(theirs) is not None}
