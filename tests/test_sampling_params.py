@@ -166,17 +166,6 @@ def test_logit_bias_and_allowed_ids() -> None:
     rejects("truncation_side", truncation_side="middle")
 
 
-def test_child_seeds_stay_seeds_and_wrap_in_int64() -> None:
-    """Choice i samples with seed + i: -1 is a child's seed like any other (not "unseeded"),
-    and the last choice of a seed near the int64 maximum wraps instead of overflowing."""
-    p = SamplingParams(n=3, seed=-2, temperature=1.0)
-    assert [p.for_child(i, 5).seed for i in range(3)] == [-2, -1, 0]
-    top = SamplingParams(n=2, seed=2**63 - 1, temperature=1.0)
-    assert [top.for_child(i, 5).seed for i in range(2)] == [2**63 - 1, -(2**63)]
-    for i in range(2):
-        top.for_child(i, 5).validate(vocab_size=100)
-
-
 def test_truncate_prompt_keeps_an_end_and_is_idempotent() -> None:
     """Also for offline engine users: the engine applies it too (the server truncates first,
     for echo and usage; applying it again changes nothing)."""

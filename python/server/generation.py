@@ -127,9 +127,9 @@ class Generation:
         state = self.state
         state.cancelled = True
         scheduler = self.srv.scheduler
-        for child in state.children:
-            if not child.retired and scheduler is not None:
-                scheduler.abort_nowait(child)
+        for req in state.engine_requests:
+            if not req.done and scheduler is not None:
+                scheduler.abort_nowait(req)
         state.outbox.close()
         if state.retired.is_set() or self.srv.reaper is None:
             self._release()

@@ -28,7 +28,7 @@ from actors.runtime.admission import Admission
 from actors.runtime.engine_actor import EngineActor
 from actors.runtime.metrics_actor import METRICS_CHANNEL_SIZE, MetricsActor
 from actors.runtime.outbox import ChoiceUpdate
-from actors.runtime.request import Child, Registry, RequestState
+from actors.runtime.request import EngineRequest, Registry, RequestState
 from actors.runtime.scheduler_actor import SchedulerActor
 from actors.runtime.tokenizer_actor import TokenizerActor
 from server import transport
@@ -132,7 +132,7 @@ class Supervisor:
         # Bounds: see tokenizer_actor (submit, admit: `capacity` each), scheduler_actor
         # (batches: BATCH_CREDITS) and metrics_actor (drop when full).
         submit_send, submit_recv = trio.open_memory_channel[RequestState](capacity)
-        admit_send, admit_recv = trio.open_memory_channel[Child](capacity)
+        admit_send, admit_recv = trio.open_memory_channel[EngineRequest](capacity)
         batch_send, batch_recv = trio.open_memory_channel[list[Any]](2)
         metrics_send, metrics_recv = trio.open_memory_channel[Any](METRICS_CHANNEL_SIZE)
         if not cfg.served_model_names:
@@ -271,13 +271,14 @@ def cache_config_info(engine: Any, cfg: ServerConfig) -> dict[str, str]:
 
 def abort_request(srv: ServerState, state: RequestState) -> None:
     """End every unfinished choice with finish_reason "abort" and stop it in the engine."""
-    for child in state.children:
-        if not state.outbox.is_finished(child.index):
-            state.outbox.push(ChoiceUpdate(child.index, finish_reason="abort"))
+    for req in state.engine_requests:
+        for choice in req.choices:
+            if not state.outbox.is_finished(choice.outbox_index):
+                state.outbox.push(ChoiceUpdate(choice.outbox_index, finish_reason="abort"))
+            if choice.finish_reason is None:
+                choice.finish_reason = "abort"
         if srv.scheduler is not None:
-            if child.finish_reason is None:
-                child.finish_reason = "abort"
-            srv.scheduler.abort_nowait(child)
+            srv.scheduler.abort_nowait(req)
     if not state.ready.is_set():
         state.cancelled = True
 

@@ -13,7 +13,7 @@ loose: ``n`` <= 16, ``repetition_penalty`` <= 2, stop strings <= 16 x 256 chars)
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 __all__ = ["GREEDY_EPS", "SamplingParams", "SamplingParamsError", "cache_salt_error"]
 
@@ -160,18 +160,6 @@ class SamplingParams:
         if len(ids) <= keep:
             return ids
         return ids[:keep] if self.truncation_side == "right" else ids[len(ids) - keep:]
-
-    def for_child(self, i: int, max_tokens: int | None) -> SamplingParams:
-        """The i-th of n sequences fanned out from this request: one choice, seed + i when
-        seeded (so the choices differ but each repeats), and its own token cap. Only the
-        first scores the prompt (prompt_logprobs); the choices share its result."""
-        child = replace(self, n=1, max_tokens=max_tokens,
-                        prompt_logprobs=self.prompt_logprobs if i == 0 else None)
-        if self.seed is not None:
-            # seed + i wrapped into int64, set past __post_init__: a child's seed is always
-            # a seed (-1 means "none" only as a request value), and never overflows.
-            object.__setattr__(child, "seed", (self.seed + i - INT64_MIN) % 2**64 + INT64_MIN)
-        return child
 
     # ------------------------------------------------------------------ validation
 

@@ -1,14 +1,16 @@
 """Per-request state shared by the actors (all of them run in one Trio thread).
 
-One HTTP request fans out into children, one engine sequence each:
+One HTTP request becomes one engine request per prompt, each with the request's n choices
+(the engine runs the prompt once and forks the other choices from it):
 
     RequestState "abc" (n=2, two prompts)
-      children: abc-0 (prompt 0, choice 0)   abc-1 (prompt 0, choice 1)
-                abc-2 (prompt 1, choice 2)   abc-3 (prompt 1, choice 3)
+      engine requests: abc-0 (prompt 0): choices 0, 1  -> outbox indices 0, 1
+                       abc-1 (prompt 1): choices 0, 1  -> outbox indices 2, 3
 
-A child is *retired* once no actor will touch it again: it finished or was aborted in the
+A choice is *retired* once no actor will touch it again: it finished or was aborted in the
 engine, or it never reached the engine. The HTTP edge returns the request's admission slots
-only after every child has retired, which is what bounds every internal channel.
+(one per choice) only after every choice has retired, which is what bounds every internal
+channel.
 """
 
 from __future__ import annotations
@@ -43,26 +45,42 @@ class PromptResult:
 
 
 @dataclass(slots=True, eq=False)
-class Child:
-    engine_id: str
-    index: int
-    prompt_index: int
-    params: SamplingParams
-    prompt_token_ids: list[int] = field(default_factory=list)
+class Choice:
+    """One choice of one prompt: its detokenizer, timing and retirement."""
+
+    index: int  # within its prompt: the engine's RequestOutput.index
+    outbox_index: int  # prompt index x n + index: the index the client sees
     detokenizer: IncrementalDetokenizer | None = None
     abort_requested: bool = False
-    in_engine: bool = False
     retired: bool = False
     finish_reason: str | None = None
     num_generated: int = 0
     num_cached_tokens: int = 0
     num_preemptions: int = 0
     # timing, in time.monotonic() seconds
-    admitted_at: float = 0.0
     scheduled_at: float | None = None
     first_token_at: float | None = None
     last_token_at: float | None = None
     inter_token: list[float] = field(default_factory=list)
+
+
+@dataclass(slots=True, eq=False)
+class EngineRequest:
+    """One prompt of a request as the engine knows it: one Admit with params.n choices."""
+
+    engine_id: str
+    prompt_index: int
+    params: SamplingParams  # the request's, max_tokens clamped to the room the prompt leaves
+    prompt_token_ids: list[int]
+    admitted_at: float
+    choices: list[Choice] = field(default_factory=list)
+    abort_requested: bool = False  # every choice
+    in_engine: bool = False
+    prompt_counted: bool = False  # its prompt tokens count once, with its first token
+    done: bool = False  # every choice retired
+
+    def live_choices(self) -> list[Choice]:
+        return [c for c in self.choices if not c.retired]
 
 
 class RequestError(Exception):
@@ -92,7 +110,7 @@ class RequestState:
         self.max_model_len = max_model_len
         self.arrival = time.monotonic()
         self.outbox = Outbox(len(prompts) * params.n)
-        self.children: list[Child] = []
+        self.engine_requests: list[EngineRequest] = []
         self.prompt_results: list[PromptResult] = []
         self.ready = trio.Event()  # set once prompts are tokenized (or failed)
         self.error: RequestError | None = None
@@ -105,36 +123,38 @@ class RequestState:
 
     def fail_before_start(self, error: RequestError) -> None:
         self.error = error
-        for child in self.children:
-            child.retired = True
+        for req in self.engine_requests:
+            req.done = True
+            for choice in req.choices:
+                choice.retired = True
         self.retired.set()
         self.ready.set()
 
     def note_retired(self) -> None:
-        if all(c.retired for c in self.children):
+        if all(req.done for req in self.engine_requests):
             self.retired.set()
 
 
 class Registry:
-    """Live requests by id and their children by engine id."""
+    """Live requests by id and their engine requests by engine id."""
 
     def __init__(self) -> None:
         self.requests: dict[str, RequestState] = {}
-        self.children: dict[str, tuple[RequestState, Child]] = {}
+        self.engine_requests: dict[str, tuple[RequestState, EngineRequest]] = {}
 
     def add(self, state: RequestState) -> None:
         if state.request_id in self.requests:
             raise RequestError(400, f"request id {state.request_id!r} is already in flight")
         self.requests[state.request_id] = state
 
-    def add_children(self, state: RequestState) -> None:
-        for child in state.children:
-            self.children[child.engine_id] = (state, child)
+    def add_engine_requests(self, state: RequestState) -> None:
+        for req in state.engine_requests:
+            self.engine_requests[req.engine_id] = (state, req)
 
     def remove(self, state: RequestState) -> None:
         self.requests.pop(state.request_id, None)
-        for child in state.children:
-            self.children.pop(child.engine_id, None)
+        for req in state.engine_requests:
+            self.engine_requests.pop(req.engine_id, None)
 
     def fail_all(self, message: str) -> None:
         """The server itself failed: every live request gets a 500 (its handler's envelope,
@@ -144,8 +164,10 @@ class Registry:
                 state.fail_before_start(RequestError(500, message))
                 continue
             state.outbox.fail(500, message)
-            for child in state.children:
-                child.retired = True
+            for req in state.engine_requests:
+                req.done = True
+                for choice in req.choices:
+                    choice.retired = True
             state.retired.set()
 
     def __len__(self) -> int:

@@ -1,6 +1,6 @@
 """The scheduler actor: feeds admitted sequences and aborts to the engine, step by step.
 
-    tokenizer --Child (admit channel)--> scheduler --TokenBatch (batch channel)--> tokenizer
+    tokenizer --EngineRequest (admit channel)--> scheduler --TokenBatch (batch channel)--> tokenizer
     HTTP / tokenizer --abort_nowait()--> scheduler (a set, never blocks)
 
 The engine is mutated (add, abort) only here and only between steps. The tokenizer <->
@@ -20,7 +20,7 @@ from typing import Any
 
 import trio
 
-from actors.messages import TokenBatch
+from actors.messages import Abort, Admit, TokenBatch
 from actors.runtime import faults
 from actors.runtime.engine_actor import EngineActor, EngineFailed
 from actors.runtime.metric_events import (
@@ -30,7 +30,7 @@ from actors.runtime.metric_events import (
     SequenceFinished,
     StepTokens,
 )
-from actors.runtime.request import Child, Registry
+from actors.runtime.request import Choice, EngineRequest, Registry
 
 log = logging.getLogger("server.scheduler")
 
@@ -44,7 +44,7 @@ class SchedulerActor:
         self,
         engine: EngineActor,
         registry: Registry,
-        admit_recv: trio.MemoryReceiveChannel[Child],
+        admit_recv: trio.MemoryReceiveChannel[EngineRequest],
         batch_send: trio.MemorySendChannel[list[Any]],
         metrics_send: trio.MemorySendChannel[MetricEvent],
         on_fatal: Callable[[BaseException], None],
@@ -56,32 +56,40 @@ class SchedulerActor:
         self._batch_send = batch_send
         self._metrics_send = metrics_send
         self.credits = trio.Semaphore(BATCH_CREDITS)
-        # Admitted children not yet handed to the engine. Bounded by admission capacity:
-        # each holds a slot that is not returned before it retires.
-        self._admitted: list[Child] = []
-        self._aborts: list[Child] = []  # bounded the same way: one entry per live child
+        # Admitted requests not yet handed to the engine. Bounded by admission capacity:
+        # each choice holds a slot that is not returned before it retires.
+        self._admitted: list[EngineRequest] = []
+        # (request, choice index or None: all of them); at most one entry per live choice
+        # and one per live request, so bounded the same way.
+        self._aborts: list[tuple[EngineRequest, int | None]] = []
         self._wakeup = trio.Event()
         self._admit_closed = False
         self._last_stats: EngineStats | None = None
         self.metrics_dropped = 0
 
     # -- called from other actors in the same thread; never blocks ------------------
-    def abort_nowait(self, child: Child) -> None:
-        if child.retired or child.abort_requested:
-            return
-        child.abort_requested = True
-        self._aborts.append(child)
+    def abort_nowait(self, req: EngineRequest, index: int | None = None) -> None:
+        """Stops every choice of `req`, or only choice `index` (a stop string matched)."""
+        if index is None:
+            if req.done or req.abort_requested:
+                return
+            req.abort_requested = True
+        else:
+            choice = req.choices[index]
+            if choice.retired or choice.abort_requested:
+                return
+            choice.abort_requested = True
+        self._aborts.append((req, index))
         self._wakeup.set()
 
     def _fail_everything(self) -> None:
         """After an engine failure: fail and retire everything without touching the engine."""
         for state in list(self._registry.requests.values()):
             state.outbox.fail(500, "the engine failed while serving this request")
-        for _state, child in list(self._registry.children.values()):
-            child.in_engine = False
-            self._retire(child, "error")
-        for child in self._admitted:
-            self._retire(child, "error")
+        for _state, req in list(self._registry.engine_requests.values()):
+            self._retire_all(req, "error")
+        for req in self._admitted:
+            self._retire_all(req, "error")
         self._admitted.clear()
 
     # -- the actor -------------------------------------------------------------------
@@ -100,8 +108,8 @@ class SchedulerActor:
 
     async def _receive_admits(self) -> None:
         async with self._admit_recv:
-            async for child in self._admit_recv:
-                self._admitted.append(child)
+            async for req in self._admit_recv:
+                self._admitted.append(req)
                 self._wakeup.set()
         self._admit_closed = True
         self._wakeup.set()
@@ -129,88 +137,101 @@ class SchedulerActor:
 
     def _apply_admits(self, engine: Any) -> None:
         admitted, self._admitted = self._admitted, []
-        for child in admitted:
-            if child.abort_requested or child.retired:
-                self._retire(child, child.finish_reason or "abort")
+        for req in admitted:
+            if req.abort_requested or req.done:
+                self._retire_all(req, "abort")
                 continue
             try:
-                engine.add_request(
-                    child.engine_id,
-                    child.prompt_token_ids,
-                    child.params,
-                    priority=child.params.priority,
-                )
+                engine.add(Admit(req.engine_id, tuple(req.prompt_token_ids), req.params,
+                                 arrival_time=req.admitted_at, priority=req.params.priority))
             except ValueError as exc:  # the engine's own checks; the edge should catch these
-                log.warning("engine refused %s: %s", child.engine_id, exc)
-                found = self._registry.children.get(child.engine_id)
+                log.warning("engine refused %s: %s", req.engine_id, exc)
+                found = self._registry.engine_requests.get(req.engine_id)
                 if found is not None:
                     found[0].outbox.fail(400, "the request was refused by the engine")
-                self._retire(child, "error")
+                self._retire_all(req, "error")
                 continue
-            child.in_engine = True
+            req.in_engine = True
 
     def _apply_aborts(self, engine: Any) -> None:
         aborts, self._aborts = self._aborts, []
-        for child in aborts:
-            if child.in_engine and not child.retired:
-                engine.abort_request(child.engine_id)
-                child.in_engine = False
-                self._retire(child, child.finish_reason or "abort")
-            # Otherwise its Admit has not arrived yet (it is retired then) or it is gone.
+        for req, index in aborts:
+            if not req.in_engine or req.done:
+                continue  # its Admit has not been applied yet (it retires there) or it is gone
+            engine.abort(Abort(req.engine_id, index))
+            # The core reports nothing for what it aborts: those choices retire here.
+            for choice in req.live_choices() if index is None else [req.choices[index]]:
+                self._retire(req, choice, choice.finish_reason or "abort")
 
     def _note_schedule(self, batch: TokenBatch, started: float) -> None:
-        """From the step just run (engine id = child id): preemptions per sequence, and
-        when each newly admitted sequence was first scheduled (its queue time ends there,
-        although a long prompt's first token comes several chunked steps later)."""
-        for engine_id, _index in batch.preempted:
-            found = self._registry.children.get(engine_id)
-            if found is not None:
-                found[1].num_preemptions += 1
-        for engine_id, _index in batch.scheduled:
-            found = self._registry.children.get(engine_id)
-            if found is not None and found[1].scheduled_at is None:
-                found[1].scheduled_at = started
+        """From the step just run: preemptions per choice, and when each newly admitted
+        request was first scheduled (its queue time ends there, although a long prompt's
+        first token comes several chunked steps later; the forked choices start with it)."""
+        for engine_id, index in batch.preempted:
+            choice = self._choice(engine_id, index)
+            if choice is not None:
+                choice.num_preemptions += 1
+        for engine_id, index in batch.scheduled:
+            found = self._registry.engine_requests.get(engine_id)
+            if found is None:
+                continue
+            for choice in found[1].choices if index == 0 else [found[1].choices[index]]:
+                if choice.scheduled_at is None:
+                    choice.scheduled_at = started
+
+    def _choice(self, engine_id: str, index: int) -> Choice | None:
+        found = self._registry.engine_requests.get(engine_id)
+        if found is None or not 0 <= index < len(found[1].choices):
+            return None
+        return found[1].choices[index]
 
     def _account(self, outputs: list[Any]) -> None:
         now = time.monotonic()
         prompt = cached = generated = 0
         for out in outputs:
-            found = self._registry.children.get(out.request_id)
+            found = self._registry.engine_requests.get(out.request_id)
             if found is None:
                 continue
-            _state, child = found
-            if child.retired:
+            req = found[1]
+            choice = req.choices[out.index]
+            if choice.retired:
                 continue
-            child.num_cached_tokens = getattr(out, "num_cached_tokens", 0)
+            choice.num_cached_tokens = out.num_cached_tokens
             if out.new_token_ids:
-                if child.first_token_at is None:
-                    child.first_token_at = now
-                    prompt += len(child.prompt_token_ids)
-                    cached += child.num_cached_tokens
-                elif child.last_token_at is not None:
-                    child.inter_token.append(now - child.last_token_at)
-                child.last_token_at = now
-                child.num_generated += len(out.new_token_ids)
+                if not req.prompt_counted:  # the prompt ran once, for all its choices
+                    req.prompt_counted = True
+                    prompt += len(req.prompt_token_ids)
+                    cached += out.num_cached_tokens
+                if choice.first_token_at is None:
+                    choice.first_token_at = now
+                elif choice.last_token_at is not None:
+                    choice.inter_token.append(now - choice.last_token_at)
+                choice.last_token_at = now
+                choice.num_generated += len(out.new_token_ids)
                 generated += len(out.new_token_ids)
             if out.finished:
-                child.in_engine = False
-                self._retire(child, out.finish_reason or "stop")
+                self._retire(req, choice, out.finish_reason or "stop")
         self._emit(StepTokens(prompt, cached, generated))
 
-    def _retire(self, child: Child, reason: str) -> None:
-        if child.retired:
+    def _retire_all(self, req: EngineRequest, reason: str) -> None:
+        for choice in req.live_choices():
+            self._retire(req, choice, choice.finish_reason or reason)
+
+    def _retire(self, req: EngineRequest, choice: Choice, reason: str) -> None:
+        if choice.retired:
             return
-        child.retired = True
-        if child.finish_reason is None:
-            child.finish_reason = reason
-        state_child = self._registry.children.get(child.engine_id)
-        self._emit(_finished(child, time.monotonic()))
-        if state_child is not None:
-            state = state_child[0]
-            group = [c for c in state.children if c.prompt_index == child.prompt_index]
-            if all(c.retired for c in group):
-                self._emit(GroupFinished(len(group), max(c.num_generated for c in group)))
-            state.note_retired()
+        choice.retired = True
+        if choice.finish_reason is None:
+            choice.finish_reason = reason
+        self._emit(_finished(req, choice, time.monotonic()))
+        if req.live_choices():
+            return
+        req.done = True
+        req.in_engine = False
+        self._emit(GroupFinished(len(req.choices), max(c.num_generated for c in req.choices)))
+        found = self._registry.engine_requests.get(req.engine_id)
+        if found is not None:
+            found[0].note_retired()
 
     def _publish_stats(self, engine: Any) -> None:
         stats = engine.stats()
@@ -227,20 +248,20 @@ class SchedulerActor:
             pass
 
 
-def _finished(child: Child, now: float) -> SequenceFinished:
-    scheduled, first, last = child.scheduled_at, child.first_token_at, child.last_token_at
+def _finished(req: EngineRequest, choice: Choice, now: float) -> SequenceFinished:
+    scheduled, first, last = choice.scheduled_at, choice.first_token_at, choice.last_token_at
     started = scheduled is not None and first is not None and last is not None
     return SequenceFinished(
-        finish_reason=child.finish_reason or "error",
-        num_prompt_tokens=len(child.prompt_token_ids),
-        num_generation_tokens=child.num_generated,
-        num_cached_tokens=child.num_cached_tokens,
-        num_preemptions=child.num_preemptions,
-        max_tokens=child.params.max_tokens,
-        e2e_seconds=now - child.admitted_at,
-        queue_seconds=None if scheduled is None else scheduled - child.admitted_at,
-        ttft_seconds=None if first is None else first - child.admitted_at,
-        inter_token_seconds=tuple(child.inter_token),
+        finish_reason=choice.finish_reason or "error",
+        num_prompt_tokens=len(req.prompt_token_ids),
+        num_generation_tokens=choice.num_generated,
+        num_cached_tokens=choice.num_cached_tokens,
+        num_preemptions=choice.num_preemptions,
+        max_tokens=req.params.max_tokens,
+        e2e_seconds=now - req.admitted_at,
+        queue_seconds=None if scheduled is None else scheduled - req.admitted_at,
+        ttft_seconds=None if first is None else first - req.admitted_at,
+        inter_token_seconds=tuple(choice.inter_token),
         prefill_seconds=first - scheduled if started else None,  # type: ignore[operator]
         decode_seconds=last - first if started else None,  # type: ignore[operator]
         inference_seconds=last - scheduled if started else None,  # type: ignore[operator]

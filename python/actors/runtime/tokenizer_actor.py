@@ -2,21 +2,23 @@
 
 Two loops share the actor:
 - submissions: render (chat templates) and tokenize prompts in a worker thread, check them
-  against the context, create the request's children and admit them to the scheduler;
-- batches: turn each engine step's token ids into text with each child's incremental
+  against the context, and admit one engine request per prompt, with the request's n choices,
+  to the scheduler;
+- batches: turn each engine step's token ids into text with each choice's incremental
   detokenizer (stop strings included) and push the result into the request's Outbox.
 
 Channel bounds (capacity = the admission capacity, in engine sequences):
 - submit channel (HTTP -> here), size `capacity`: a request is submitted only while it holds
   at least one admission slot and is submitted once, so at most `capacity` are in it;
-- admit channel (here -> scheduler), size `capacity`: one message per child, and a child
-  holds a slot until it retires, which happens after the scheduler has read its message.
+- admit channel (here -> scheduler), size `capacity`: one message per prompt, whose n choices
+  hold n slots until they retire, which happens after the scheduler has read its message.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import trio
@@ -25,7 +27,14 @@ from actors.runtime import faults
 from actors.text.detokenizer import IncrementalDetokenizer, TokenTexts
 from actors.runtime.outbox import ChoiceUpdate, TokenLogprob
 from actors.runtime.prompt_bounds import PromptCharBound
-from actors.runtime.request import Child, PromptResult, Registry, RequestError, RequestState
+from actors.runtime.request import (
+    Choice,
+    EngineRequest,
+    PromptResult,
+    Registry,
+    RequestError,
+    RequestState,
+)
 from actors.runtime.scheduler_actor import SchedulerActor
 
 log = logging.getLogger("server.tokenizer")
@@ -38,7 +47,7 @@ class TokenizerActor:
         registry: Registry,
         scheduler: SchedulerActor,
         submit_recv: trio.MemoryReceiveChannel[RequestState],
-        admit_send: trio.MemorySendChannel[Child],
+        admit_send: trio.MemorySendChannel[EngineRequest],
         batch_recv: trio.MemoryReceiveChannel[list[Any]],
         *,
         vocab_size: int,
@@ -88,14 +97,16 @@ class TokenizerActor:
             state.fail_before_start(RequestError(500, "internal error while preparing the prompt"))
             return
         state.prompt_results = results
-        self._make_children(state)
-        self._registry.add_children(state)
+        self._make_engine_requests(state)
+        self._registry.add_engine_requests(state)
         state.ready.set()
-        for child in state.children:
-            if state.cancelled or child.abort_requested:
-                child.retired = True
+        for req in state.engine_requests:
+            if state.cancelled or req.abort_requested:
+                req.done = True
+                for choice in req.choices:
+                    choice.retired = True
                 continue
-            await self._admit_send.send(child)  # never blocks: see the bound above
+            await self._admit_send.send(req)  # never blocks: see the bound above
         state.note_retired()
 
     def _prepare(self, state: RequestState) -> list[PromptResult]:
@@ -148,20 +159,25 @@ class TokenizerActor:
             results.append(PromptResult(ids, text))
         return results
 
-    def _make_children(self, state: RequestState) -> None:
+    def _make_engine_requests(self, state: RequestState) -> None:
+        """One engine request per prompt carrying all n choices: the engine runs the prompt
+        once and forks the rest from it, sharing its KV blocks."""
         params = state.params
+        n = params.n
         for p, result in enumerate(state.prompt_results):
             room = state.max_model_len - len(result.token_ids)
             max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
-            for i in range(params.n):
-                index = p * params.n + i
-                child_params = params.for_child(i, max_tokens)
-                child = Child(
-                    engine_id=f"{state.request_id}-{index}",
-                    index=index,
-                    prompt_index=p,
-                    params=child_params,
-                    prompt_token_ids=result.token_ids,
+            req = EngineRequest(
+                engine_id=f"{state.request_id}-{p}",
+                prompt_index=p,
+                params=replace(params, max_tokens=max_tokens),
+                prompt_token_ids=result.token_ids,
+                admitted_at=state.arrival,
+            )
+            for i in range(n):
+                req.choices.append(Choice(
+                    index=i,
+                    outbox_index=p * n + i,
                     detokenizer=IncrementalDetokenizer(
                         self._backend,
                         prompt_token_ids=result.token_ids,
@@ -169,9 +185,8 @@ class TokenizerActor:
                         stop=params.stop,
                         include_stop_str_in_output=params.include_stop_str_in_output,
                     ),
-                    admitted_at=state.arrival,
-                )
-                state.children.append(child)
+                ))
+            state.engine_requests.append(req)
 
     # -- engine output -----------------------------------------------------------------
     async def _batches(self) -> None:
@@ -188,28 +203,30 @@ class TokenizerActor:
                 finally:
                     self._scheduler.credits.release()
 
-    def _convert_logprobs(self, outputs: list[Any]) -> dict[str, _Logprobs]:
+    def _convert_logprobs(self, outputs: list[Any]) -> dict[tuple[str, int], _Logprobs]:
         """Runs in a worker thread: each output's logprobs as TokenLogprobs, with the text
         of every token they name decoded into token_texts."""
-        converted: dict[str, _Logprobs] = {}
+        converted: dict[tuple[str, int], _Logprobs] = {}
         for out in outputs:
-            found = self._registry.children.get(out.request_id)
+            found = self._registry.engine_requests.get(out.request_id)
             if found is None or not _has_logprobs(out):
                 continue
             prompt = found[1].prompt_token_ids
             lps = _logprobs(list(out.new_token_ids), out)
             prompt_lps = _prompt_logprobs(prompt, out)
             self.token_texts.fill(_named_ids(lps, prompt_lps, prompt))
-            converted[out.request_id] = (lps, prompt_lps)
+            converted[(out.request_id, out.index)] = (lps, prompt_lps)
         return converted
 
-    def _deliver(self, outputs: list[Any], converted: dict[str, _Logprobs] | None = None) -> None:
+    def _deliver(self, outputs: list[Any],
+                 converted: dict[tuple[str, int], _Logprobs] | None = None) -> None:
         for out in outputs:
-            found = self._registry.children.get(out.request_id)
+            found = self._registry.engine_requests.get(out.request_id)
             if found is None:
                 continue
-            state, child = found
-            if child.abort_requested or child.detokenizer is None:
+            state, req = found
+            choice = req.choices[out.index]
+            if req.abort_requested or choice.abort_requested or choice.detokenizer is None:
                 continue
             if out.finish_reason == "error":
                 # The sampler refused this request's row; only this request fails (vLLM
@@ -218,10 +235,10 @@ class TokenizerActor:
                                        "parameters")
                 continue
             new_ids = list(out.new_token_ids)
-            step = child.detokenizer.add(new_ids)
-            lps, prompt_lps = (converted or {}).get(out.request_id) or ([], None)
+            step = choice.detokenizer.add(new_ids)
+            lps, prompt_lps = (converted or {}).get((out.request_id, out.index)) or ([], None)
             update = ChoiceUpdate(
-                index=child.index,
+                index=choice.outbox_index,
                 text=step.text,
                 token_ids=new_ids,
                 logprobs=lps,
@@ -230,11 +247,11 @@ class TokenizerActor:
             if step.stop_reason is not None:
                 update.finish_reason = "stop"
                 update.stop_reason = step.stop_reason
-                child.finish_reason = "stop"
-                if not out.finished:
-                    self._scheduler.abort_nowait(child)
+                choice.finish_reason = "stop"
+                if not out.finished:  # this choice only: its siblings go on
+                    self._scheduler.abort_nowait(req, choice.index)
             elif out.finished:
-                update.text += child.detokenizer.flush()
+                update.text += choice.detokenizer.flush()
                 update.finish_reason = out.finish_reason or "stop"
                 update.stop_reason = out.stop_reason
             state.outbox.push(update)
