@@ -1,4 +1,5 @@
-"""The Quart-Trio application: routes, error envelope, health gate, headers, HTTP metrics."""
+"""The Quart-Trio application: the API modules it mounts, the error envelope, the health gate,
+headers and HTTP metrics."""
 
 from __future__ import annotations
 
@@ -11,14 +12,18 @@ from quart import Response, g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
+from server.api import ops
+from server.api.openai import chat, completions, invocations, models, tokenize
 from server.auth import APIKeyMiddleware
 from server.errors import APIError, envelope_bytes
 from server.generation import RetireAtRequestEnd
-from server.routes import misc
 from server.state import ServerState
 from server.write_watchdog import WriteWatchdog
 
 log = logging.getLogger("server.http")
+
+# Every module that registers routes, each through its `register(app, srv)`.
+API_MODULES = (ops, completions, chat, models, tokenize, invocations)
 
 # Routes that answer before the model is loaded (and after an engine failure).
 ALWAYS_OPEN = frozenset({"/health", "/ping", "/version", "/metrics"})
@@ -50,7 +55,8 @@ def create_app(srv: ServerState) -> Any:
         RESPONSE_TIMEOUT=None,  # streams are long; clients and drain decide when they end
         PROVIDE_AUTOMATIC_OPTIONS=True,
     )
-    misc.register(app, srv)
+    for module in API_MODULES:
+        module.register(app, srv)
 
     @app.before_request
     async def gate() -> Response | None:

@@ -13,17 +13,7 @@ from pydantic import BaseModel
 from quart import Quart
 
 from server import __version__
-from server.protocol.chat import ChatCompletionRequest
-from server.protocol.completions import CompletionRequest
-from server.protocol.tokenize import DetokenizeRequest, TokenizeRequest
 
-BODIES: dict[str, tuple[type[BaseModel], ...]] = {
-    "/v1/completions": (CompletionRequest,),
-    "/v1/chat/completions": (ChatCompletionRequest,),
-    "/tokenize": (TokenizeRequest,),
-    "/detokenize": (DetokenizeRequest,),
-    "/invocations": (ChatCompletionRequest, CompletionRequest),
-}
 REF_TEMPLATE = "#/components/schemas/{model}"
 
 _ERROR = {
@@ -72,7 +62,8 @@ def openapi_document(app: Quart) -> dict[str, Any]:
                     },
                 },
             }
-            models = BODIES.get(rule.rule)
+            # Each route declares its body models where it is registered (http_io.accepts).
+            models = getattr(app.view_functions[rule.endpoint], "request_bodies", None)
             if models is not None and method == "POST":
                 op["requestBody"] = {
                     "required": True,

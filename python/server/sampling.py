@@ -20,7 +20,7 @@ from actors.params.sampling import (
 )
 
 from server.errors import bad_request
-from server.protocol.common import SamplingFields
+from server.api.openai.protocol.common import SamplingFields
 
 # Limits of the HTTP edge only (the engine's are SamplingParams.validate's, applied here
 # before the prompt is tokenized).

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from server.errors import bad_request
-from server.protocol.common import APIModel
+from server.api.openai.protocol.common import APIModel
 
 # field -> what the 400 says is missing. A field counts as set when it is truthy.
 UNSUPPORTED = {

@@ -1,8 +1,10 @@
-"""Helpers every route uses: body parsing, model check, JSON and SSE responses."""
+"""The HTTP plumbing every API module shares: a JSON body read into a pydantic model (and
+declared for the OpenAPI document), the served-model check, and JSON responses, built off the
+event loop when they are large. The SSE response is server.sse's."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import orjson
@@ -12,10 +14,20 @@ from quart import Response, request
 
 from server.errors import APIError, bad_request
 from server.json_depth import MAX_JSON_DEPTH, nesting_depth
-from server.protocol.errors import describe
+from server.api.validation_errors import describe
 from server.state import ServerState
 
 M = TypeVar("M", bound=BaseModel)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def accepts(*models: type[BaseModel]) -> Callable[[F], F]:
+    """Declare the body models of a POST route (more than one: any of them), for the
+    OpenAPI document; put it under the route decorator."""
+    def mark(view: F) -> F:
+        view.request_bodies = models  # type: ignore[attr-defined]
+        return view
+    return mark
 
 
 async def read_json() -> dict[str, Any]:
@@ -95,11 +107,3 @@ def _dumps_by_item(payload: dict[str, Any]) -> bytes:
             parts.append(orjson.dumps(value))
     parts.append(b"}" if parts else b"{}")
     return b"".join(parts)
-
-
-def sse_response(body: AsyncIterator[bytes]) -> Response:
-    response = Response(body, mimetype="text/event-stream")
-    response.headers["Cache-Control"] = "no-cache"
-    response.headers["X-Accel-Buffering"] = "no"
-    response.timeout = None  # Quart would otherwise cut every stream after RESPONSE_TIMEOUT
-    return response

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from quart import Response, request
+from quart import Quart, Response, request
 
 from actors.runtime.request import PromptInput
 from server.errors import bad_request
 from server.generation import Generation, new_request_id
-from server.protocol.chat import ChatCompletionRequest
-from server.routes.common import built_json_response, check_model, sse_response
-from server.routes.stream import chat_logprobs, collect, prompt_logprobs_json, response_usage
-from server.routes.stream import sse_stream
+from server.api.http_io import accepts, built_json_response, check_model, parse, read_json
+from server.api.openai.protocol.chat import ChatCompletionRequest
+from server.api.openai.stream import chat_logprobs, collect, prompt_logprobs_json
+from server.api.openai.stream import response_usage, sse_stream
 from server.sampling import build_params, check_stream_options
+from server.sse import sse_response
 from server.state import ServerState
 from server.unsupported import check_unsupported
 
@@ -196,3 +197,10 @@ async def handle(srv: ServerState, req: ChatCompletionRequest) -> Response:
         final_chunk=final_chunk if include_usage else None,
         continuous_usage=include_usage and bool(opts and opts.continuous_usage_stats),
     ))
+
+
+def register(app: Quart, srv: ServerState) -> None:
+    @app.post("/v1/chat/completions")
+    @accepts(ChatCompletionRequest)
+    async def v1_chat() -> Response:
+        return await handle(srv, parse(ChatCompletionRequest, await read_json()))

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from quart import Response, request
+from quart import Quart, Response, request
 
 from actors.runtime.request import PromptInput
 from server.errors import bad_request
 from server.generation import Generation, new_request_id
-from server.protocol.completions import CompletionRequest
-from server.routes.common import built_json_response, check_model, sse_response
-from server.routes.stream import collect, completion_logprobs, echo_logprobs
-from server.routes.stream import echo_prompt_logprobs, prompt_logprobs_json, prompt_logprobs_of
-from server.routes.stream import response_usage
-from server.routes.stream import sse_stream
+from server.api.http_io import accepts, built_json_response, check_model, parse, read_json
+from server.api.openai.protocol.completions import CompletionRequest
+from server.api.openai.stream import collect, completion_logprobs, echo_logprobs
+from server.api.openai.stream import echo_prompt_logprobs, prompt_logprobs_json
+from server.api.openai.stream import prompt_logprobs_of, response_usage, sse_stream
 from server.sampling import MAX_PROMPTS, build_params, check_stream_options
+from server.sse import sse_response
 from server.state import ServerState
 from server.unsupported import check_unsupported
 
@@ -166,3 +166,10 @@ async def handle(srv: ServerState, req: CompletionRequest) -> Response:
         final_chunk=final_chunk if include_usage else None,
         continuous_usage=include_usage and bool(opts and opts.continuous_usage_stats),
     ))
+
+
+def register(app: Quart, srv: ServerState) -> None:
+    @app.post("/v1/completions")
+    @accepts(CompletionRequest)
+    async def v1_completions() -> Response:
+        return await handle(srv, parse(CompletionRequest, await read_json()))

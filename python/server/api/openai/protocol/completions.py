@@ -1,10 +1,12 @@
+"""The body of POST /v1/completions."""
+
 from __future__ import annotations
 
 from typing import Any
 
 from pydantic import Field, model_validator
 
-from server.protocol.common import SamplingFields
+from server.api.openai.protocol.common import SamplingFields
 
 Prompt = str | list[str] | list[int] | list[list[int]]
 DEFAULT_MAX_TOKENS = 16

@@ -1,11 +1,13 @@
+"""The bodies of POST /tokenize and POST /detokenize (vLLM's)."""
+
 from __future__ import annotations
 
 from typing import Any
 
 from pydantic import Field
 
-from server.protocol.chat import ChatMessage
-from server.protocol.common import APIModel
+from server.api.openai.protocol.chat import ChatMessage
+from server.api.openai.protocol.common import APIModel
 
 
 class TokenizeRequest(APIModel):
