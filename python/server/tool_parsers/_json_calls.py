@@ -72,7 +72,7 @@ def scan_call(text: str, index: int, shape: CallShape, final: bool) -> ObjectCal
         if raw is not None and text[raw.start] == "{":
             arguments = text[raw.start : raw.end]
         return ObjectCall(CallProgress(name, arguments, complete=True), scan.end, False)
-    if final or not js.is_valid_prefix(text[index:]):
+    if final or not js.is_valid_prefix(text, index):
         return ObjectCall(None, None, True)
     name = None
     for member in scan.members:

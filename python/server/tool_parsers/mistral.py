@@ -144,7 +144,7 @@ class MistralToolParser(ToolParser):
                 return None
             return [call.progress] if call.progress else []
         array = js.scan_array(text, index)
-        if array.bad or (array.end is None and (final or not js.is_valid_prefix(text[index:]))):
+        if array.bad or (array.end is None and (final or not js.is_valid_prefix(text, index))):
             return None
         calls: list[CallProgress] = []
         for start, end in array.elements:
@@ -191,7 +191,7 @@ class MistralToolParser(ToolParser):
             if obj.bad:
                 return None
             if obj.end is None:
-                if final or not js.is_valid_prefix(text[args_at:]):
+                if final or not js.is_valid_prefix(text, args_at):
                     return None
                 calls.append(CallProgress(name, text[args_at:]))
                 return calls

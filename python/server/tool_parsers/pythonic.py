@@ -96,8 +96,9 @@ def _call(node: ast.AST) -> tuple[str, str]:
         raise _NotToolCalls("not a call with keyword arguments only")
     arguments = {}
     for argument in node.keywords:
-        if argument.arg is None:
-            raise _NotToolCalls("** in a call")
+        if argument.arg is None or argument.arg in arguments:
+            # `ast` leaves a repeated keyword to the compiler to refuse.
+            raise _NotToolCalls("** or a repeated keyword in a call")
         arguments[argument.arg] = _value(argument.value)
     return _call_name(node.func), json.dumps(arguments, ensure_ascii=False)
 
@@ -208,8 +209,8 @@ class PythonicToolParser(ToolParser):
             if name is None:
                 raise _NotToolCalls("expected a call")
             pos = js.skip_ws(text, name.end())
-            if pos >= size:
-                return False
+            if pos >= size or (text[pos] == "." and pos + 1 >= size):
+                return False  # the name may still grow
             if text[pos] != "(" or any(keyword.iskeyword(p) for p in name.group().split(".")):
                 raise _NotToolCalls("expected (")
             # Announced once its first keyword or its `)` shows it is a call the

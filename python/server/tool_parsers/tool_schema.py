@@ -1,0 +1,179 @@
+"""Forced tool choice: the JSON schema that constrains generation for `tool_choice:
+"required"` or a named function, and the reading of the constrained output back into
+calls, as vLLM does it for parsers that take the generic JSON path.
+
+- A named function: the output is that function's arguments object, so the schema is
+  its `parameters` (an empty object schema when it declares none); the whole output is
+  the call's arguments.
+- `"required"`: the output is a JSON array of `{"name": ..., "parameters": {...}}`, at
+  least one item, each item one of the tools (the name pinned by `enum`); with
+  `parallel_tool_calls: false`, at most one. `$defs` of every tool move to the top of
+  the schema, where their `#/$defs/...` references resolve; two tools defining one name
+  differently are refused.
+
+`RequiredToolCallParser` and `NamedToolCallParser` read such output through the same
+interface as the auto parsers, so one code path streams every kind of tool choice.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from server.tool_parsers import _json_scan as js
+from server.tool_parsers._json_calls import CallShape, decode_call, scan_call
+from server.tool_parsers.base import CallProgress, ParsedToolCalls, Scan, ToolParser
+
+_EMPTY_OBJECT = {"type": "object", "properties": {}}
+_REQUIRED_SHAPE = CallShape(argument_keys=("parameters",))
+
+
+class ToolChoiceError(ValueError):
+    pass
+
+
+def _functions(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    return [t["function"] for t in tools or [] if t.get("type", "function") == "function"]
+
+
+def named_function(tool_choice: Any) -> str | None:
+    """The function a `{"type": "function", "function": {"name": ...}}` choice names."""
+    if isinstance(tool_choice, dict):
+        function = tool_choice.get("function")
+        if isinstance(function, dict) and isinstance(function.get("name"), str):
+            return function["name"]
+    return None
+
+
+def tool_choice_schema(
+    tools: list[dict[str, Any]] | None,
+    tool_choice: Any,
+    parallel_tool_calls: bool | None = None,
+) -> dict[str, Any] | None:
+    """The schema for the output, None when the choice does not constrain it ("auto",
+    "none", absent)."""
+    if tool_choice in (None, "none", "auto") or tools is None:
+        return None
+    functions = _functions(tools)
+    name = named_function(tool_choice)
+    if name is not None:
+        for function in functions:
+            if function["name"] == name:
+                return copy.deepcopy(function.get("parameters") or _EMPTY_OBJECT)
+        raise ToolChoiceError(f"Tool '{name}' has not been passed in `tools`.")
+    if tool_choice != "required":
+        return None
+    definitions: dict[str, Any] = {}
+    items = []
+    for function in functions:
+        parameters = copy.deepcopy(function.get("parameters") or _EMPTY_OBJECT)
+        defs = parameters.pop("$defs", {})
+        if not isinstance(defs, dict):
+            raise ToolChoiceError(
+                f"`$defs` in the parameters of tool '{function['name']}' must be an object."
+            )
+        for key, schema in defs.items():
+            if key in definitions and definitions[key] != schema:
+                raise ToolChoiceError(
+                    f"Tool definition '{key}' has multiple schemas, which is not supported."
+                )
+            definitions[key] = schema
+        items.append(
+            {
+                "properties": {
+                    "name": {"type": "string", "enum": [function["name"]]},
+                    "parameters": parameters,
+                },
+                "required": ["name", "parameters"],
+            }
+        )
+    schema: dict[str, Any] = {
+        "type": "array",
+        "minItems": 1,
+        "items": {"type": "object", "anyOf": items},
+    }
+    # Only an explicit false limits the calls: an absent field means parallel calls.
+    if parallel_tool_calls is False:
+        schema["maxItems"] = 1
+    if definitions:
+        schema["$defs"] = definitions
+    return schema
+
+
+class RequiredToolCallParser(ToolParser):
+    """Reads the `"required"` array. Output that is not such an array has no calls (the
+    constraint makes it rare: a length cut, say) and no content, as vLLM returns it."""
+
+    name = "required"
+
+    def __init__(self, parallel_tool_calls: bool | None = None) -> None:
+        super().__init__()
+        self.limit = 1 if parallel_tool_calls is False else None
+
+    def _parse(self, text: str) -> ParsedToolCalls:
+        try:
+            items = js.loads_strict(text.strip() or "[]")
+        except ValueError:
+            return ParsedToolCalls(content=None)
+        if not isinstance(items, list):
+            return ParsedToolCalls(content=None)
+        pairs = []
+        for item in items:
+            call = decode_call(item, _REQUIRED_SHAPE)
+            if call is None:
+                return ParsedToolCalls(content=None)
+            pairs.append(call)
+        return ParsedToolCalls(content=None, calls=self._calls(pairs[: self.limit]))
+
+    def _scan(self, text: str, final: bool) -> Scan:
+        index = js.skip_ws(text, 0)
+        if index >= len(text):
+            return Scan()
+        if text[index] != "[":
+            return Scan(invalid=True)
+        array = js.scan_array(text, index)
+        if array.bad:
+            return Scan(invalid=True)
+        calls: list[CallProgress] = []
+        for start, _ in array.elements:
+            call = scan_call(text, start, _REQUIRED_SHAPE, final) if text[start] == "{" else None
+            if call is None or call.bad:
+                return Scan(invalid=True)
+            if call.progress is None:
+                break
+            calls.append(call.progress)
+        if final and (array.end is None or not js.is_valid_prefix(text, index)):
+            return Scan(invalid=True)
+        return Scan(calls=calls[: self.limit])
+
+
+class NamedToolCallParser(ToolParser):
+    """Reads a named function's arguments: the whole output is the arguments text, sent
+    as it arrives; an empty output is no call."""
+
+    name = "named"
+
+    def __init__(self, function_name: str) -> None:
+        super().__init__()
+        self.function_name = function_name
+
+    def _parse(self, text: str) -> ParsedToolCalls:
+        if not text.strip():
+            return ParsedToolCalls(content=None)
+        return ParsedToolCalls(content=None, calls=self._calls([(self.function_name, text)]))
+
+    def _scan(self, text: str, final: bool) -> Scan:
+        if not text.strip():
+            return Scan()
+        return Scan(calls=[CallProgress(self.function_name, text, complete=final)])
+
+
+def forced_tool_parser(tool_choice: Any, parallel_tool_calls: bool | None = None) -> ToolParser | None:
+    """The parser for a forced choice's output, None for "auto" and "none"."""
+    name = named_function(tool_choice)
+    if name is not None:
+        return NamedToolCallParser(name)
+    if tool_choice == "required":
+        return RequiredToolCallParser(parallel_tool_calls)
+    return None
+
