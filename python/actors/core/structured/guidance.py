@@ -228,8 +228,9 @@ class GuidanceBackend(GrammarBackend):
         return self._llt
 
     def compile_grammar(self, spec: StructuredSpec) -> GuidanceGrammar:
-        spec.validate(grammar_check=False)
-        grammar = serialize(spec)
+        spec.validate(grammar_check=False, metaschema=False)
+        grammar = serialize(spec)  # refuses what would trip llguidance's limits mid-way
+        spec.check_metaschema()
         template = LLMatcher(self._llt, grammar, log_level=0, limits=_limits())
         if not template.is_error():
             # the first mask builds the start state's lexer, shared by every copy; some
