@@ -10,7 +10,6 @@ import re
 
 import partial_json_parser
 import pytest
-
 from server.tool_parsers import (
     TOOL_PARSERS,
     ContentDelta,
@@ -30,17 +29,21 @@ CASES = {
     "hermes": [
         ("The capital of France is Paris.", "The capital of France is Paris.", []),
         (
-            'Let me check the weather.\n<tool_call>\n{"name": "get_current_weather", '
-            '"arguments": {"city": "Dallas", "state": "TX", "unit": "fahrenheit"}}\n'
-            "</tool_call>",
+            (
+                'Let me check the weather.\n<tool_call>\n{"name": "get_current_weather", '
+                '"arguments": {"city": "Dallas", "state": "TX", "unit": "fahrenheit"}}\n'
+                "</tool_call>"
+            ),
             "Let me check the weather.\n",
             [("get_current_weather", {"city": "Dallas", "state": "TX", "unit": "fahrenheit"})],
         ),
         (
-            '\n<tool_call>{"name": "write", "arguments": {"path": "C:\\\\tmp\\\\a.txt", '
-            '"text": "He said \\"hi\\" </tool_call> caf\\u00e9 ☀️", "n": [1, -2.5e3, true, '
-            'null], "o": {"k": {}}}}</tool_call>\n<tool_call>\n{"name": "ping", "arguments": '
-            '{}}\n</tool_call>\nignored trailing text',
+            (
+                '\n<tool_call>{"name": "write", "arguments": {"path": "C:\\\\tmp\\\\a.txt", '
+                '"text": "He said \\"hi\\" </tool_call> caf\\u00e9 ☀️", "n": [1, -2.5e3, true, '
+                'null], "o": {"k": {}}}}</tool_call>\n<tool_call>\n{"name": "ping", "arguments": '
+                "{}}\n</tool_call>\nignored trailing text"
+            ),
             None,
             [
                 (
@@ -70,10 +73,12 @@ CASES = {
             [("searchTool", {"query": "test {value} [complex]"})],
         ),
         (
-            '<|python_tag|>{"name": "searchTool", "arguments": {"query": "Zürich \\"old\\""}}; '
-            '{"name": "getOpenIncidentsTool", "parameters": {}}; {"name": "complexTool", '
-            '"parameters": {"level1": {"level2": {"value": "deep", "list": [[1], {"a": 2}]}}}}'
-            " Would you like more?",
+            (
+                '<|python_tag|>{"name": "searchTool", "arguments": {"query": "Zürich \\"old\\""}}; '
+                '{"name": "getOpenIncidentsTool", "parameters": {}}; {"name": "complexTool", '
+                '"parameters": {"level1": {"level2": {"value": "deep", "list": [[1], {"a": 2}]}}}}'
+                " Would you like more?"
+            ),
             None,
             [
                 ("searchTool", {"query": 'Zürich "old"'}),
@@ -90,22 +95,34 @@ CASES = {
     "mistral": [
         ("No tool is needed here.", "No tool is needed here.", []),
         (
-            'Checking both. [TOOL_CALLS] [{"name": "add", "arguments": {"a": 3.5, "b": 4}}, '
-            '{"name": "get_weather", "arguments": {"city": "San Francisco", "unit": "celsius"}}]',
+            (
+                'Checking both. [TOOL_CALLS] [{"name": "add", "arguments": {"a": 3.5, "b": 4}}, '
+                '{"name": "get_weather", "arguments": {"city": "San Francisco", "unit": "celsius"}}]'
+            ),
             "Checking both. ",
-            [("add", {"a": 3.5, "b": 4}), ("get_weather", {"city": "San Francisco", "unit": "celsius"})],
+            [
+                ("add", {"a": 3.5, "b": 4}),
+                ("get_weather", {"city": "San Francisco", "unit": "celsius"}),
+            ],
         ),
         (
-            '\n[TOOL_CALLS][{"name": "f", "arguments": "{\\"x\\": \\"\\u00fc\\"}"}, 7, '
-            '{"name": "now"}] trailing',
+            (
+                '\n[TOOL_CALLS][{"name": "f", "arguments": "{\\"x\\": \\"\\u00fc\\"}"}, 7, '
+                '{"name": "now"}] trailing'
+            ),
             None,
             [("f", {"x": "ü"}), ("now", {})],
         ),
         (
-            '[TOOL_CALLS]get_weather[ARGS]{"city": "Zürich", "note": "a \\"b\\" [TOOL_CALLS]"}'
-            '[TOOL_CALLS]add{"a": 1, "b": [2, 3]}',
+            (
+                '[TOOL_CALLS]get_weather[ARGS]{"city": "Zürich", "note": "a \\"b\\" [TOOL_CALLS]"}'
+                '[TOOL_CALLS]add{"a": 1, "b": [2, 3]}'
+            ),
             None,
-            [("get_weather", {"city": "Zürich", "note": 'a "b" [TOOL_CALLS]'}), ("add", {"a": 1, "b": [2, 3]})],
+            [
+                ("get_weather", {"city": "Zürich", "note": 'a "b" [TOOL_CALLS]'}),
+                ("add", {"a": 1, "b": [2, 3]}),
+            ],
         ),
     ],
     "pythonic": [
@@ -116,10 +133,12 @@ CASES = {
             [("get_weather", {"city": "San Francisco", "metric": "celsius"})],
         ),
         (
-            "[register_user(name='John Doe', age=37, address={'city': 'San Francisco', "
-            "'state': 'CA'}, role=None, passed_test=True, aliases=['John', 'Johnny'], "
-            "size=(800, 600), t=-1.5), get_time(), do_something_cool(additional_data={}, "
-            "steps=[], flag=true, nothing=null,)]",
+            (
+                "[register_user(name='John Doe', age=37, address={'city': 'San Francisco', "
+                "'state': 'CA'}, role=None, passed_test=True, aliases=['John', 'Johnny'], "
+                "size=(800, 600), t=-1.5), get_time(), do_something_cool(additional_data={}, "
+                "steps=[], flag=true, nothing=null,)]"
+            ),
             None,
             [
                 (
@@ -136,17 +155,27 @@ CASES = {
                     },
                 ),
                 ("get_time", {}),
-                ("do_something_cool", {"additional_data": {}, "steps": [], "flag": True, "nothing": None}),
+                (
+                    "do_something_cool",
+                    {"additional_data": {}, "steps": [], "flag": True, "nothing": None},
+                ),
             ],
         ),
         (
-            "\n[weather.lookup(city='Martha\\'s Vineyard', note=\"a ] b ) c, \\\"d\\\"\", "
-            "emoji='☀️ é', doc='''x\ny''')]\nDone.",
+            (
+                '\n[weather.lookup(city=\'Martha\\\'s Vineyard\', note="a ] b ) c, \\"d\\"", '
+                "emoji='☀️ é', doc='''x\ny''')]\nDone."
+            ),
             None,
             [
                 (
                     "weather.lookup",
-                    {"city": "Martha's Vineyard", "note": 'a ] b ) c, "d"', "emoji": "☀️ é", "doc": "x\ny"},
+                    {
+                        "city": "Martha's Vineyard",
+                        "note": 'a ] b ) c, "d"',
+                        "emoji": "☀️ é",
+                        "doc": "x\ny",
+                    },
                 )
             ],
         ),
@@ -297,14 +326,18 @@ def test_long_arguments_stream_fast():
     code = json.dumps('def f(x):\n    return x * 2  # "q" é\n' * 200)
     text = '<tool_call>{"name": "run", "arguments": {"code": ' + code + "}}</tool_call>"
     started = time.perf_counter()
-    _, calls, _ = _stream(get_tool_parser("hermes")(), [text[i : i + 4] for i in range(0, len(text), 4)])
+    _, calls, _ = _stream(
+        get_tool_parser("hermes")(), [text[i : i + 4] for i in range(0, len(text), 4)]
+    )
     assert json.loads(calls[0][2])["code"] == json.loads(code)
     assert time.perf_counter() - started < 5.0
 
 
 def test_registry_names_and_unknown_name():
     assert sorted(TOOL_PARSERS) == ["hermes", "llama3_json", "llama4_json", "mistral", "pythonic"]
-    with pytest.raises(UnknownToolParserError, match=r"invalid tool call parser: nope \(chose from \{ hermes,"):
+    with pytest.raises(
+        UnknownToolParserError, match=r"invalid tool call parser: nope \(chose from \{ hermes,"
+    ):
         get_tool_parser("nope")
     with pytest.raises(UnknownToolParserError, match="requires --tool-call-parser"):
         check_tool_parser_flags(True, None)

@@ -10,7 +10,6 @@ import random
 
 import jsonschema
 import pytest
-
 from server.tool_parsers import ContentDelta, ToolCallDelta
 from server.tool_parsers.tool_schema import (
     NamedToolCallParser,
@@ -41,9 +40,13 @@ TOOLS = [
             "name": "route",
             "parameters": {
                 "type": "object",
-                "$defs": {"Place": {"type": "object", "required": ["lat", "lon"],
-                                    "properties": {"lat": {"type": "number"},
-                                                   "lon": {"type": "number"}}}},
+                "$defs": {
+                    "Place": {
+                        "type": "object",
+                        "required": ["lat", "lon"],
+                        "properties": {"lat": {"type": "number"}, "lon": {"type": "number"}},
+                    }
+                },
                 "properties": {"from": {"$ref": "#/$defs/Place"}, "to": {"$ref": "#/$defs/Place"}},
                 "required": ["from", "to"],
             },
@@ -154,7 +157,9 @@ def test_required_output_reads_back(seed):
     assert _stream(single, REQUIRED_OUTPUT, seed) == expected[:1]
 
 
-@pytest.mark.parametrize("text", ["", "[", "not json", '[{"name": "f"}]', '{"name": "f", "parameters": {}}'])
+@pytest.mark.parametrize(
+    "text", ["", "[", "not json", '[{"name": "f"}]', '{"name": "f", "parameters": {}}']
+)
 def test_required_output_that_is_no_array_has_no_calls(text):
     result = RequiredToolCallParser().parse(text)
     assert (result.content, result.calls) == (None, [])

@@ -61,9 +61,7 @@ def check_tool_parser_flags(enable_auto_tool_choice: bool, tool_call_parser: str
     if not enable_auto_tool_choice:
         return
     if not tool_call_parser:
-        raise UnknownToolParserError(
-            "Error: --enable-auto-tool-choice requires --tool-call-parser"
-        )
+        raise UnknownToolParserError("Error: --enable-auto-tool-choice requires --tool-call-parser")
     get_tool_parser(tool_call_parser)
 
 

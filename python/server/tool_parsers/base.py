@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Union
+from typing import Any, ClassVar, Literal
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ class ToolCallDelta:
         return entry
 
 
-Delta = Union[ContentDelta, ToolCallDelta]
+Delta = ContentDelta | ToolCallDelta
 
 
 @dataclass

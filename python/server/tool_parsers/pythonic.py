@@ -251,8 +251,9 @@ class PythonicToolParser(ToolParser):
                 if end == _BAD:
                     raise _NotToolCalls("unbalanced brackets")
                 keys.add(key.group())
-                items.append(f"{json.dumps(key.group(), ensure_ascii=False)}: "
-                             f"{_literal_json(text[pos:end])}")
+                items.append(
+                    f"{json.dumps(key.group(), ensure_ascii=False)}: {_literal_json(text[pos:end])}"
+                )
                 call.arguments = "{" + ", ".join(items)
                 pos = end + 1 if text[end] == "," else end
             pos = js.skip_ws(text, pos)

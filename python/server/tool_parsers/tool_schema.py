@@ -168,7 +168,9 @@ class NamedToolCallParser(ToolParser):
         return Scan(calls=[CallProgress(self.function_name, text, complete=final)])
 
 
-def forced_tool_parser(tool_choice: Any, parallel_tool_calls: bool | None = None) -> ToolParser | None:
+def forced_tool_parser(
+    tool_choice: Any, parallel_tool_calls: bool | None = None
+) -> ToolParser | None:
     """The parser for a forced choice's output, None for "auto" and "none"."""
     name = named_function(tool_choice)
     if name is not None:
@@ -176,4 +178,3 @@ def forced_tool_parser(tool_choice: Any, parallel_tool_calls: bool | None = None
     if tool_choice == "required":
         return RequiredToolCallParser(parallel_tool_calls)
     return None
-
