@@ -69,7 +69,8 @@ def _skip_json_ws(text: str, index: int) -> int:
 # One streamed text is scanned from several places (the call, its validity, each
 # nesting level), each asking where the same values end. The caches answer repeats
 # within one scan; the key's text is the same object each time, so its hash is cached
-# and equality is identity, and a later, longer text is simply a new key.
+# and equality is identity. `clear_caches` runs after every scan, so no text outlives
+# its scan here.
 _scan_cache = functools.lru_cache(maxsize=512)
 
 
@@ -241,3 +242,8 @@ def scan_array(text: str, index: int) -> ArrayScan:
         if end is None:
             return ArrayScan(elements, None, False)
         pos, after_value = end, True
+
+
+def clear_caches() -> None:
+    string_end.cache_clear()
+    value_end.cache_clear()

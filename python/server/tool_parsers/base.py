@@ -22,6 +22,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+from server.tool_parsers import _json_scan
+
 logger = logging.getLogger(__name__)
 
 
@@ -144,6 +146,8 @@ class ToolParser:
         except Exception:
             logger.exception("%s tool parser scan failed", self.name)
             return Scan(content=text, invalid=True)
+        finally:
+            _json_scan.clear_caches()
 
     def new_stream(self) -> ToolCallStream:
         return ToolCallStream(self)
