@@ -533,3 +533,18 @@ def test_two_thousand_way_any_of(tok: Any, backend: Any) -> None:
                             schema)
     err = _refused_timed(backend, StructuredSpec.from_params(json=any_of(2001)))
     assert err.param == "structured_outputs.json" and "2001 branches" in err.message
+
+
+def test_bench_script_runs(tok: Any) -> None:
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "bench_structured.py"
+    spec = importlib.util.spec_from_file_location("bench_structured", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = bench.run(tok, ["guidance"], repeats=2)
+    g = out["guidance"]
+    assert g["compile_ms_median"] > 0 and g["fill_bitmask_ms_median"] > 0
+    assert g["tokens_per_walk"] > 10
