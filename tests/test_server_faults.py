@@ -3,7 +3,7 @@
     bad_row     the core refuses one running request's sampling row at run time: that stream
                 gets an error event, the streams beside it finish with the offline engine's
                 text, and the server goes on serving
-    scheduler,  an exception out of an actor: every in-flight request gets an error (a stream
+    engine,     an exception out of an actor: every in-flight request gets an error (a stream
     tokenizer,  an error event then [DONE], a plain request a 500 envelope), /health turns
     metrics     503 and the process exits with 1
 """
@@ -135,7 +135,7 @@ def test_a_row_the_core_refuses_fails_only_its_request(victim_streams: bool):
         srv.stop(signal.SIGKILL)
 
 
-@pytest.mark.parametrize("point", ["scheduler:30", "tokenizer:30", "metrics:40"])
+@pytest.mark.parametrize("point", ["engine:30", "tokenizer:30", "metrics:40"])
 def test_an_actor_exception_fails_in_flight_requests_and_exits_1(point: str):
     srv = ServerProcess(env={"LLMSERVE_FAULT_INJECT": point}).wait_ready()
     try:

@@ -43,7 +43,7 @@ def wait_for(cond, what: str, timeout: float = 60) -> None:
 
 def test_policy_is_reported(server):
     cfg = httpx.get(server + "/server_info").json()["config"]
-    assert cfg["scheduling_policy"] == "priority"
+    assert cfg["engine"]["scheduling_policy"] == "priority"  # ServerConfig.engine
 
 
 def test_waiting_requests_are_admitted_by_priority(server):

@@ -126,10 +126,10 @@ class Generation:
         self._retired = True
         state = self.state
         state.cancelled = True
-        scheduler = self.srv.scheduler
+        engine = self.srv.engine
         for req in state.engine_requests:
-            if not req.done and scheduler is not None:
-                scheduler.abort_nowait(req)
+            if not req.done and engine is not None:
+                engine.abort_nowait(req)
         state.outbox.close()
         if state.retired.is_set() or self.srv.reaper is None:
             self._release()

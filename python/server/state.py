@@ -9,9 +9,9 @@ from typing import Any
 import trio
 
 from actors.runtime.admission import Admission
+from actors.runtime.engine_actor import EngineActor
 from actors.runtime.metrics_actor import MetricsActor
 from actors.runtime.request import Registry, RequestState
-from actors.runtime.scheduler_actor import SchedulerActor
 from server.chat_template import ChatRenderer
 from server.config import ServerConfig
 from server.fingerprint import system_fingerprint
@@ -41,7 +41,7 @@ class ServerState:
     renderer: ChatRenderer | None = None
     admission: Admission | None = None
     registry: Registry | None = None
-    scheduler: SchedulerActor | None = None
+    engine: EngineActor | None = None
     metrics: MetricsActor | None = None
     submit_send: trio.MemorySendChannel[RequestState] | None = None
     reaper: trio.Nursery | None = None

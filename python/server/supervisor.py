@@ -1,6 +1,6 @@
 """The process: starts the actors in order under one nursery, serves HTTP, drains, exits.
 
-    engine (weights + KV) -> scheduler -> tokenizer -> metrics -> HTTP routes live
+    engine core (weights + KV) -> engine actor -> tokenizer -> metrics -> HTTP routes live
 
 The listener binds first so that /health can answer 503 while the model loads; every other
 route answers 503 until all actors have started. Exit codes: 0 after a drain (SIGTERM or
@@ -24,12 +24,13 @@ import trio
 from hypercorn.trio import serve as hypercorn_serve
 
 from actors.runtime import faults
+from actors.core.protocol import EngineCore
+from actors.messages import EngineInfo, RequestOutput
 from actors.runtime.admission import Admission
-from actors.runtime.engine_actor import EngineActor
+from actors.runtime.engine_actor import BATCH_CREDITS, EngineActor
 from actors.runtime.metrics_actor import METRICS_CHANNEL_SIZE, MetricsActor
 from actors.runtime.outbox import ChoiceUpdate
 from actors.runtime.request import EngineRequest, Registry, RequestState
-from actors.runtime.scheduler_actor import SchedulerActor
 from actors.runtime.tokenizer_actor import TokenizerActor
 from server import transport
 from server.app import create_app
@@ -114,61 +115,53 @@ class Supervisor:
 
     async def _start_actors(self, nursery: trio.Nursery) -> None:
         srv, cfg = self.srv, self.config
-        engine_actor = await nursery.start(self._supervised, "engine",
-                                           EngineActor(self._engine_factory).run)
-        engine = engine_actor.engine
-        mc = engine.model_config
-        max_model_len = getattr(engine, "max_model_len", None) or mc.max_model_len
-        vocab_size = getattr(engine, "vocab_size", None) or mc.vocab_size
-        policy = getattr(getattr(engine, "config", None), "scheduling_policy",
-                         cfg.scheduling_policy)
-        limits = Limits(vocab_size=int(vocab_size), max_model_len=int(max_model_len),
-                        max_logprobs=cfg.max_logprobs, scheduling_policy=str(policy))
-        max_seqs = int(getattr(getattr(engine, "config", None), "max_num_seqs", None)
-                       or cfg.max_num_seqs or 64)
+        log.info("loading the engine")
+        core: EngineCore = await trio.to_thread.run_sync(self._engine_factory)
+        info = core.info
+        tokenizer = await trio.to_thread.run_sync(load_tokenizer, info.model_dir)
+        log.info("engine ready")
+        limits = Limits(vocab_size=info.vocab_size, max_model_len=info.max_model_len,
+                        max_logprobs=info.max_logprobs, scheduling_policy=info.scheduling_policy)
+        max_seqs = info.max_num_seqs
         capacity = max_seqs + (cfg.max_queued_requests if cfg.max_queued_requests is not None
                                else 2 * max_seqs)
         registry = Registry()
-        # Bounds: see tokenizer_actor (submit, admit: `capacity` each), scheduler_actor
+        # Bounds: see tokenizer_actor (submit, admit: `capacity` each), engine_actor
         # (batches: BATCH_CREDITS) and metrics_actor (drop when full).
         submit_send, submit_recv = trio.open_memory_channel[RequestState](capacity)
         admit_send, admit_recv = trio.open_memory_channel[EngineRequest](capacity)
-        batch_send, batch_recv = trio.open_memory_channel[list[Any]](2)
+        batch_send, batch_recv = trio.open_memory_channel[tuple[RequestOutput, ...]](
+            BATCH_CREDITS)
         metrics_send, metrics_recv = trio.open_memory_channel[Any](METRICS_CHANNEL_SIZE)
         if not cfg.served_model_names:
-            name = getattr(engine, "model_name", None) or (
-                Path(cfg.model).stem if cfg.model else DEFAULT_MODEL_NAME)
+            name = Path(cfg.model).stem if cfg.model else DEFAULT_MODEL_NAME
             cfg.served_model_names = [str(name)]
-        scheduler = SchedulerActor(engine_actor, registry, admit_recv, batch_send, metrics_send,
-                                   on_fatal=self._on_fatal)
-        await nursery.start(self._supervised, "scheduler", scheduler.run)
-        tokenizer = TokenizerActor(engine.tokenizer, registry, scheduler, submit_recv,
-                                   admit_send, batch_recv, vocab_size=limits.vocab_size)
-        await nursery.start(self._supervised, "tokenizer", tokenizer.run)
+        engine = EngineActor(core, registry, admit_recv, batch_send, metrics_send,
+                             on_fatal=self._on_fatal)
+        await nursery.start(self._supervised, "engine", engine.run)
+        tokenizer_actor = TokenizerActor(tokenizer, registry, engine, submit_recv,
+                                         admit_send, batch_recv, vocab_size=limits.vocab_size)
+        await nursery.start(self._supervised, "tokenizer", tokenizer_actor.run)
         metrics = MetricsActor(cfg.served_model_names[0], limits.max_model_len, metrics_recv,
-                               cache_info=cache_config_info(engine, cfg))
+                               cache_info=cache_config_info(info))
         await nursery.start(self._supervised, "metrics", metrics.run)
-        srv.tokenizer = engine.tokenizer
-        srv.token_texts = tokenizer.token_texts
-        srv.prompt_bound = tokenizer.prompt_bound
+        srv.tokenizer = tokenizer
+        srv.token_texts = tokenizer_actor.token_texts
+        srv.prompt_bound = tokenizer_actor.prompt_bound
         srv.limits = limits
-        srv.defaults = self._defaults(engine)
+        srv.defaults = server_defaults(dict(info.generation_defaults))
         srv.renderer = ChatRenderer(
-            engine.tokenizer,
+            tokenizer,
             template=load_template_arg(cfg.chat_template),
             content_format=cfg.chat_template_content_format,
             trust_request_template=cfg.trust_request_chat_template,
         )
         srv.admission = Admission(capacity)
         srv.registry = registry
-        srv.scheduler = scheduler
+        srv.engine = engine
         srv.metrics = metrics
         srv.submit_send = submit_send
         srv.model_root = cfg.model or DEFAULT_MODEL_NAME
-
-    def _defaults(self, engine: Any) -> dict[str, Any]:
-        """The engine read generation_config per --generation-config; keep the known keys."""
-        return server_defaults(getattr(engine, "generation_defaults", None) or {})
 
     # -- failure and shutdown ----------------------------------------------------------
     async def _supervised(self, name: str, run: Callable[..., Any], *,
@@ -251,21 +244,23 @@ def _failure_of(exc: BaseException) -> BaseException | None:
     return exc if isinstance(exc, Exception) else None
 
 
-def cache_config_info(engine: Any, cfg: ServerConfig) -> dict[str, str]:
+def load_tokenizer(model_dir: str) -> Any:
+    """The tokenizer (and chat template) of the model the core loaded, from its directory."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+def cache_config_info(info: EngineInfo) -> dict[str, str]:
     """vllm:cache_config_info's labels, spelled as vLLM spells its CacheConfig."""
-    ec = getattr(engine, "config", None)
-    block_size = int(getattr(ec, "block_size", cfg.block_size))
-    num_blocks = int(getattr(engine, "num_blocks", 0))
-    max_model_len = int(getattr(engine, "max_model_len", 0) or 1)
-    size_tokens = num_blocks * block_size
+    size_tokens = info.num_blocks * info.block_size
     return {
-        "block_size": str(block_size),
-        "cache_dtype": str(getattr(ec, "kv_cache_dtype", cfg.kv_cache_dtype)),
-        "enable_prefix_caching": str(bool(getattr(ec, "enable_prefix_caching",
-                                                  cfg.enable_prefix_caching))),
-        "num_gpu_blocks": str(num_blocks),
+        "block_size": str(info.block_size),
+        "cache_dtype": info.kv_cache_dtype,
+        "enable_prefix_caching": str(info.enable_prefix_caching),
+        "num_gpu_blocks": str(info.num_blocks),
         "kv_cache_size_tokens": str(size_tokens),
-        "kv_cache_max_concurrency": f"{size_tokens / max_model_len:.2f}",
+        "kv_cache_max_concurrency": f"{size_tokens / max(info.max_model_len, 1):.2f}",
     }
 
 
@@ -277,8 +272,8 @@ def abort_request(srv: ServerState, state: RequestState) -> None:
                 state.outbox.push(ChoiceUpdate(choice.outbox_index, finish_reason="abort"))
             if choice.finish_reason is None:
                 choice.finish_reason = "abort"
-        if srv.scheduler is not None:
-            srv.scheduler.abort_nowait(req)
+        if srv.engine is not None:
+            srv.engine.abort_nowait(req)
     if not state.ready.is_set():
         state.cancelled = True
 

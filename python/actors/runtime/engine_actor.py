@@ -1,41 +1,63 @@
-"""The engine actor: owns the model and runs its steps in a worker thread.
+"""The engine actor: owns the EngineCore, feeds it admits, aborts and controls, runs its steps.
 
-Loading (weights, KV cache) happens in `run` before `started()`, so once the supervisor's
-`nursery.start` returns, the engine can serve. Steps run in `trio.to_thread.run_sync`
-under a limiter of one: the engine is not re-entrant, and its native code releases the
-GIL so the Trio thread keeps serving HTTP meanwhile. Only the scheduler actor calls
-`step`, and it mutates the engine (add/abort) only between steps, never during one.
+    tokenizer --EngineRequest (admit channel)--> engine actor --TokenBatch (batch)--> tokenizer
+    HTTP / tokenizer --abort_nowait()--> engine actor (a list, never blocks)
+    admin --await control(Control)--> engine actor --ControlResult (one-shot reply)
 
-Fault injection (for the server's failure tests, off unless set): the environment variable
-LLMSERVE_FAULT_AFTER_STEPS=N, read once when the actor is built, makes every engine step
-after the N-th raise inside the worker thread, exactly where a real step failure (a kernel
-error, an out-of-memory) would surface. It changes nothing else. The bad_row point of
-LLMSERVE_FAULT_INJECT (actors.runtime.faults) spoils one sequence's row before a step.
+The core is touched only here: ``add``, ``abort`` and ``control`` between steps on the Trio
+thread, ``step`` in a worker thread under a limiter of one (the core is not re-entrant, and
+its native code releases the GIL, so the Trio thread keeps serving HTTP meanwhile). A step
+is never cancelled midway: it leaves the core consistent.
+
+The tokenizer <-> engine cycle has one edge that never blocks: the batch channel is written
+with ``send_nowait`` only after taking a credit that the tokenizer returns once it has
+processed a batch, so at most BATCH_CREDITS batches exist and the channel (of that size) is
+never full. Shutdown needs no sentinel: the admit channel closes when the tokenizer's submit
+loop ends; the actor then finishes what the core holds and closes the batch channel.
+
+Fault injection (for the server's failure tests, off unless set): LLMSERVE_FAULT_AFTER_STEPS=N,
+read once when the actor is built, makes every step after the N-th raise inside the worker
+thread, exactly where a real step failure (a kernel error, an out-of-memory) would surface;
+the points of LLMSERVE_FAULT_INJECT (actors.runtime.faults) ``engine`` (raise after the N-th
+step) and ``bad_row`` (spoil one row before a step).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
-from typing import Any
+import time
+from collections.abc import Callable, Mapping
 
 import trio
 
-from actors.messages import TokenBatch
+from actors.core.protocol import EngineCore
+from actors.messages import Abort, Admit, Control, ControlResult, RequestOutput, TokenBatch
 from actors.runtime import faults
 from actors.runtime.faults import InjectedFault
+from actors.runtime.metric_events import (
+    EngineStats,
+    GroupFinished,
+    MetricEvent,
+    SequenceFinished,
+    StepTokens,
+)
+from actors.runtime.request import Choice, EngineRequest, Registry
 
-log = logging.getLogger("server.engine")
+log = logging.getLogger("actors.runtime.engine")
 
 FAULT_ENV = "LLMSERVE_FAULT_AFTER_STEPS"
 
+# Engine steps whose outputs may wait for detokenization at once: one being detokenized
+# while the next runs keeps the core busy without letting the tokenizer fall behind.
+BATCH_CREDITS = 2
+
 
 class EngineFailed(RuntimeError):
-    """The engine raised during a step: every in-flight request is lost."""
+    """The core raised during a step: every in-flight request is lost."""
 
 
-def _fault_after(environ: dict[str, str] | os._Environ[str] = os.environ) -> int | None:
+def fault_after(environ: Mapping[str, str] = os.environ) -> int | None:
     raw = environ.get(FAULT_ENV, "").strip()
     if not raw:
         return None
@@ -49,35 +71,289 @@ def _fault_after(environ: dict[str, str] | os._Environ[str] = os.environ) -> int
 
 
 class EngineActor:
-    def __init__(self, make_engine: Callable[[], Any]) -> None:
-        self._make_engine = make_engine
+    def __init__(
+        self,
+        core: EngineCore,
+        registry: Registry,
+        admit_recv: trio.MemoryReceiveChannel[EngineRequest],
+        batch_send: trio.MemorySendChannel[tuple[RequestOutput, ...]],
+        metrics_send: trio.MemorySendChannel[MetricEvent],
+        on_fatal: Callable[[BaseException], None],
+    ) -> None:
+        self._core = core
+        self._registry = registry
+        self._admit_recv = admit_recv
+        self._batch_send = batch_send
+        self._metrics_send = metrics_send
+        self._on_fatal = on_fatal
         self._limiter = trio.CapacityLimiter(1)
-        self.engine: Any = None
-        self._fault_after = _fault_after()
+        self.credits = trio.Semaphore(BATCH_CREDITS)
+        # Admitted requests not yet handed to the core. Bounded by admission capacity:
+        # each choice holds a slot that is not returned before it retires.
+        self._admitted: list[EngineRequest] = []
+        # (request, choice index or None: all of them); at most one entry per live choice
+        # and one per live request, so bounded the same way.
+        self._aborts: list[tuple[EngineRequest, int | None]] = []
+        # Operator commands and their one-shot replies; one per awaiting caller.
+        self._controls: list[tuple[Control, trio.MemorySendChannel[ControlResult]]] = []
+        self._wakeup = trio.Event()
+        self._admit_closed = False
+        self._stepping = True  # False once the loop has ended (finished or failed)
+        self._failed = False
+        self._last_stats: EngineStats | None = None
+        self.metrics_dropped = 0
+        self._fault_after = fault_after()
         self._steps = 0
         if self._fault_after is not None:
             log.warning("%s=%d: engine steps after that many will fail", FAULT_ENV,
                         self._fault_after)
 
-    async def run(self, *, task_status: trio.TaskStatus[EngineActor] = trio.TASK_STATUS_IGNORED):
-        log.info("loading the engine")
-        self.engine = await trio.to_thread.run_sync(self._make_engine, limiter=self._limiter)
-        log.info("engine ready")
-        task_status.started(self)
-        await trio.sleep_forever()
+    # -- called from other actors in the same thread ------------------------------------
+    def abort_nowait(self, req: EngineRequest, index: int | None = None) -> None:
+        """Stops every choice of `req`, or only choice `index` (a stop string matched).
+        Never blocks; applied before the next step."""
+        if index is None:
+            if req.done or req.abort_requested:
+                return
+            req.abort_requested = True
+        else:
+            choice = req.choices[index]
+            if choice.retired or choice.abort_requested:
+                return
+            choice.abort_requested = True
+        self._aborts.append((req, index))
+        self._wakeup.set()
 
-    def _step(self) -> TokenBatch:
-        """Runs in the worker thread."""
+    async def control(self, command: Control) -> ControlResult:
+        """Applies an operator command between steps and returns the core's answer."""
+        if self._failed:
+            return ControlResult(False, error="the engine has failed")
+        if not self._stepping:  # nothing steps any more: no step to wait for
+            return self._apply_control(command)
+        reply_send, reply_recv = trio.open_memory_channel[ControlResult](1)
+        self._controls.append((command, reply_send))
+        self._wakeup.set()
+        async with reply_recv:
+            return await reply_recv.receive()
+
+    # -- the actor -------------------------------------------------------------------
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED):
+        async with self._batch_send, trio.open_nursery() as nursery:
+            nursery.start_soon(self._receive_admits)
+            task_status.started()
+            try:
+                await self._loop()
+            except EngineFailed as exc:
+                log.error("%s; failing every in-flight request", exc)
+                self._failed = True
+                self._fail_everything()
+                self._on_fatal(exc)
+                await trio.sleep_forever()  # the supervisor decides when the process ends
+            finally:
+                self._stepping = False
+                self._answer_controls()
+            nursery.cancel_scope.cancel()
+
+    async def _receive_admits(self) -> None:
+        async with self._admit_recv:
+            async for req in self._admit_recv:
+                self._admitted.append(req)
+                self._wakeup.set()
+        self._admit_closed = True
+        self._wakeup.set()
+
+    async def _loop(self) -> None:
+        core = self._core
+        while True:
+            self._apply_aborts()
+            self._apply_admits()
+            self._answer_controls()
+            self._publish_stats()
+            if not core.has_unfinished():
+                if self._admit_closed and not self._admitted:
+                    return
+                await self._wakeup.wait()
+                self._wakeup = trio.Event()
+                continue
+            await self.credits.acquire()
+            started = time.monotonic()
+            batch = await self._step()
+            self._note_schedule(batch, started)
+            self._account(batch.outputs)
+            self._batch_send.send_nowait(batch.outputs)  # never raises WouldBlock: credits
+            faults.check("engine")
+
+    def _step_in_thread(self) -> TokenBatch:
         self._steps += 1
         if self._fault_after is not None and self._steps > self._fault_after:
             raise InjectedFault(f"injected fault at engine step {self._steps}")
-        faults.maybe_spoil_row(self.engine)
-        return self.engine.step()
+        faults.maybe_spoil_row(self._core)
+        return self._core.step()
 
-    async def step(self) -> TokenBatch:
-        """One engine step. Not cancellable mid-step: a step leaves the engine consistent."""
+    async def _step(self) -> TokenBatch:
         try:
-            return await trio.to_thread.run_sync(self._step, limiter=self._limiter)
+            return await trio.to_thread.run_sync(self._step_in_thread, limiter=self._limiter)
         except Exception as exc:
             log.error("engine step failed", exc_info=exc)
             raise EngineFailed(f"engine step failed: {type(exc).__name__}") from exc
+
+    # -- between steps -------------------------------------------------------------------
+    def _apply_admits(self) -> None:
+        admitted, self._admitted = self._admitted, []
+        for req in admitted:
+            if req.abort_requested or req.done:
+                self._retire_all(req, "abort")
+                continue
+            try:
+                self._core.add(Admit(req.engine_id, tuple(req.prompt_token_ids), req.params,
+                                     arrival_time=req.admitted_at,
+                                     priority=req.params.priority))
+            except ValueError as exc:  # the core's own checks; the edge should catch these
+                log.warning("engine refused %s: %s", req.engine_id, exc)
+                found = self._registry.engine_requests.get(req.engine_id)
+                if found is not None:
+                    found[0].outbox.fail(400, "the request was refused by the engine")
+                self._retire_all(req, "error")
+                continue
+            req.in_engine = True
+
+    def _apply_aborts(self) -> None:
+        aborts, self._aborts = self._aborts, []
+        for req, index in aborts:
+            if not req.in_engine or req.done:
+                continue  # its Admit has not been applied yet (it retires there) or it is gone
+            self._core.abort(Abort(req.engine_id, index))
+            # The core reports nothing for what it aborts: those choices retire here.
+            for choice in req.live_choices() if index is None else [req.choices[index]]:
+                self._retire(req, choice, choice.finish_reason or "abort")
+
+    def _apply_control(self, command: Control) -> ControlResult:
+        try:
+            return self._core.control(command)
+        except Exception as exc:  # an operator command must not take the engine down
+            log.exception("control %s failed", command.command)
+            return ControlResult(False, error=f"{command.command} failed: {type(exc).__name__}")
+
+    def _answer_controls(self) -> None:
+        controls, self._controls = self._controls, []
+        for command, reply in controls:
+            result = (ControlResult(False, error="the engine has failed") if self._failed
+                      else self._apply_control(command))
+            reply.send_nowait(result)  # its own channel of size one, never full
+            reply.close()
+
+    def _publish_stats(self) -> None:
+        stats = self._core.stats()
+        if stats != self._last_stats:
+            self._last_stats = stats
+            self._emit(stats)
+
+    # -- after a step ----------------------------------------------------------------------
+    def _note_schedule(self, batch: TokenBatch, started: float) -> None:
+        """Preemptions per choice, and when each newly admitted request was first scheduled
+        (its queue time ends there, although a long prompt's first token comes several
+        chunked steps later; the forked choices start with it)."""
+        for engine_id, index in batch.preempted:
+            choice = self._choice(engine_id, index)
+            if choice is not None:
+                choice.num_preemptions += 1
+        for engine_id, index in batch.scheduled:
+            found = self._registry.engine_requests.get(engine_id)
+            if found is None:
+                continue
+            for choice in found[1].choices if index == 0 else [found[1].choices[index]]:
+                if choice.scheduled_at is None:
+                    choice.scheduled_at = started
+
+    def _choice(self, engine_id: str, index: int) -> Choice | None:
+        found = self._registry.engine_requests.get(engine_id)
+        if found is None or not 0 <= index < len(found[1].choices):
+            return None
+        return found[1].choices[index]
+
+    def _account(self, outputs: tuple[RequestOutput, ...]) -> None:
+        now = time.monotonic()
+        prompt = cached = generated = 0
+        for out in outputs:
+            found = self._registry.engine_requests.get(out.request_id)
+            if found is None:
+                continue
+            req = found[1]
+            choice = req.choices[out.index]
+            if choice.retired:
+                continue
+            choice.num_cached_tokens = out.num_cached_tokens
+            if out.new_token_ids:
+                if not req.prompt_counted:  # the prompt ran once, for all its choices
+                    req.prompt_counted = True
+                    prompt += len(req.prompt_token_ids)
+                    cached += out.num_cached_tokens
+                if choice.first_token_at is None:
+                    choice.first_token_at = now
+                elif choice.last_token_at is not None:
+                    choice.inter_token.append(now - choice.last_token_at)
+                choice.last_token_at = now
+                choice.num_generated += len(out.new_token_ids)
+                generated += len(out.new_token_ids)
+            if out.finished:
+                self._retire(req, choice, out.finish_reason or "stop")
+        self._emit(StepTokens(prompt, cached, generated))
+
+    # -- retirement --------------------------------------------------------------------
+    def _fail_everything(self) -> None:
+        """After a step failed: fail and retire everything without touching the core."""
+        for state in list(self._registry.requests.values()):
+            state.outbox.fail(500, "the engine failed while serving this request")
+        for _state, req in list(self._registry.engine_requests.values()):
+            self._retire_all(req, "error")
+        for req in self._admitted:
+            self._retire_all(req, "error")
+        self._admitted.clear()
+
+    def _retire_all(self, req: EngineRequest, reason: str) -> None:
+        for choice in req.live_choices():
+            self._retire(req, choice, choice.finish_reason or reason)
+
+    def _retire(self, req: EngineRequest, choice: Choice, reason: str) -> None:
+        if choice.retired:
+            return
+        choice.retired = True
+        if choice.finish_reason is None:
+            choice.finish_reason = reason
+        self._emit(_finished(req, choice, time.monotonic()))
+        if req.live_choices():
+            return
+        req.done = True
+        req.in_engine = False
+        self._emit(GroupFinished(len(req.choices), max(c.num_generated for c in req.choices)))
+        found = self._registry.engine_requests.get(req.engine_id)
+        if found is not None:
+            found[0].note_retired()
+
+    def _emit(self, event: MetricEvent) -> None:
+        try:
+            self._metrics_send.send_nowait(event)
+        except trio.WouldBlock:
+            self.metrics_dropped += 1
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            pass
+
+
+def _finished(req: EngineRequest, choice: Choice, now: float) -> SequenceFinished:
+    scheduled, first, last = choice.scheduled_at, choice.first_token_at, choice.last_token_at
+    started = scheduled is not None and first is not None and last is not None
+    return SequenceFinished(
+        finish_reason=choice.finish_reason or "error",
+        num_prompt_tokens=len(req.prompt_token_ids),
+        num_generation_tokens=choice.num_generated,
+        num_cached_tokens=choice.num_cached_tokens,
+        num_preemptions=choice.num_preemptions,
+        max_tokens=req.params.max_tokens,
+        e2e_seconds=now - req.admitted_at,
+        queue_seconds=None if scheduled is None else scheduled - req.admitted_at,
+        ttft_seconds=None if first is None else first - req.admitted_at,
+        inter_token_seconds=tuple(choice.inter_token),
+        prefill_seconds=first - scheduled if started else None,  # type: ignore[operator]
+        decode_seconds=last - first if started else None,  # type: ignore[operator]
+        inference_seconds=last - scheduled if started else None,  # type: ignore[operator]
+    )

@@ -4,7 +4,7 @@
 
 makes the named point fail on its N-th pass (N >= 1):
 
-    scheduler  the scheduler actor raises after its N-th engine step
+    engine     the engine actor raises after its N-th engine step
     tokenizer  the tokenizer actor raises instead of delivering the N-th step's output
     metrics    the metrics actor raises instead of applying its N-th event
     bad_row    before the first engine step from the N-th on in which at least two running
@@ -14,6 +14,8 @@ makes the named point fail on its N-th pass (N >= 1):
 
 The supervisor reads the variable once at startup (`configure`); nothing a client sends can
 reach these points. LLMSERVE_FAULT_AFTER_STEPS (engine_actor) fails engine steps themselves.
+bad_row reaches into LLMEngine's scheduler: a spoiled row is by definition below the
+EngineCore boundary, and other cores simply never take this point.
 """
 
 from __future__ import annotations
@@ -22,14 +24,17 @@ import logging
 import threading
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from actors.core.protocol import EngineCore
 
 __all__ = ["FAULT_ENV", "InjectedFault", "check", "configure", "hit", "maybe_spoil_row"]
 
-log = logging.getLogger("server.faults")
+log = logging.getLogger("actors.runtime.faults")
 
 FAULT_ENV = "LLMSERVE_FAULT_INJECT"
-POINTS = ("scheduler", "tokenizer", "metrics", "bad_row")
+POINTS = ("engine", "tokenizer", "metrics", "bad_row")
 
 _plan: dict[str, int] = {}
 _passes: dict[str, int] = {}
@@ -76,15 +81,19 @@ def check(point: str) -> None:
         raise InjectedFault(f"injected fault at {point}")
 
 
-def maybe_spoil_row(engine: Any) -> None:
+def maybe_spoil_row(core: EngineCore) -> None:
     """The bad_row point, passed before every engine step (in the engine's thread)."""
     if "bad_row" not in _plan:
+        return
+    from actors.core.engine import LLMEngine
+
+    if not isinstance(core, LLMEngine):
         return
     with _lock:
         passes = _passes["bad_row"] = _passes.get("bad_row", 0) + 1
         if passes < _plan["bad_row"] or _passes.get("bad_row fired"):
             return
-        decoding = [s for s in engine.scheduler.running if s.output_token_ids]
+        decoding = [s for s in core.scheduler.running if s.output_token_ids]
         if len(decoding) < 2:
             return
         _passes["bad_row fired"] = 1

@@ -3,15 +3,15 @@
 Two loops share the actor:
 - submissions: render (chat templates) and tokenize prompts in a worker thread, check them
   against the context, and admit one engine request per prompt, with the request's n choices,
-  to the scheduler;
+  to the engine actor;
 - batches: turn each engine step's token ids into text with each choice's incremental
   detokenizer (stop strings included) and push the result into the request's Outbox.
 
 Channel bounds (capacity = the admission capacity, in engine sequences):
 - submit channel (HTTP -> here), size `capacity`: a request is submitted only while it holds
   at least one admission slot and is submitted once, so at most `capacity` are in it;
-- admit channel (here -> scheduler), size `capacity`: one message per prompt, whose n choices
-  hold n slots until they retire, which happens after the scheduler has read its message.
+- admit channel (here -> engine actor), size `capacity`: one message per prompt, whose n choices
+  hold n slots until they retire, which happens after the engine actor has read its message.
 """
 
 from __future__ import annotations
@@ -23,6 +23,10 @@ from typing import Any
 
 import trio
 
+from actors.messages import RequestOutput
+from actors.errors import RequestRefused
+from actors.params.limits import RequestLimits
+from actors.params.prompt import check_prompt
 from actors.runtime import faults
 from actors.text.detokenizer import IncrementalDetokenizer, TokenTexts
 from actors.runtime.outbox import ChoiceUpdate, TokenLogprob
@@ -35,9 +39,9 @@ from actors.runtime.request import (
     RequestError,
     RequestState,
 )
-from actors.runtime.scheduler_actor import SchedulerActor
+from actors.runtime.engine_actor import EngineActor
 
-log = logging.getLogger("server.tokenizer")
+log = logging.getLogger("actors.runtime.tokenizer")
 
 
 class TokenizerActor:
@@ -45,17 +49,17 @@ class TokenizerActor:
         self,
         tokenizer: Any,
         registry: Registry,
-        scheduler: SchedulerActor,
+        engine: EngineActor,
         submit_recv: trio.MemoryReceiveChannel[RequestState],
         admit_send: trio.MemorySendChannel[EngineRequest],
-        batch_recv: trio.MemoryReceiveChannel[list[Any]],
+        batch_recv: trio.MemoryReceiveChannel[tuple[RequestOutput, ...]],
         *,
         vocab_size: int,
     ) -> None:
         self._tokenizer = tokenizer  # a transformers PreTrainedTokenizerFast
         self._backend = tokenizer.backend_tokenizer  # the Rust tokenizers.Tokenizer
         self._registry = registry
-        self._scheduler = scheduler
+        self._engine = engine
         self._submit_recv = submit_recv
         self._admit_send = admit_send
         self._batch_recv = batch_recv
@@ -110,17 +114,14 @@ class TokenizerActor:
         state.note_retired()
 
     def _prepare(self, state: RequestState) -> list[PromptResult]:
-        """Runs in a worker thread: render, tokenize and check every prompt."""
+        """Runs in a worker thread: render, tokenize and check every prompt (check_prompt,
+        the offline LLM's check too)."""
+        limits = RequestLimits(vocab_size=self._vocab_size, max_model_len=state.max_model_len)
         results = []
         for prompt in state.prompts:
+            text: str | None = None
             if prompt.token_ids is not None:
                 ids = list(prompt.token_ids)
-                bad = [t for t in ids if not 0 <= t < self._vocab_size]
-                if bad:
-                    raise RequestError(
-                        400, f"Token id {bad[0]} is out of vocabulary", param="prompt"
-                    )
-                text = self._backend.decode(ids, skip_special_tokens=False)
             else:
                 text = prompt.text if prompt.render is None else prompt.render()
                 too_long = None if state.params.truncate_prompt_tokens is not None else \
@@ -130,33 +131,13 @@ class TokenizerActor:
                 ids = self._backend.encode(
                     text, add_special_tokens=prompt.add_special_tokens
                 ).ids
-            if not ids:
-                raise RequestError(400, "The prompt is empty after tokenization.", "prompt")
-            limit = state.max_model_len
-            truncated = state.params.truncate_prompt(ids, limit)
-            if truncated is not ids:  # never empty: 0 is refused at the edge
-                ids = truncated
-                text = self._backend.decode(ids, skip_special_tokens=False)
-            if len(ids) >= limit:
-                raise RequestError(
-                    400,
-                    f"This model's maximum context length is {limit} tokens. However, your "
-                    f"prompt contains {len(ids)} input tokens; at least one token must be "
-                    "left for the completion.",
-                    param="prompt",
-                )
-            room = limit - len(ids)
-            if state.params.min_tokens > room:
-                # max_tokens is clamped to the room a prompt leaves; min_tokens cannot be.
-                raise RequestError(
-                    400,
-                    f"min_tokens ({state.params.min_tokens}) is more than this prompt leaves "
-                    f"for the completion: the prompt has {len(ids)} tokens and the model's "
-                    f"maximum context length is {limit}, so at most {room} tokens can be "
-                    "generated.",
-                    param="min_tokens",
-                )
-            results.append(PromptResult(ids, text))
+            try:
+                checked = check_prompt(ids, state.params, limits)
+            except RequestRefused as exc:
+                raise RequestError(400, exc.message, param=exc.param) from None
+            if text is None or checked is not ids:  # decoded only once its ids are known good
+                text = self._backend.decode(checked, skip_special_tokens=False)
+            results.append(PromptResult(checked, text))
         return results
 
     def _make_engine_requests(self, state: RequestState) -> None:
@@ -201,9 +182,10 @@ class TokenizerActor:
                                                                   outputs)
                     self._deliver(outputs, converted)
                 finally:
-                    self._scheduler.credits.release()
+                    self._engine.credits.release()
 
-    def _convert_logprobs(self, outputs: list[Any]) -> dict[tuple[str, int], _Logprobs]:
+    def _convert_logprobs(self, outputs: tuple[RequestOutput, ...]
+                          ) -> dict[tuple[str, int], _Logprobs]:
         """Runs in a worker thread: each output's logprobs as TokenLogprobs, with the text
         of every token they name decoded into token_texts."""
         converted: dict[tuple[str, int], _Logprobs] = {}
@@ -218,7 +200,7 @@ class TokenizerActor:
             converted[(out.request_id, out.index)] = (lps, prompt_lps)
         return converted
 
-    def _deliver(self, outputs: list[Any],
+    def _deliver(self, outputs: tuple[RequestOutput, ...],
                  converted: dict[tuple[str, int], _Logprobs] | None = None) -> None:
         for out in outputs:
             found = self._registry.engine_requests.get(out.request_id)
@@ -249,7 +231,7 @@ class TokenizerActor:
                 update.stop_reason = step.stop_reason
                 choice.finish_reason = "stop"
                 if not out.finished:  # this choice only: its siblings go on
-                    self._scheduler.abort_nowait(req, choice.index)
+                    self._engine.abort_nowait(req, choice.index)
             elif out.finished:
                 update.text += choice.detokenizer.flush()
                 update.finish_reason = out.finish_reason or "stop"
@@ -260,9 +242,8 @@ class TokenizerActor:
 _Logprobs = tuple[list[TokenLogprob], "list[TokenLogprob | None] | None"]
 
 
-def _has_logprobs(out: Any) -> bool:
-    return bool(getattr(out, "new_logprobs", None)) or \
-        getattr(out, "prompt_logprobs", None) is not None
+def _has_logprobs(out: RequestOutput) -> bool:
+    return bool(out.new_logprobs) or out.prompt_logprobs is not None
 
 
 def _named_ids(lps: list[TokenLogprob], prompt_lps: list[TokenLogprob | None] | None,
@@ -280,8 +261,8 @@ def _named_ids(lps: list[TokenLogprob], prompt_lps: list[TokenLogprob | None] | 
                 yield from (t for t, _ in plp.top)
 
 
-def _logprobs(token_ids: list[int], out: Any) -> list[TokenLogprob]:
-    lps = getattr(out, "new_logprobs", None)
+def _logprobs(token_ids: list[int], out: RequestOutput) -> list[TokenLogprob]:
+    lps = out.new_logprobs
     if not lps:
         return []
     return [
@@ -290,8 +271,9 @@ def _logprobs(token_ids: list[int], out: Any) -> list[TokenLogprob]:
     ]
 
 
-def _prompt_logprobs(prompt: list[int], out: Any) -> list[TokenLogprob | None] | None:
-    lps = getattr(out, "prompt_logprobs", None)
+def _prompt_logprobs(prompt: list[int], out: RequestOutput
+                     ) -> list[TokenLogprob | None] | None:
+    lps = out.prompt_logprobs
     if lps is None:
         return None
     return [
