@@ -169,9 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pathological", action="store_true")
     args = ap.parse_args(argv)
 
-    from transformers import AutoTokenizer
-
     from actors.loader import prepare_model_dir
+    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(prepare_model_dir(args.model)[1]))
     out = run(tokenizer, [b.strip() for b in args.backends.split(",") if b.strip()],

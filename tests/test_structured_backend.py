@@ -1,14 +1,14 @@
 """The structured-outputs backend (actors.core.structured) over the default model's real
 tokenizer: walks matchers to termination by picking allowed tokens from the bitmask and
-checks the decoded text against an independent validator (jsonschema, re, membership), plus
-rollback, fast-forward tokens, refusals, the compile cache's bounds, and pathological specs.
+checks the decoded text against an independent validator (jsonschema, re, membership, the
+grammar's own language), plus rollback, fast-forward tokens and refusals. The compile
+cache, pathological specs and the xgrammar backend are in test_structured_cache.py.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import time
 from typing import Any
 
 import numpy as np
@@ -16,83 +16,21 @@ import pytest
 
 pytest.importorskip("llguidance")
 
-import jsonschema  # noqa: E402
-
-from actors.core.structured import (  # noqa: E402
-    GrammarCache,
-    StructuredSpec,
-    bitmask_words,
-    make_backend,
+from actors.core.structured import StructuredSpec, bitmask_words
+from actors.errors import RequestRefused
+from structured_helpers import (
+    ARITH_GBNF,
+    ARITH_LARK,
+    SCHEMA,
+    allowed,
+    backend,
+    conforms,
+    text,
+    tok,
+    walk,
 )
-from actors.errors import RequestRefused  # noqa: E402
 
-
-@pytest.fixture(scope="module")
-def tok() -> Any:
-    from transformers import AutoTokenizer
-
-    from actors.loader import DefaultModelMissing, prepare_model_dir
-
-    try:
-        model_dir = prepare_model_dir(None)[1]
-    except DefaultModelMissing as e:
-        pytest.skip(str(e))
-    return AutoTokenizer.from_pretrained(str(model_dir))
-
-
-@pytest.fixture(scope="module")
-def backend(tok: Any) -> Any:
-    return make_backend("guidance", tok)
-
-
-def allowed(m: Any, vocab: int) -> np.ndarray:
-    row = np.zeros(bitmask_words(vocab), np.int32)
-    m.fill_bitmask(row)
-    return np.flatnonzero(np.unpackbits(row.view(np.uint8), bitorder="little")[:vocab])
-
-
-def walk(backend: Any, m: Any, seed: int | None = None, cap: int = 300) -> list[int]:
-    """Tokens from the start to termination: the lowest allowed id, or a seeded draw."""
-    rng = None if seed is None else np.random.default_rng(seed)
-    out: list[int] = []
-    for _ in range(cap):
-        ids = allowed(m, backend.vocab_size)
-        assert len(ids), "the mask allowed nothing"
-        t = int(ids[0] if rng is None else rng.choice(ids))
-        assert m.accept(t), f"accept refused token {t} that the mask allowed"
-        out.append(t)
-        if m.is_terminated():
-            return out
-    raise AssertionError(f"not terminated after {cap} tokens: {out[:40]}")
-
-
-def conforms(instance: Any, schema: dict[str, Any]) -> None:
-    """jsonschema's verdict on the instance (without re-checking the schema itself, which
-    jsonschema.validate does first and which takes seconds for the large schemas here)."""
-    jsonschema.Draft202012Validator(schema).validate(instance)
-
-
-def text(tok: Any, backend: Any, ids: list[int]) -> str:
-    return tok.decode([t for t in ids if t not in backend.eos_token_ids])
-
-
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "minLength": 1, "maxLength": 12},
-        "age": {"type": "integer", "minimum": 0, "maximum": 150},
-        "tags": {"type": "array", "items": {"enum": ["x", "y", "z"]}, "maxItems": 3},
-        "address": {
-            "type": "object",
-            "properties": {"zip": {"type": "string", "pattern": "^[0-9]{5}$"},
-                           "ok": {"type": "boolean"}},
-            "required": ["zip", "ok"],
-            "additionalProperties": False,
-        },
-    },
-    "required": ["name", "age", "tags", "address"],
-    "additionalProperties": False,
-}
+__all__ = ["backend", "tok"]  # fixtures
 
 
 # -- walks validated independently ----------------------------------------------------------
@@ -144,21 +82,6 @@ def test_choice_walk_is_a_member(tok: Any, backend: Any, seed: int | None) -> No
     out = text(tok, backend, walk(backend, backend.compile(
         StructuredSpec.from_params(choice=choices)), seed))
     assert out in choices, out
-
-
-ARITH_LARK = r"""
-start: expr
-expr: term (OP term)*
-term: NUMBER | "(" inner ")"
-inner: NUMBER (OP NUMBER)*
-OP: "+" | "-" | "*"
-NUMBER: /[1-9][0-9]{0,2}/
-"""
-ARITH_GBNF = r"""
-root ::= num (op num)*
-op ::= "+" | "-"
-num ::= [1-9] [0-9]?
-"""
 
 
 @pytest.mark.parametrize("seed", [None, 14, 15, 16])
@@ -285,34 +208,34 @@ def test_bitmask_row_shape_is_checked(backend: Any) -> None:
 # -- refusals ---------------------------------------------------------------------------------
 
 BAD = [
-    (dict(json={"type": "objectx"}), "structured_outputs.json", "type"),
-    (dict(json={"$ref": "#/$defs/missing"}), "structured_outputs.json", "missing"),
-    (dict(json={"type": "string", "pattern": "(ab"}), "structured_outputs.json", "regex"),
-    (dict(json={"type": "string", "pattern": "a(?=b)"}), "structured_outputs.json", "look"),
-    (dict(json={"type": "object", "required": "a"}), "structured_outputs.json", "required"),
+    ({"json": {"type": "objectx"}}, "structured_outputs.json", "type"),
+    ({"json": {"$ref": "#/$defs/missing"}}, "structured_outputs.json", "missing"),
+    ({"json": {"type": "string", "pattern": "(ab"}}, "structured_outputs.json", "regex"),
+    ({"json": {"type": "string", "pattern": "a(?=b)"}}, "structured_outputs.json", "look"),
+    ({"json": {"type": "object", "required": "a"}}, "structured_outputs.json", "required"),
     # llguidance ignores these keywords; only the metaschema check refuses them
-    (dict(json={"type": "string", "title": 5}), "structured_outputs.json", "$.title"),
-    (dict(json={"$defs": {"unused": {"type": "wat"}}, "type": "integer"}),
+    ({"json": {"type": "string", "title": 5}}, "structured_outputs.json", "$.title"),
+    ({"json": {"$defs": {"unused": {"type": "wat"}}, "type": "integer"}},
      "structured_outputs.json", "$.$defs.unused.type"),
-    (dict(json={"$schema": "https://json-schema.org/draft/2020-12/schema",
-                "type": "string", "examples": 5}), "structured_outputs.json", "$.examples"),
-    (dict(json="{not json"), "structured_outputs.json", "not valid JSON"),
-    (dict(json="  "), "structured_outputs.json", "non-empty"),
-    (dict(json="[1, 2]"), "structured_outputs.json", "object"),
-    (dict(regex="(ab"), "structured_outputs.regex", "unclosed"),
-    (dict(regex="a\x00b"), "structured_outputs.regex", "NUL"),
-    (dict(grammar=""), "structured_outputs.grammar", "non-empty"),
-    (dict(grammar="start: undefined_rule"), "structured_outputs.grammar", "undefined_rule"),
-    (dict(grammar="this is ::: not ( a grammar"), "structured_outputs.grammar", "Lark"),
-    (dict(choice=[]), "structured_outputs.choice", "non-empty"),
-    (dict(choice=["a", 3]), "structured_outputs.choice", "strings"),
-    (dict(json_object=False), "structured_outputs.json_object", "true"),
-    (dict(json={"type": "string"}, whitespace_pattern="(("),
+    ({"json": {"$schema": "https://json-schema.org/draft/2020-12/schema",
+                "type": "string", "examples": 5}}, "structured_outputs.json", "$.examples"),
+    ({"json": "{not json"}, "structured_outputs.json", "not valid JSON"),
+    ({"json": "  "}, "structured_outputs.json", "non-empty"),
+    ({"json": "[1, 2]"}, "structured_outputs.json", "object"),
+    ({"regex": "(ab"}, "structured_outputs.regex", "unclosed"),
+    ({"regex": "a\x00b"}, "structured_outputs.regex", "NUL"),
+    ({"grammar": ""}, "structured_outputs.grammar", "non-empty"),
+    ({"grammar": "start: undefined_rule"}, "structured_outputs.grammar", "undefined_rule"),
+    ({"grammar": "this is ::: not ( a grammar"}, "structured_outputs.grammar", "Lark"),
+    ({"choice": []}, "structured_outputs.choice", "non-empty"),
+    ({"choice": ["a", 3]}, "structured_outputs.choice", "strings"),
+    ({"json_object": False}, "structured_outputs.json_object", "true"),
+    ({"json": {"type": "string"}, "whitespace_pattern": "(("},
      "structured_outputs.whitespace_pattern", "whitespace_pattern"),
-    (dict(structural_tag={"triggers": ["<f"], "structures": [
-        {"begin": "<g>", "schema": {}, "end": "</g>"}]}), "structured_outputs.structural_tag",
+    ({"structural_tag": {"triggers": ["<f"], "structures": [
+        {"begin": "<g>", "schema": {}, "end": "</g>"}]}}, "structured_outputs.structural_tag",
      "trigger"),
-    (dict(structural_tag="{}"), "structured_outputs.structural_tag", "triggers"),
+    ({"structural_tag": "{}"}, "structured_outputs.structural_tag", "triggers"),
 ]
 
 
@@ -365,186 +288,3 @@ def test_structural_tag(tok: Any, backend: Any) -> None:
     bad = backend.compile(spec)
     ids = tok.encode(free + '<fn=add>{"b": 1}', add_special_tokens=False)
     assert not all(bad.accept(t) for t in ids)
-
-
-# -- the compile cache --------------------------------------------------------------------
-
-def test_cache_reuses_and_evicts(backend: Any) -> None:
-    cache = GrammarCache(backend, capacity=2)
-    a, b, c = (StructuredSpec.from_params(regex=r) for r in ("a+", "b+", "c+"))
-    m1, m2 = cache.get(a), cache.get(a)
-    assert m1 is not m2 and cache.stats()["misses"] == 1 and cache.stats()["hits"] == 1
-    assert m1.accept(int(allowed(m1, backend.vocab_size)[-1]))  # m2 stays at the start
-    assert len(allowed(m2, backend.vocab_size)) == len(allowed(cache.get(a), backend.vocab_size))
-    cache.get(b)
-    cache.get(c)
-    assert a not in cache and b in cache and c in cache and len(cache) == 2
-    cache.close()
-
-
-def test_cache_keeps_refusals(backend: Any) -> None:
-    cache = GrammarCache(backend)
-    bad = StructuredSpec.from_params(json={"type": "object", "required": "a"})
-    for _ in range(2):
-        with pytest.raises(RequestRefused) as e:
-            cache.get(bad)
-        assert e.value.param == "structured_outputs.json"
-    assert cache.stats()["misses"] == 1
-    cache.close()
-
-
-def _many_required(n: int) -> StructuredSpec:
-    props = {f"p{i}": {"type": "integer"} for i in range(n)}
-    return StructuredSpec.from_params(json={"type": "object", "properties": props,
-                                            "required": list(props)})
-
-
-def _settle(cache: GrammarCache) -> None:
-    deadline = time.monotonic() + 30
-    while cache.stats()["pending"] and time.monotonic() < deadline:
-        time.sleep(0.02)
-
-
-def test_cache_time_bound_refuses_and_remembers(backend: Any) -> None:
-    cache = GrammarCache(backend, timeout_s=0.02)
-    slow = _many_required(3000)  # a few hundred ms to compile
-    t0 = time.monotonic()
-    with pytest.raises(RequestRefused) as e:
-        cache.get(slow)
-    assert time.monotonic() - t0 < 1.0
-    assert e.value.param == "structured_outputs.json"
-    assert "took longer than 0.02 s" in e.value.message
-    _settle(cache)  # the compile finished in the background, past the bound: refused again
-    t0 = time.monotonic()
-    with pytest.raises(RequestRefused, match="took longer than"):
-        cache.get(slow)
-    assert time.monotonic() - t0 < 0.1 and cache.stats()["misses"] == 1
-    cache.close()
-
-
-async def test_cache_async_shares_one_compile(backend: Any) -> None:
-    import trio
-
-    cache = GrammarCache(backend)
-    spec = StructuredSpec.from_params(json=SCHEMA)
-    got: list[Any] = []
-
-    async def one() -> None:
-        got.append(await cache.aget(spec))
-
-    async with trio.open_nursery() as nursery:
-        for _ in range(4):
-            nursery.start_soon(one)
-    assert len(got) == 4 and len({id(m) for m in got}) == 4
-    assert cache.stats()["misses"] == 1
-    slow = GrammarCache(backend, timeout_s=0.02)
-    with pytest.raises(RequestRefused, match="took longer than"):
-        await slow.aget(_many_required(3000))
-    cache.close()
-    slow.close()
-
-
-# -- pathological specs: refused quickly, or compiled within the default bound -------------
-
-QUICK_S = 1.0  # a refusal's budget (generous: the CI machine is shared)
-
-
-def _compile_timed(backend: Any, spec: StructuredSpec) -> tuple[GrammarCache, float]:
-    """A cache (the default 10 s bound) holding ``spec``, and how long the compile took."""
-    cache = GrammarCache(backend)
-    t0 = time.monotonic()
-    cache.get(spec)
-    return cache, time.monotonic() - t0
-
-
-def _refused_timed(backend: Any, spec: StructuredSpec) -> RequestRefused:
-    cache = GrammarCache(backend)
-    t0 = time.monotonic()
-    with pytest.raises(RequestRefused) as e:
-        cache.get(spec)
-    assert time.monotonic() - t0 < QUICK_S
-    cache.close()
-    return e.value
-
-
-def test_catastrophic_backtracking_regex_compiles(tok: Any, backend: Any) -> None:
-    # a backtracking engine explodes on (a+)+$; llguidance's lexer is a lazy DFA
-    spec = StructuredSpec.from_params(regex=r"(a+)+$")
-    cache, seconds = _compile_timed(backend, spec)
-    assert seconds < QUICK_S
-    for seed in (None, 31, 32):
-        out = text(tok, backend, walk(backend, cache.get(spec), seed))
-        assert re.fullmatch(r"(a+)+", out), out
-
-
-def test_ten_thousand_member_enum_and_choice(tok: Any, backend: Any) -> None:
-    members = [f"value_{i:05d}" for i in range(10_000)]
-    for spec in (StructuredSpec.from_params(json={"enum": members}),
-                 StructuredSpec.from_params(choice=members)):
-        cache, seconds = _compile_timed(backend, spec)
-        assert seconds < 5.0
-        for seed in (33, 34):
-            out = text(tok, backend, walk(backend, cache.get(spec), seed))
-            value = json.loads(out) if spec.kind == "json" else out
-            assert value in members, out
-
-
-def test_five_thousand_properties(tok: Any, backend: Any) -> None:
-    props = {f"p{i}": {"type": "integer"} for i in range(5000)}
-    err = _refused_timed(backend, StructuredSpec.from_params(
-        json={"type": "object", "properties": props}))
-    assert err.param == "structured_outputs.json" and "optional properties" in err.message
-    spec = _many_required(5000)  # all required: compiles
-    cache, seconds = _compile_timed(backend, spec)
-    assert seconds < 10.0
-    forced = cache.get(spec).forced_tokens()
-    assert tok.decode(forced).startswith('{"p0"') or '{"p0"'.startswith(tok.decode(forced))
-
-
-def test_deep_nesting(tok: Any, backend: Any) -> None:
-    def nested(depth: int) -> dict[str, Any]:
-        s: dict[str, Any] = {"type": "integer", "minimum": 0, "maximum": 9}
-        for _ in range(depth):
-            s = {"type": "object", "properties": {"x": s}, "required": ["x"],
-                 "additionalProperties": False}
-        return s
-
-    err = _refused_timed(backend, StructuredSpec.from_params(json=nested(200)))
-    assert err.param == "structured_outputs.json" and "nested too deeply" in err.message
-    schema = nested(30)  # 30 objects = 60 JSON levels (each adds "properties" too)
-    spec = StructuredSpec.from_params(json=schema, disable_any_whitespace=True)
-    cache, seconds = _compile_timed(backend, spec)
-    assert seconds < QUICK_S
-    conforms(json.loads(text(tok, backend, walk(backend, cache.get(spec)))), schema)
-
-
-def test_two_thousand_way_any_of(tok: Any, backend: Any) -> None:
-    def any_of(n: int) -> dict[str, Any]:
-        return {"anyOf": [{"type": "object", "properties": {f"k{i}": {
-            "type": "string", "maxLength": 4}}, "required": [f"k{i}"],
-            "additionalProperties": False} for i in range(n)]}
-
-    schema = any_of(2000)
-    spec = StructuredSpec.from_params(json=schema, whitespace_pattern=r"[ ]?")
-    cache, seconds = _compile_timed(backend, spec)
-    assert seconds < 5.0
-    for seed in (None, 35):
-        conforms(json.loads(text(tok, backend, walk(backend, cache.get(spec), seed))),
-                            schema)
-    err = _refused_timed(backend, StructuredSpec.from_params(json=any_of(2001)))
-    assert err.param == "structured_outputs.json" and "2001 branches" in err.message
-
-
-def test_bench_script_runs(tok: Any) -> None:
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "scripts" / "bench_structured.py"
-    spec = importlib.util.spec_from_file_location("bench_structured", path)
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    out = bench.run(tok, ["guidance"], repeats=2)
-    g = out["guidance"]
-    assert g["compile_ms_median"] > 0 and g["fill_bitmask_ms_median"] > 0
-    assert g["tokens_per_walk"] > 10

@@ -77,7 +77,7 @@ def serialize(spec: StructuredSpec) -> str:
     if kind == "grammar":
         try:
             return llguidance.grammar_from("grammar", spec.value)  # type: ignore[arg-type]
-        except Exception as e:  # the GBNF converter raises plain exceptions
+        except Exception as e:  # noqa: BLE001 - the GBNF converter raises plain Exception
             raise spec.refuse(f"the grammar is neither Lark nor GBNF: {e}") from None
     if kind == "structural_tag":
         return _structural_tag_grammar(spec)
@@ -263,7 +263,7 @@ class GuidanceMatcher(Matcher):
     llguidance counted it: rollback must undo exactly what it recorded.
     """
 
-    __slots__ = ("_m", "_words", "_eos", "_canonical", "_history", "_terminated_at")
+    __slots__ = ("_canonical", "_eos", "_history", "_m", "_terminated_at", "_words")
 
     def __init__(self, m: LLMatcher, backend: GuidanceBackend) -> None:
         self._m = m

@@ -58,7 +58,7 @@ class StructuredSpec:
     def from_params(
         cls,
         *,
-        json: str | dict[str, Any] | bool | None = None,  # noqa: A002 - the request's name
+        json: str | dict[str, Any] | bool | None = None,
         regex: str | None = None,
         choice: list[str] | tuple[str, ...] | None = None,
         grammar: str | None = None,
