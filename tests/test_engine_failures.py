@@ -81,11 +81,12 @@ def test_prompt_several_times_the_token_budget(loaded: Any, base: LLM) -> None:
     ("top_p", 1e-40),  # a float32 subnormal
     ("top_k", 2**31),  # past int32
 ])
-def test_add_request_refuses_what_the_core_cannot_take(base: LLM, field: str,
-                                                        value: object) -> None:
+def test_generate_refuses_what_the_core_cannot_take(base: LLM, field: str,
+                                                     value: object) -> None:
+    # The offline LLM validates (the engine itself trusts what it is given, as any Admit).
     params = SamplingParams(temperature=1.0, seed=1, max_tokens=4, **{field: value})
     with pytest.raises(SamplingParamsError) as info:
-        base.engine.add_request("bad", [1, 2, 3], params)
+        base.generate([[1, 2, 3]], params)
     assert info.value.param == field
     assert not base.engine.has_unfinished_requests()
 

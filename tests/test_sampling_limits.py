@@ -11,11 +11,19 @@ from __future__ import annotations
 import struct
 
 import pytest
-
-from actors.params.sampling import FLOAT32_MIN_NORMAL, INT32_MAX, SamplingParams
-from actors.params.sampling import SamplingParamsError
+from actors.params.limits import RequestLimits
+from actors.params.sampling import (
+    FLOAT32_MIN_NORMAL,
+    INT32_MAX,
+    SamplingParams,
+    SamplingParamsError,
+)
 
 VOCAB = 1000
+
+
+def lim(max_logprobs: int = 20) -> RequestLimits:
+    return RequestLimits(VOCAB, max_logprobs=max_logprobs)
 
 
 def f32(x: float) -> float:
@@ -24,7 +32,7 @@ def f32(x: float) -> float:
 
 def rejects(param: str, max_logprobs: int = 20, **kwargs: object) -> str:
     with pytest.raises(SamplingParamsError) as info:
-        SamplingParams(**kwargs).validate(VOCAB, max_logprobs)  # type: ignore[arg-type]
+        SamplingParams(**kwargs).validate(lim(max_logprobs))  # type: ignore[arg-type]
     assert info.value.param == param, info.value
     return info.value.message
 
@@ -46,7 +54,7 @@ def test_open_at_zero_fields_refuse_what_float32_cannot_keep_above_zero(field: s
 
 @pytest.mark.parametrize("field", ["top_p", "repetition_penalty"])
 def test_smallest_normal_float32_is_accepted(field: str) -> None:
-    SamplingParams(temperature=1.0, **{field: FLOAT32_MIN_NORMAL}).validate(VOCAB)
+    SamplingParams(temperature=1.0, **{field: FLOAT32_MIN_NORMAL}).validate(lim())
 
 
 @pytest.mark.parametrize("field,low", [("temperature", 0.0), ("min_p", 0.0),
@@ -57,17 +65,17 @@ def test_closed_ranges_take_subnormals_and_negative_zero(field: str, low: float)
     # inside it: a value that becomes 0.0 or a subnormal is simply (almost) "off".
     for value in (5e-324, 1e-46, -0.0, 1e-40):
         if value >= low:
-            SamplingParams(**{"temperature": 1.0, field: value}).validate(VOCAB)
+            SamplingParams(**{"temperature": 1.0, field: value}).validate(lim())
 
 
 def test_top_k_fits_int32() -> None:
-    SamplingParams(top_k=INT32_MAX).validate(VOCAB)
+    SamplingParams(top_k=INT32_MAX).validate(lim())
     for value in (2**31, 2**32 + 5, 2**63, 10**30):
         assert "int32" in rejects("top_k", top_k=value)
 
 
 def test_logprobs_follow_vllm_max_logprobs() -> None:
-    SamplingParams(logprobs=20, prompt_logprobs=20).validate(VOCAB, 20)
+    SamplingParams(logprobs=20, prompt_logprobs=20).validate(lim(20))
     assert rejects("logprobs", logprobs=21) == (
         "Requested sample logprobs of 21, which is greater than max allowed: 20")
     assert rejects("prompt_logprobs", prompt_logprobs=21) == (
@@ -75,7 +83,7 @@ def test_logprobs_follow_vllm_max_logprobs() -> None:
     # -1 asks for the whole vocabulary: refused under a cap, allowed with max_logprobs=-1.
     assert rejects("logprobs", logprobs=-1) == (
         f"Requested sample logprobs of {VOCAB}, which is greater than max allowed: 20")
-    SamplingParams(logprobs=-1, prompt_logprobs=-1).validate(VOCAB, -1)
+    SamplingParams(logprobs=-1, prompt_logprobs=-1).validate(lim(-1))
     assert "greater than max allowed: 5" in rejects("logprobs", max_logprobs=5, logprobs=6)
     for name in ("logprobs", "prompt_logprobs"):
         assert "positive value or -1" in rejects(name, **{name: -2})
@@ -85,7 +93,7 @@ def test_logprobs_follow_vllm_max_logprobs() -> None:
 
 def test_logprobs_are_bounded_by_max_logprobs_and_the_vocabulary_only() -> None:
     # The core's sampler returns any count up to the vocabulary: no cap of its own.
-    SamplingParams(logprobs=VOCAB, prompt_logprobs=VOCAB).validate(VOCAB, -1)
+    SamplingParams(logprobs=VOCAB, prompt_logprobs=VOCAB).validate(lim(-1))
     assert "greater than max allowed: 1000" in rejects("logprobs", max_logprobs=-1,
                                                        logprobs=VOCAB + 1)
     assert "greater than max allowed: 25" in rejects("prompt_logprobs", max_logprobs=25,

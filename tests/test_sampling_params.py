@@ -5,21 +5,23 @@ from __future__ import annotations
 import math
 
 import pytest
-
+from actors.errors import RequestRefused
+from actors.params.limits import RequestLimits
 from actors.params.sampling import SamplingParams, SamplingParamsError
 
 VOCAB = 1000
+LIMITS = RequestLimits(VOCAB)
 
 
 def check(**kwargs: object) -> None:
-    SamplingParams(**kwargs).validate(VOCAB, 20)  # type: ignore[arg-type]
+    SamplingParams(**kwargs).validate(LIMITS)  # type: ignore[arg-type]
 
 
 def rejects(param: str, **kwargs: object) -> SamplingParamsError:
     with pytest.raises(SamplingParamsError) as info:
         check(**kwargs)
     assert info.value.param == param, info.value
-    assert isinstance(info.value, ValueError)
+    assert isinstance(info.value, RequestRefused) and isinstance(info.value, ValueError)
     assert str(info.value) == info.value.message
     return info.value
 
@@ -31,7 +33,7 @@ def test_defaults_follow_vllm() -> None:
     assert p.max_tokens == 16 and p.min_tokens == 0 and p.seed is None
     assert p.stop == () and p.stop_token_ids == () and not p.ignore_eos
     assert p.logprobs is None and p.prompt_logprobs is None and p.skip_special_tokens
-    p.validate(VOCAB, 20)
+    p.validate(LIMITS)
 
 
 def test_normalisation() -> None:
@@ -92,7 +94,7 @@ def test_n() -> None:
     rejects("n", n=True)
     e = rejects("n", n=2, temperature=0.0)
     assert "greedy" in e.message
-    SamplingParams(n=64).validate(VOCAB, 20, max_n=64)
+    SamplingParams(n=64).validate(RequestLimits(VOCAB, max_n=64))
 
 
 def test_tokens_and_lengths() -> None:
@@ -104,10 +106,12 @@ def test_tokens_and_lengths() -> None:
 
 
 def test_seed_and_priority_int64() -> None:
-    check(seed=2**63 - 1, priority=-(2**63))
+    by_priority = RequestLimits(VOCAB, scheduling_policy="priority")
+    SamplingParams(seed=2**63 - 1, priority=-(2**63)).validate(by_priority)
     rejects("seed", seed=2**63)
     rejects("seed", seed=1.5)
-    rejects("priority", priority=2**63)
+    assert "at most" in refused(by_priority, "priority", priority=2**63)
+    rejects("priority", priority=2**63)  # out of range comes before the policy
 
 
 def test_cache_salt_as_vllm_checks_it_and_printable() -> None:
@@ -125,6 +129,9 @@ def test_cache_salt_as_vllm_checks_it_and_printable() -> None:
 
 def test_stop_strings_and_ids() -> None:
     check(stop=["a"] * 16, stop_token_ids=[0, VOCAB - 1])
+    check(stop_token_ids=[1] * 256)
+    assert rejects("stop_token_ids", stop_token_ids=[1] * 257).message == \
+        "at most 256 stop_token_ids are allowed"
     rejects("stop", stop=["a"] * 17)
     rejects("stop", stop=[""])
     rejects("stop", stop=["x" * 257])
@@ -140,8 +147,8 @@ def test_logprobs() -> None:
     rejects("logprobs", logprobs=-1)
     rejects("logprobs", logprobs=2.0)
     rejects("prompt_logprobs", prompt_logprobs=-2)
-    SamplingParams(logprobs=-1).validate(VOCAB, -1)  # whole vocabulary, operator opt-in
-    SamplingParams(logprobs=500).validate(VOCAB, -1)
+    SamplingParams(logprobs=-1).validate(RequestLimits(VOCAB, max_logprobs=-1))  # whole vocabulary, operator opt-in
+    SamplingParams(logprobs=500).validate(RequestLimits(VOCAB, max_logprobs=-1))
 
 
 def test_logit_bias_and_allowed_ids() -> None:
@@ -159,6 +166,9 @@ def test_logit_bias_and_allowed_ids() -> None:
     check(allowed_token_ids=[0, 1])
     rejects("allowed_token_ids", allowed_token_ids=[])
     rejects("allowed_token_ids", allowed_token_ids=[VOCAB])
+    check(allowed_token_ids=[1] * VOCAB)
+    assert rejects("allowed_token_ids", allowed_token_ids=[1] * (VOCAB + 1)).message == \
+        "allowed_token_ids is longer than the vocabulary"
     check(truncate_prompt_tokens=-1)
     check(truncate_prompt_tokens=5, truncation_side="right")
     rejects("truncate_prompt_tokens", truncate_prompt_tokens=-2)
@@ -178,4 +188,31 @@ def test_truncate_prompt_keeps_an_end_and_is_idempotent() -> None:
     assert SamplingParams(truncate_prompt_tokens=-1).truncate_prompt(ids, 8) == ids[3:]
     assert SamplingParams().truncate_prompt(ids, 8) is ids
     with pytest.raises(SamplingParamsError, match="truncate_prompt_tokens"):
-        SamplingParams(truncate_prompt_tokens=0).validate(vocab_size=100)
+        SamplingParams(truncate_prompt_tokens=0).validate(RequestLimits(100))
+
+
+def refused(limits: RequestLimits, param: str, **kwargs: object) -> str:
+    with pytest.raises(SamplingParamsError) as info:
+        SamplingParams(**kwargs).validate(limits)  # type: ignore[arg-type]
+    assert info.value.param == param, info.value
+    return info.value.message
+
+
+def test_the_engine_limits_are_rules_too() -> None:
+    """Context length, scheduling policy and running seats: judged by validate like every
+    other range, so the server and the offline LLM refuse them alike."""
+    ctx = RequestLimits(VOCAB, max_model_len=64)
+    SamplingParams(max_tokens=64, min_tokens=63, truncate_prompt_tokens=64).validate(ctx)
+    SamplingParams(max_tokens=10**6).validate(LIMITS)  # no context length: not judged
+    assert refused(ctx, "max_tokens", max_tokens=65) == \
+        "max_tokens=65 cannot be greater than max_model_len=64"
+    assert refused(ctx, "min_tokens", max_tokens=None, min_tokens=64) == \
+        "min_tokens (64) must be less than max_model_len (64)"
+    assert refused(ctx, "truncate_prompt_tokens", truncate_prompt_tokens=65) == \
+        "truncate_prompt_tokens (65) is greater than max_model_len (64)"
+    assert refused(LIMITS, "priority", priority=-1) == \
+        "Got priority -1 but Priority scheduling is not enabled."
+    SamplingParams(priority=-1).validate(RequestLimits(VOCAB, scheduling_policy="priority"))
+    seats = RequestLimits(VOCAB, max_num_seqs=2)
+    SamplingParams(n=2, temperature=1.0).validate(seats)
+    assert refused(seats, "n", n=3, temperature=1.0) == "n=3 exceeds max_num_seqs=2"

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 from actors.core.engine import EngineConfig, LLMEngine
 from actors.messages import Abort, Logprobs
+from actors.params.limits import RequestLimits
+from actors.params.prompt import check_prompt
 from actors.params.sampling import SamplingParams
 from actors.text.detokenizer import IncrementalDetokenizer
 
@@ -88,18 +90,26 @@ class LLM:
         )
         if len(params) != len(prompts):
             raise ValueError("give one SamplingParams, or one per prompt")
+        # The server's checks (SamplingParams.validate once per distinct params, then
+        # check_prompt), all before anything is queued: a refusal raises the server's typed
+        # error, with its message and param, and leaves the engine as it was.
+        limits = RequestLimits.from_info(self.engine.info)
+        for sp in {id(sp): sp for sp in params}.values():
+            sp.validate(limits)
+        prepared = []
+        for prompt, sp in zip(prompts, params):
+            if isinstance(prompt, str):
+                ids, text = self.tokenizer.encode(prompt, add_special_tokens=False), prompt
+            else:
+                ids, text = list(prompt), None
+            prepared.append((check_prompt(ids, sp, limits), text))
 
         results: dict[str, GenerationOutput] = {}
         order: list[str] = []
         detoks: dict[tuple[str, int], IncrementalDetokenizer] = {}
         backend = self.tokenizer.backend_tokenizer
-        for prompt, sp in zip(prompts, params):
+        for (ids, text), sp in zip(prepared, params):
             rid = str(next(self._ids))
-            if isinstance(prompt, str):
-                ids = self.tokenizer.encode(prompt, add_special_tokens=False)
-                text = prompt
-            else:
-                ids, text = list(prompt), None
             self.engine.add_request(rid, ids, sp)
             results[rid] = GenerationOutput(
                 rid, text, ids,

@@ -114,16 +114,9 @@ class LLMEngine:
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     arrival_time: float | None = None, priority: int | None = None) -> None:
-        """Validates and queues a request. Raises ValueError for what cannot run."""
-        params.validate(self.vocab_size, self.config.max_logprobs)
-        effective = params.priority if priority is None else priority
-        if effective != 0 and self.config.scheduling_policy != "priority":
-            raise ValueError(  # vLLM's message
-                f"Got priority {effective} but Priority scheduling is not enabled.")
-        prompt_token_ids = params.truncate_prompt(list(prompt_token_ids), self.max_model_len)
-        for t in prompt_token_ids:
-            if not 0 <= t < self.vocab_size:
-                raise ValueError(f"prompt token id {t} is out of vocabulary")
+        """Queues a request its caller has checked (SamplingParams.validate and
+        actors.params.prompt.check_prompt against RequestLimits.from_info(self.info), as
+        LLM.generate does): the core trusts it, as it trusts any Admit."""
         self.scheduler.add_request(Admit(
             request_id=request_id,
             prompt_token_ids=tuple(prompt_token_ids),

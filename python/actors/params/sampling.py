@@ -4,10 +4,14 @@ Fields and defaults follow vLLM's ``SamplingParams`` where a field exists there.
 object is frozen: the scheduler shares one instance between the ``n`` sequences of a
 request, and the engine may receive it in another process.
 
-``validate`` raises ``SamplingParamsError`` (a ``ValueError``) whose ``param`` names
-the offending field, so the HTTP edge can answer 400 with ``param`` set. The limits
-are those of docs "Request-parameter limits" (vLLM's ranges, tightened where vLLM is
-loose: ``n`` <= 16, ``repetition_penalty`` <= 2, stop strings <= 16 x 256 chars).
+``validate(limits)`` is the one function that judges a request's fields: the server
+calls it before tokenizing, the offline LLM before queueing, and the engine core trusts
+what either admits. It raises ``SamplingParamsError`` (a ``RequestRefused``, so a
+``ValueError``) whose ``param`` names the offending field, so the HTTP edge can answer 400
+with ``param`` set. The limits are those of docs "Request-parameter limits" (vLLM's
+ranges, tightened where vLLM is loose: ``n`` <= 16, ``repetition_penalty`` <= 2, stop
+strings <= 16 x 256 chars, <= 256 stop token ids) and the engine's own (RequestLimits:
+vocabulary, context length, max_logprobs, scheduling policy, running seats).
 """
 
 from __future__ import annotations
@@ -15,16 +19,20 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["GREEDY_EPS", "SamplingParams", "SamplingParamsError", "cache_salt_error"]
+from actors.errors import RequestRefused
+from actors.params.limits import RequestLimits
+
+__all__ = ["GREEDY_EPS", "RequestLimits", "SamplingParams", "SamplingParamsError",
+           "cache_salt_error"]
 
 # temperature below this is greedy (argmax); vLLM's _SAMPLING_EPS.
 GREEDY_EPS = 1e-5
 # (0, MIN_TEMPERATURE) is clamped up: tiny temperatures overflow exp() in fp32 logits.
 MIN_TEMPERATURE = 0.01
 
-MAX_N = 16
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
+MAX_STOP_TOKEN_IDS = 256
 MAX_LOGIT_BIAS_ENTRIES = 1024
 LOGIT_BIAS_LIMIT = 100.0
 INT64_MIN = -(2**63)
@@ -55,13 +63,13 @@ def cache_salt_error(salt: object) -> str | None:
     return None
 
 
-class SamplingParamsError(ValueError):
+class SamplingParamsError(RequestRefused):
     """An out-of-range request parameter; ``param`` names the field."""
 
+    param: str
+
     def __init__(self, message: str, param: str) -> None:
-        super().__init__(message)
-        self.message = message
-        self.param = param
+        super().__init__(message, param)
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,16 +171,21 @@ class SamplingParams:
 
     # ------------------------------------------------------------------ validation
 
-    def validate(self, vocab_size: int, max_logprobs: int = 20, *, max_n: int = MAX_N) -> None:
+    def validate(self, limits: RequestLimits) -> None:
         """Raises SamplingParamsError for the first out-of-range field.
 
         Every value is judged as the core will hold it (float32 reals, int32 top_k), so a
         request that passes cannot make the sampler refuse its row. ``max_logprobs`` is
         vLLM's limit on logprobs and prompt_logprobs (-1: the vocabulary, which is also
         what a request's -1 asks for); the core's sampler returns any count up to the
-        vocabulary, so nothing else bounds them.
+        vocabulary, so nothing else bounds them. What depends on the prompt's length is
+        actors.params.prompt.check_prompt's.
         """
-        _int_in(self.n, "n", 1, max_n)
+        vocab_size = limits.vocab_size
+        _int_in(self.n, "n", 1, limits.max_n)
+        if limits.max_num_seqs is not None and self.n > limits.max_num_seqs:
+            raise SamplingParamsError(
+                f"n={self.n} exceeds max_num_seqs={limits.max_num_seqs}", "n")
         if self.n > 1 and _is_real(self.temperature) and self.temperature < GREEDY_EPS:
             raise SamplingParamsError("n must be 1 when using greedy sampling", "n")
         _real_in(self.temperature, "temperature", 0.0, 2.0)
@@ -190,6 +203,10 @@ class SamplingParams:
         if self.seed is not None:
             _int_in(self.seed, "seed", INT64_MIN, INT64_MAX)
         _int_in(self.priority, "priority", INT64_MIN, INT64_MAX)
+        if self.priority != 0 and limits.scheduling_policy != "priority":
+            raise SamplingParamsError(  # vLLM's message
+                f"Got priority {self.priority} but Priority scheduling is not enabled.",
+                "priority")
         message = cache_salt_error(self.cache_salt)
         if message is not None:
             raise SamplingParamsError(message, "cache_salt")
@@ -197,14 +214,17 @@ class SamplingParams:
             _int_in(self.max_tokens, "max_tokens", 1, None)
         _int_in(self.min_tokens, "min_tokens", 0, self.max_tokens)
         self._validate_stop(vocab_size)
-        _logprobs_in(self.logprobs, "logprobs", vocab_size, max_logprobs)
-        _logprobs_in(self.prompt_logprobs, "prompt_logprobs", vocab_size, max_logprobs)
+        _logprobs_in(self.logprobs, "logprobs", vocab_size, limits.max_logprobs)
+        _logprobs_in(self.prompt_logprobs, "prompt_logprobs", vocab_size, limits.max_logprobs)
         self._validate_logit_bias(vocab_size)
         if self.allowed_token_ids is not None:
             if len(self.allowed_token_ids) == 0:
                 raise SamplingParamsError(
                     "allowed_token_ids must not be empty", "allowed_token_ids"
                 )
+            if len(self.allowed_token_ids) > vocab_size:
+                raise SamplingParamsError("allowed_token_ids is longer than the vocabulary",
+                                          "allowed_token_ids")
             for t in self.allowed_token_ids:
                 _token_id(t, "allowed_token_ids", vocab_size)
         if self.truncate_prompt_tokens is not None:
@@ -215,6 +235,29 @@ class SamplingParams:
         if self.truncation_side not in ("left", "right"):
             raise SamplingParamsError(
                 "truncation_side must be 'left' or 'right'", "truncation_side"
+            )
+        if limits.max_model_len is not None:
+            self._validate_context(limits.max_model_len)
+
+    def _validate_context(self, length: int) -> None:
+        """What the context length rules out whatever the prompt."""
+        if self.max_tokens is not None and self.max_tokens > length:
+            raise SamplingParamsError(
+                f"max_tokens={self.max_tokens} cannot be greater than max_model_len={length}",
+                "max_tokens",
+            )
+        # A prompt takes at least one position, so min_tokens >= max_model_len can never be
+        # met (with max_tokens None the cap is only known with the prompt: check_prompt).
+        if self.min_tokens > length - 1:
+            raise SamplingParamsError(
+                f"min_tokens ({self.min_tokens}) must be less than max_model_len ({length})",
+                "min_tokens",
+            )
+        truncate = self.truncate_prompt_tokens
+        if truncate is not None and truncate > length:
+            raise SamplingParamsError(
+                f"truncate_prompt_tokens ({truncate}) is greater than max_model_len "
+                f"({length})", "truncate_prompt_tokens",
             )
 
     def _validate_stop(self, vocab_size: int) -> None:
@@ -232,6 +275,10 @@ class SamplingParams:
                 raise SamplingParamsError(
                     f"a stop string may have at most {MAX_STOP_STRING_CHARS} characters", "stop"
                 )
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise SamplingParamsError(
+                f"at most {MAX_STOP_TOKEN_IDS} stop_token_ids are allowed", "stop_token_ids"
+            )
         for t in self.stop_token_ids:
             _token_id(t, "stop_token_ids", vocab_size)
 
