@@ -15,7 +15,7 @@ from actors.runtime.request import Registry, RequestState
 from server.chat_template import ChatRenderer
 from server.config import ServerConfig
 from server.fingerprint import system_fingerprint
-from server.sampling import Limits
+from server.api.openai.params import Limits
 
 
 @dataclass

@@ -36,7 +36,7 @@ from server import transport
 from server.app import create_app
 from server.chat_template import ChatRenderer, load_template_arg
 from server.config import ServerConfig
-from server.sampling import Limits, server_defaults
+from server.api.openai.params import Limits, server_defaults
 from server.state import ServerState
 
 if sys.version_info < (3, 11):

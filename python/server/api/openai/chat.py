@@ -13,7 +13,7 @@ from server.api.http_io import accepts, built_json_response, check_model, parse,
 from server.api.openai.protocol.chat import ChatCompletionRequest
 from server.api.openai.stream import chat_logprobs, collect, prompt_logprobs_json
 from server.api.openai.stream import response_usage, sse_stream
-from server.sampling import build_params, check_stream_options
+from server.api.openai.params import build_params, check_stream_options
 from server.sse import sse_response
 from server.state import ServerState
 from server.unsupported import check_unsupported

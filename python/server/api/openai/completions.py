@@ -14,7 +14,7 @@ from server.api.openai.protocol.completions import CompletionRequest
 from server.api.openai.stream import collect, completion_logprobs, echo_logprobs
 from server.api.openai.stream import echo_prompt_logprobs, prompt_logprobs_json
 from server.api.openai.stream import prompt_logprobs_of, response_usage, sse_stream
-from server.sampling import MAX_PROMPTS, build_params, check_stream_options
+from server.api.openai.params import MAX_PROMPTS, build_params, check_stream_options
 from server.sse import sse_response
 from server.state import ServerState
 from server.unsupported import check_unsupported

@@ -3,7 +3,7 @@
 Unknown fields are accepted and ignored (extra="allow"), as OpenAI clients send vendor
 extensions freely; the vLLM extensions that would change the output and are not implemented
 are refused by name in server.unsupported. Types are checked here; value ranges by
-SamplingParams.validate (through server.sampling, which adds the context-length checks).
+SamplingParams.validate (through server.api.openai.params, which only maps the fields).
 """
 
 from __future__ import annotations
@@ -51,6 +51,6 @@ class SamplingFields(APIModel):
     truncate_prompt_tokens: int | None = None
     truncation_side: Literal["left", "right"] | None = None
     priority: int = 0
-    cache_salt: str | None = None  # checked in server.sampling (vLLM's rules and ours)
+    cache_salt: str | None = None  # SamplingParams.validate (vLLM's rules and ours)
     request_id: str | None = Field(default=None, max_length=256)
     user: str | None = None
