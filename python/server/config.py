@@ -41,35 +41,11 @@ class ServerConfig:
     log_level: str = "info"
     log_json: bool = False
 
-    # Read-only views of engine settings for code that still reads them here (the
-    # supervisor's wiring); they hold nothing, so they cannot drift from ``engine``.
+    # A read-only view for the wiring that names the model; it holds nothing, so it
+    # cannot drift from ``engine``.
     @property
     def model(self) -> str | None:
         return self.engine.model
-
-    @property
-    def max_num_seqs(self) -> int:
-        return self.engine.max_num_seqs
-
-    @property
-    def block_size(self) -> int:
-        return self.engine.block_size
-
-    @property
-    def kv_cache_dtype(self) -> str:
-        return self.engine.kv_cache_dtype
-
-    @property
-    def enable_prefix_caching(self) -> bool:
-        return self.engine.enable_prefix_caching
-
-    @property
-    def scheduling_policy(self) -> str:
-        return self.engine.scheduling_policy
-
-    @property
-    def max_logprobs(self) -> int:
-        return self.engine.max_logprobs
 
 
 def env_seconds(name: str, default: float, environ: Mapping[str, str] | None = None) -> float:
