@@ -12,9 +12,9 @@ import trio
 from pydantic import BaseModel, ValidationError
 from quart import Response, request
 
+from server.api.validation_errors import describe
 from server.errors import APIError, bad_request
 from server.json_depth import MAX_JSON_DEPTH, nesting_depth
-from server.api.validation_errors import describe
 from server.state import ServerState
 
 M = TypeVar("M", bound=BaseModel)

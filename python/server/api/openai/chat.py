@@ -1,18 +1,20 @@
-"""POST /v1/chat/completions."""
+"""POST /v1/chat/completions: checks, the chat template's deferred render, and the handler
+that hands the prompt to the generation service and its output to ChatCompletionRenderer."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from actors.params.sampling import SamplingParams
+from actors.runtime.request import PromptInput
 from quart import Quart, Response, request
 
-from actors.runtime.request import PromptInput
-from server.errors import bad_request
-from server.generation import Generation, new_request_id
 from server.api.http_io import accepts, built_json_response, check_model, parse, read_json
 from server.api.openai.protocol.chat import ChatCompletionRequest
-from server.api.openai.stream import chat_logprobs, collect, prompt_logprobs_json
-from server.api.openai.stream import response_usage, sse_stream
+from server.api.openai.render import ChatCompletionRenderer, sse_body
+from server.errors import bad_request
+from server.frontend import service
+from server.generation import new_request_id
 from server.api.openai.params import build_params, check_stream_options
 from server.sse import sse_response
 from server.state import ServerState
@@ -78,19 +80,8 @@ def echo_text(req: ChatCompletionRequest, role: str) -> str:
     return "\n".join(p.text or "" for p in content)
 
 
-def message(role: str, content: str) -> dict[str, Any]:
-    # vLLM's shape: tool_calls is left out when there are none; the rest are null.
-    return {"role": role, "content": content, "refusal": None, "annotations": None,
-            "audio": None, "function_call": None, "reasoning": None}
-
-
-async def handle(srv: ServerState, req: ChatCompletionRequest) -> Response:
-    model = check_model(srv, req.model)
-    check_stream_options(req)
-    check_tools(req)
-    check_unsupported(req)
-    limits = srv.limits
-    assert limits is not None
+def sampling_params(srv: ServerState, req: ChatCompletionRequest) -> SamplingParams:
+    """The request's SamplingParams, chat's names mapped onto the engine's."""
     top = req.top_logprobs
     if top is not None and top != 0 and not req.logprobs:
         raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
@@ -107,96 +98,35 @@ async def handle(srv: ServerState, req: ChatCompletionRequest) -> Response:
     aliases = {"logprobs": "top_logprobs"}
     if req.max_completion_tokens is not None:
         aliases["max_tokens"] = "max_completion_tokens"
-    params = build_params(req, max_tokens=max_tokens, logprobs=logprobs, defaults=srv.defaults,
-                          limits=limits, prompt_logprobs=None if req.stream else prompt_lps,
-                          aliases=aliases)
-    render = render_call(srv, req)
-    prompts = [PromptInput(render=render, add_special_tokens=req.add_special_tokens)]
+    assert srv.limits is not None
+    return build_params(req, max_tokens=max_tokens, logprobs=logprobs, defaults=srv.defaults,
+                        limits=srv.limits, prompt_logprobs=None if req.stream else prompt_lps,
+                        aliases=aliases)
+
+
+async def handle(srv: ServerState, req: ChatCompletionRequest) -> Response:
+    model = check_model(srv, req.model)
+    check_stream_options(req)
+    check_tools(req)
+    check_unsupported(req)
+    params = sampling_params(srv, req)
+    prompts = [PromptInput(render=render_call(srv, req),
+                           add_special_tokens=req.add_special_tokens)]
     rid = new_request_id(request.headers.get("X-Request-Id"), req.request_id)
-    gen = Generation(srv, rid, prompts, params)
-    await gen.start()
-    response_id = f"chatcmpl-{rid}"
-    texts = srv.token_texts
+    gen = await service.start(srv, rid, prompts, params)
     role = response_role(req)
-    echoed = echo_text(req, role)
-
-    if not req.stream:
-        try:
-            results = await collect(gen)
-        finally:
-            gen.retire()
-
-        def build() -> dict[str, Any]:
-            choices = [
-                {
-                    "index": r.index,
-                    "message": message(role, echoed + r.text),
-                    "logprobs": chat_logprobs(texts, r.logprobs, top or 0)
-                    if req.logprobs else None,
-                    "finish_reason": r.finish_reason,
-                    "stop_reason": r.stop_reason,
-                }
-                for r in results
-            ]
-            return {
-                "id": response_id, "object": "chat.completion", "created": gen.created,
-                "model": model, "choices": choices, "service_tier": None,
-                "system_fingerprint": srv.fingerprint,
-                "usage": response_usage(gen, sum(r.num_tokens for r in results)),
-                "prompt_logprobs": prompt_logprobs_json(
-                    texts, results[0].prompt_logprobs if results else None),
-            }
-
-        return await built_json_response(
-            build, off_loop=bool(req.logprobs) or params.prompt_logprobs is not None)
-
     opts = req.stream_options
-    include_usage = bool(opts and opts.include_usage)
-
-    def base() -> dict[str, Any]:
-        return {"id": response_id, "object": "chat.completion.chunk", "created": gen.created,
-                "model": model}
-
-    def first_chunks() -> list[dict[str, Any]]:
-        # One role chunk per choice, then (echo) one chunk per choice with the echoed text.
-        chunks = [
-            dict(base(), choices=[{"index": i, "delta": {"role": role, "content": ""},
-                                   "logprobs": None, "finish_reason": None}])
-            for i in range(gen.state.num_choices)
-        ]
-        if echoed:
-            chunks += [
-                dict(base(), choices=[{"index": i, "delta": {"content": echoed},
-                                       "logprobs": None, "finish_reason": None}])
-                for i in range(gen.state.num_choices)
-            ]
-        return chunks
-
-    def chunk_of(u: Any) -> dict[str, Any] | None:
-        if not u.text and not u.token_ids and u.finish_reason is None:
-            return None
-        # A token whose text is held back still gets its chunk (content "", its logprobs),
-        # as vLLM sends it; a finish without any token has an empty delta.
-        delta = {"content": u.text} if u.text or u.token_ids else {}
-        choice: dict[str, Any] = {"index": u.index, "delta": delta,
-                                  "logprobs": chat_logprobs(texts, u.logprobs, top or 0)
-                                  if req.logprobs else None,
-                                  "finish_reason": u.finish_reason}
-        chunk = dict(base(), choices=[choice])
-        if u.finish_reason is not None:
-            choice["stop_reason"] = u.stop_reason
-            if not include_usage:
-                chunk["system_fingerprint"] = srv.fingerprint
-        return chunk
-
-    def final_chunk(use: dict[str, int]) -> dict[str, Any]:
-        return dict(base(), choices=[], usage=use, system_fingerprint=srv.fingerprint)
-
-    return sse_response(sse_stream(
-        gen, first_chunks=first_chunks, chunk_of=chunk_of,
-        final_chunk=final_chunk if include_usage else None,
-        continuous_usage=include_usage and bool(opts and opts.continuous_usage_stats),
-    ))
+    renderer = ChatCompletionRenderer(
+        gen, model=model, fingerprint=srv.fingerprint, role=role, echoed=echo_text(req, role),
+        logprobs=bool(req.logprobs), top_logprobs=req.top_logprobs or 0,
+        include_usage=bool(opts and opts.include_usage),
+        continuous_usage=bool(opts and opts.continuous_usage_stats))
+    if req.stream:
+        return sse_response(sse_body(gen, renderer))
+    result = await gen.collect()
+    return await built_json_response(
+        lambda: renderer.response(result),
+        off_loop=bool(req.logprobs) or params.prompt_logprobs is not None)
 
 
 def register(app: Quart, srv: ServerState) -> None:

@@ -45,7 +45,7 @@ def register(app: Quart, srv: ServerState) -> None:
             add_special = bool(req.add_special_tokens)
         else:
             prompt = req.prompt
-            render = lambda: prompt  # noqa: E731
+            render = lambda: prompt
             add_special = req.add_special_tokens is not False
 
         def work() -> list[int]:

@@ -1,0 +1,387 @@
+"""The OpenAI response shapes: /v1/completions and /v1/chat/completions, streamed as chunks
+or whole, with their usage and logprobs JSON, and the SSE body that carries the chunks.
+
+A renderer is made per request. It keeps one state object per choice (completions: the
+choice's text offset and whether its echoed prompt went out; chat: where a tool-call or
+reasoning parser will keep what it has seen of the choice), and turns the generation
+service's deltas into chunks (`chunk`), the end of a stream into its usage chunk (`final`)
+and a collected generation into the whole response (`response`).
+
+The shapes are vLLM's, byte for byte: the order of keys, which are null and which are left
+out, -inf written as -9999.0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import aclosing
+from typing import Any, Protocol
+
+from server import sse
+from server.frontend.service import (
+    ChoiceDelta,
+    Collected,
+    Failed,
+    Finished,
+    Idle,
+    LogprobEntry,
+    PromptLogprobs,
+    TextGeneration,
+    Usage,
+)
+
+# -inf cannot be written in JSON; clients expect a large negative number (as vLLM sends).
+MIN_LOGPROB = -9999.0
+
+
+# -- usage ----------------------------------------------------------------------------------
+def usage_json(u: Usage) -> dict[str, int]:
+    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+            "total_tokens": u.total_tokens}
+
+
+def response_usage_json(u: Usage) -> dict[str, Any]:
+    """Usage as a whole (non-streamed) response reports it: the details are null, as vLLM
+    reports them unless --enable-prompt-tokens-details (not implemented here) is given."""
+    return {**usage_json(u), "prompt_tokens_details": None}
+
+
+# -- logprobs -------------------------------------------------------------------------------
+def _clamped(logprob: float) -> float:
+    return max(logprob, MIN_LOGPROB)
+
+
+def chat_logprobs(items: Iterable[LogprobEntry], top_n: int) -> dict[str, Any]:
+    """Chat's layout: per token its text, logprob, UTF-8 bytes and the `top_n` most likely
+    tokens (-1: all that were computed)."""
+    content = []
+    for lp in items:
+        top = lp.top if top_n < 0 else lp.top[:top_n]
+        content.append({
+            "token": lp.text,
+            "logprob": _clamped(lp.logprob),
+            "bytes": list(lp.bytes),
+            "top_logprobs": [{"token": t.text, "logprob": _clamped(t.logprob),
+                              "bytes": list(t.bytes)} for t in top],
+        })
+    return {"content": content}
+
+
+def completion_logprobs(items: Iterable[LogprobEntry], start_offset: int, num: int,
+                        first_token: str | None = None) -> dict[str, Any]:
+    """The legacy completions layout. Each position's top_logprobs holds the sampled token
+    and the `num` most likely ones (so num + 1 entries at most, one for logprobs=0), the
+    sampled token first, as OpenAI's completions API and vLLM report them.
+    ``first_token``: the text of a leading token without a logprob (an echoed prompt's
+    first)."""
+    tokens: list[str] = []
+    token_lps: list[float | None] = []
+    tops: list[dict[str, float] | None] = []
+    offsets: list[int] = []
+    offset = start_offset
+    if first_token is not None:
+        tokens.append(first_token)
+        token_lps.append(None)
+        tops.append(None)
+        offsets.append(offset)
+        offset += len(first_token)
+    for lp in items:
+        tokens.append(lp.text)
+        token_lps.append(_clamped(lp.logprob))
+        ranked = [(lp.text, lp.logprob)]
+        ranked += [(t.text, t.logprob) for t in lp.top if t.token_id != lp.token_id]
+        if num >= 0:
+            ranked = ranked[: num + 1]
+        tops.append({text: _clamped(v) for text, v in ranked})
+        offsets.append(offset)
+        offset += len(lp.text)
+    return {"text_offset": offsets, "token_logprobs": token_lps, "tokens": tokens,
+            "top_logprobs": tops}
+
+
+def prompt_logprobs_json(
+    items: PromptLogprobs | None,
+) -> list[dict[str, dict[str, Any]] | None] | None:
+    """vLLM's ``prompt_logprobs`` field: per prompt token (the first None) a map of token
+    id -> {logprob, rank, decoded_token}, the prompt token first, then the top ones."""
+    if items is None:
+        return None
+    out: list[dict[str, dict[str, Any]] | None] = []
+    for lp in items:
+        if lp is None:
+            out.append(None)
+            continue
+        entry = {str(lp.token_id): _ranked_json(lp.text, lp.logprob, lp.rank)}
+        for r, t in enumerate(lp.top, start=1):
+            entry.setdefault(str(t.token_id), _ranked_json(t.text, t.logprob, r))
+        out.append(entry)
+    return out
+
+
+def _ranked_json(text: str, logprob: float, rank: int) -> dict[str, Any]:
+    return {"logprob": _clamped(logprob), "rank": rank, "decoded_token": text}
+
+
+def echo_prompt_logprobs(first_token: str, prompt_items: PromptLogprobs,
+                         num: int) -> dict[str, Any]:
+    """echo with logprobs, the prompt's part (shared by the prompt's n choices): its tokens,
+    the first without a logprob, text offsets counted from the start of the prompt."""
+    head = completion_logprobs([], 0, num, first_token=first_token)
+    rest = [lp for lp in prompt_items[1:] if lp is not None]
+    tail = completion_logprobs(rest, len(head["tokens"][0]), num)
+    return {k: head[k] + tail[k] for k in head}
+
+
+def echo_logprobs(prompt_part: dict[str, Any], items: Iterable[LogprobEntry],
+                  num: int) -> dict[str, Any]:
+    """echo with logprobs: the prompt's part, then the generated tokens, whose text offsets
+    go on from the end of the echoed prompt."""
+    end = prompt_part["text_offset"][-1] + len(prompt_part["tokens"][-1])
+    generated = completion_logprobs(items, end, num)
+    return {k: prompt_part[k] + generated[k] for k in prompt_part}
+
+
+# -- the SSE body ---------------------------------------------------------------------------
+class ChunkRenderer(Protocol):
+    def first_chunks(self) -> list[dict[str, Any]]: ...
+    def chunk(self, delta: ChoiceDelta) -> dict[str, Any] | None: ...
+    def final(self, usage: Usage) -> dict[str, Any] | None: ...
+
+
+async def sse_body(gen: TextGeneration, renderer: ChunkRenderer) -> AsyncIterator[bytes]:
+    """An OpenAI stream: the renderer's chunks as `data:` events, a keep-alive comment while
+    nothing comes, an error event if the request fails, then `data: [DONE]`. `finally`
+    retires the request, also when the client disconnects."""
+    try:
+        for first in renderer.first_chunks():
+            yield sse.event(first)
+        async with aclosing(gen.stream(idle_after=sse.KEEPALIVE_INTERVAL)) as events:
+            async for ev in events:
+                if isinstance(ev, ChoiceDelta):
+                    chunk = renderer.chunk(ev)
+                    if chunk is not None:
+                        yield sse.event(chunk)
+                elif isinstance(ev, Idle):
+                    yield sse.KEEPALIVE  # e.g. queued behind a long prefill
+                elif isinstance(ev, Failed):
+                    yield sse.error_event(ev.status, ev.message)
+                elif isinstance(ev, Finished):
+                    final = renderer.final(ev.usage)
+                    if final is not None:
+                        yield sse.event(final)
+        yield sse.DONE
+    finally:
+        gen.retire()
+
+
+class _StreamOptions:
+    """What stream_options asks of every chunk."""
+
+    def __init__(self, include_usage: bool, continuous_usage: bool) -> None:
+        self.include_usage = include_usage
+        # Every chunk carries the usage of the one choice it is about (its prompt, its
+        # tokens so far), as vLLM reports it.
+        self.continuous_usage = include_usage and continuous_usage
+
+
+# -- /v1/completions ------------------------------------------------------------------------
+class CompletionChoice:
+    """One choice of a completions stream: its text offset (logprobs count offsets from
+    the start of the choice's text) and whether its echoed prompt is still to go out."""
+
+    __slots__ = ("echo_pending", "offset")
+
+    def __init__(self, echo: bool) -> None:
+        self.offset = 0
+        self.echo_pending = echo
+
+
+class CompletionRenderer:
+    """The shapes of one /v1/completions response."""
+
+    def __init__(self, gen: TextGeneration, *, model: str, fingerprint: str, echo: bool,
+                 echo_only: bool, logprobs: int | None, include_usage: bool = False,
+                 continuous_usage: bool = False) -> None:
+        self.gen = gen
+        self.model = model
+        self.fingerprint = fingerprint
+        self.response_id = f"cmpl-{gen.request_id}"
+        self.echo = echo
+        self.echo_only = echo_only  # echo with max_tokens=0: the generated token is dropped
+        self.logprobs = logprobs
+        self.num_logprobs = -1 if logprobs is None else logprobs
+        self.options = _StreamOptions(include_usage, continuous_usage)
+        self.choices = [CompletionChoice(echo) for _ in range(gen.num_choices)]
+
+    def _base(self) -> dict[str, Any]:
+        return {"id": self.response_id, "object": "text_completion", "created": self.gen.created,
+                "model": self.model}
+
+    def first_chunks(self) -> list[dict[str, Any]]:
+        return []
+
+    def chunk(self, d: ChoiceDelta) -> dict[str, Any] | None:
+        state = self.choices[d.index]
+        text = "" if self.echo_only else d.text
+        if state.echo_pending:
+            # The echoed prompt goes out in front of the choice's first chunk, as vLLM sends it.
+            state.echo_pending = False
+            text = self.gen.prompt_of(d.index).text + text
+        elif not text and not d.token_ids and d.finish_reason is None:
+            return None  # nothing happened; a token with held-back text still goes out
+        lp = None
+        if self.logprobs is not None:
+            lp = completion_logprobs(d.logprobs, state.offset, self.num_logprobs)
+            state.offset += sum(len(t) for t in lp["tokens"])
+        chunk = dict(self._base(), choices=[{"index": d.index, "text": text, "logprobs": lp,
+                                             "finish_reason": d.finish_reason,
+                                             "stop_reason": d.stop_reason}])
+        if d.finish_reason is not None and not self.options.include_usage:
+            chunk["system_fingerprint"] = self.fingerprint
+        if self.options.continuous_usage:
+            chunk["usage"] = usage_json(self.gen.choice_usage(d.index, d.generated_tokens))
+        return chunk
+
+    def final(self, usage: Usage) -> dict[str, Any] | None:
+        if not self.options.include_usage:
+            return None
+        return dict(self._base(), choices=[], usage=usage_json(usage),
+                    system_fingerprint=self.fingerprint)
+
+    def response(self, result: Collected) -> dict[str, Any]:
+        gen, n, num = self.gen, self.gen.n, self.num_logprobs
+        echo_lps = self.echo and self.logprobs is not None
+        choices = []
+        # Per prompt, shared by its n choices: prompt_logprobs and the echoed part.
+        prompt_json: dict[int, Any] = {}
+        echo_part: dict[int, dict[str, Any]] = {}
+        for r in result.choices:
+            p = r.index // n
+            text = "" if self.echo_only else r.text
+            if self.echo:
+                text = gen.prompts[p].text + text
+            prompt_items = result.prompt_logprobs[p]
+            if p not in prompt_json:
+                prompt_json[p] = prompt_logprobs_json(prompt_items)
+            lp = None
+            if echo_lps:
+                if prompt_items is None:
+                    raise RuntimeError("the engine returned no prompt logprobs")
+                if p not in echo_part:
+                    echo_part[p] = echo_prompt_logprobs(gen.prompts[p].first_token_text,
+                                                        prompt_items, num)
+                lp = echo_logprobs(echo_part[p], [] if self.echo_only else r.logprobs, num)
+            elif self.logprobs is not None:
+                lp = completion_logprobs(r.logprobs, 0, num)
+            choices.append({"index": r.index, "text": text, "logprobs": lp,
+                            "finish_reason": r.finish_reason, "stop_reason": r.stop_reason,
+                            "prompt_logprobs": prompt_json.get(p)})
+        return {
+            "id": self.response_id, "object": "text_completion", "created": gen.created,
+            "model": self.model, "choices": choices, "service_tier": None,
+            "system_fingerprint": self.fingerprint, "usage": response_usage_json(result.usage),
+        }
+
+
+# -- /v1/chat/completions -------------------------------------------------------------------
+def chat_message(role: str, content: str) -> dict[str, Any]:
+    # vLLM's shape: tool_calls is left out when there are none; the rest are null.
+    return {"role": role, "content": content, "refusal": None, "annotations": None,
+            "audio": None, "function_call": None, "reasoning": None}
+
+
+class ChatChoice:
+    """One choice of a chat response. Its text becomes message content as it is; a
+    tool-call or reasoning parser will keep here what it has seen of the choice and split
+    the text into content, reasoning and tool calls."""
+
+    __slots__ = ()
+
+    def delta(self, d: ChoiceDelta) -> dict[str, Any]:
+        # A token whose text is held back still gets its chunk (content "", its logprobs),
+        # as vLLM sends it; a finish without any token has an empty delta.
+        return {"content": d.text} if d.text or d.token_ids else {}
+
+    def message(self, role: str, text: str) -> dict[str, Any]:
+        return chat_message(role, text)
+
+
+class ChatCompletionRenderer:
+    """The shapes of one /v1/chat/completions response."""
+
+    def __init__(self, gen: TextGeneration, *, model: str, fingerprint: str, role: str,
+                 echoed: str, logprobs: bool, top_logprobs: int, include_usage: bool = False,
+                 continuous_usage: bool = False) -> None:
+        self.gen = gen
+        self.model = model
+        self.fingerprint = fingerprint
+        self.response_id = f"chatcmpl-{gen.request_id}"
+        self.role = role
+        self.echoed = echoed  # the last message's text, in front of each choice's
+        self.logprobs = logprobs
+        self.top_logprobs = top_logprobs
+        self.options = _StreamOptions(include_usage, continuous_usage)
+        self.choices = [ChatChoice() for _ in range(gen.num_choices)]
+
+    def _base(self) -> dict[str, Any]:
+        return {"id": self.response_id, "object": "chat.completion.chunk",
+                "created": self.gen.created, "model": self.model}
+
+    def _opening(self, index: int, delta: dict[str, Any]) -> dict[str, Any]:
+        chunk = dict(self._base(), choices=[{"index": index, "delta": delta, "logprobs": None,
+                                             "finish_reason": None}])
+        if self.options.continuous_usage:
+            chunk["usage"] = usage_json(self.gen.choice_usage(index, 0))
+        return chunk
+
+    def first_chunks(self) -> list[dict[str, Any]]:
+        # One role chunk per choice, then (echo) one chunk per choice with the echoed text.
+        indexes = range(self.gen.num_choices)
+        chunks = [self._opening(i, {"role": self.role, "content": ""}) for i in indexes]
+        if self.echoed:
+            chunks += [self._opening(i, {"content": self.echoed}) for i in indexes]
+        return chunks
+
+    def _logprobs_json(self, items: Sequence[LogprobEntry]) -> dict[str, Any] | None:
+        return chat_logprobs(items, self.top_logprobs) if self.logprobs else None
+
+    def chunk(self, d: ChoiceDelta) -> dict[str, Any] | None:
+        if not d.text and not d.token_ids and d.finish_reason is None:
+            return None
+        choice: dict[str, Any] = {"index": d.index, "delta": self.choices[d.index].delta(d),
+                                  "logprobs": self._logprobs_json(d.logprobs),
+                                  "finish_reason": d.finish_reason}
+        chunk = dict(self._base(), choices=[choice])
+        if d.finish_reason is not None:
+            choice["stop_reason"] = d.stop_reason
+            if not self.options.include_usage:
+                chunk["system_fingerprint"] = self.fingerprint
+        if self.options.continuous_usage:
+            chunk["usage"] = usage_json(self.gen.choice_usage(d.index, d.generated_tokens))
+        return chunk
+
+    def final(self, usage: Usage) -> dict[str, Any] | None:
+        if not self.options.include_usage:
+            return None
+        return dict(self._base(), choices=[], usage=usage_json(usage),
+                    system_fingerprint=self.fingerprint)
+
+    def response(self, result: Collected) -> dict[str, Any]:
+        choices = [
+            {
+                "index": r.index,
+                "message": self.choices[r.index].message(self.role, self.echoed + r.text),
+                "logprobs": self._logprobs_json(r.logprobs),
+                "finish_reason": r.finish_reason,
+                "stop_reason": r.stop_reason,
+            }
+            for r in result.choices
+        ]
+        return {
+            "id": self.response_id, "object": "chat.completion", "created": self.gen.created,
+            "model": self.model, "choices": choices, "service_tier": None,
+            "system_fingerprint": self.fingerprint,
+            "usage": response_usage_json(result.usage),
+            "prompt_logprobs": prompt_logprobs_json(
+                result.prompt_logprobs[0] if result.prompt_logprobs else None),
+        }

@@ -1,0 +1,332 @@
+"""The API-neutral generation service: rendered prompts and SamplingParams in, typed deltas
+per choice out.
+
+Every API (OpenAI's completions and chat today, the Anthropic Messages and OpenAI Responses
+APIs next) hands it the PromptInputs it rendered and the SamplingParams it built, and reads
+back what each choice generated: text, token ids, logprobs with the tokens' decoded text,
+why it finished, and the request's token counts. Nothing here knows any API's JSON.
+
+    gen = await start(srv, request_id, prompts, params)     # APIError: 400, 503 ...
+    async for event in gen.stream(idle_after=15.0):         # ChoiceDelta | Idle | Failed | Finished
+        ...
+    result = await gen.collect()                             # Collected, or APIError
+
+Both `stream` and `collect` retire the request when they end, however they end.
+
+Logprobs are decoded into LogprobEntry objects only when read (the Logprobs sequences): a
+whole response's logprobs (a million prompt positions, say) are decoded in the worker thread
+that builds its body, never in one step of the event loop.
+"""
+
+from __future__ import annotations
+
+import builtins
+import math
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, overload
+
+import trio
+from actors.params.sampling import SamplingParams
+from actors.runtime.outbox import ChoiceUpdate, OutboxFailed, TokenLogprob
+from actors.runtime.request import PromptInput
+
+from server.errors import APIError
+from server.generation import Generation
+from server.state import ServerState
+
+
+# -- logprobs ---------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class TopLogprob:
+    """One of the most likely tokens at a position."""
+
+    token_id: int
+    text: str
+    logprob: float
+
+    @property
+    def bytes(self) -> builtins.bytes:
+        return self.text.encode("utf-8")
+
+
+@dataclass(frozen=True, slots=True)
+class LogprobEntry:
+    """One position: its token (the sampled one, or the prompt's), the token's logprob and
+    the most likely tokens there, most likely first, each with its decoded text (the token
+    decoded alone, special tokens kept, a partial character as U+FFFD)."""
+
+    token_id: int
+    text: str
+    logprob: float
+    top: tuple[TopLogprob, ...]
+    rank: int = 0  # prompt tokens: 1 for the most likely; 0: not computed
+
+    @property
+    def bytes(self) -> builtins.bytes:
+        return self.text.encode("utf-8")
+
+
+def logprob_entry(lp: TokenLogprob, texts: Any) -> LogprobEntry:
+    """The one place that finds a logprob's token texts (today the tokenizer actor's
+    TokenTexts, `texts[token_id]`)."""
+    return LogprobEntry(lp.token_id, texts[lp.token_id], lp.logprob,
+                        tuple(TopLogprob(t, texts[t], v) for t, v in lp.top), lp.rank)
+
+
+class Logprobs(Sequence[LogprobEntry]):
+    """A choice's logprobs, one LogprobEntry per generated token, decoded when read."""
+
+    __slots__ = ("_items", "_texts")
+
+    def __init__(self, items: list[TokenLogprob], texts: Any) -> None:
+        self._items = items
+        self._texts = texts
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @overload
+    def __getitem__(self, i: int) -> LogprobEntry: ...
+    @overload
+    def __getitem__(self, i: slice) -> Logprobs: ...
+
+    def __getitem__(self, i: int | slice) -> LogprobEntry | Logprobs:
+        if isinstance(i, slice):
+            return Logprobs(self._items[i], self._texts)
+        return logprob_entry(self._items[i], self._texts)
+
+    def __iter__(self) -> Iterator[LogprobEntry]:
+        texts = self._texts
+        return (logprob_entry(lp, texts) for lp in self._items)
+
+
+class PromptLogprobs(Sequence["LogprobEntry | None"]):
+    """A prompt's logprobs, one per prompt token; None for the first (nothing before it to
+    score it by). Decoded when read."""
+
+    __slots__ = ("_items", "_texts")
+
+    def __init__(self, items: list[TokenLogprob | None], texts: Any) -> None:
+        self._items = items
+        self._texts = texts
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @overload
+    def __getitem__(self, i: int) -> LogprobEntry | None: ...
+    @overload
+    def __getitem__(self, i: slice) -> PromptLogprobs: ...
+
+    def __getitem__(self, i: int | slice) -> LogprobEntry | None | PromptLogprobs:
+        if isinstance(i, slice):
+            return PromptLogprobs(self._items[i], self._texts)
+        lp = self._items[i]
+        return None if lp is None else logprob_entry(lp, self._texts)
+
+    def __iter__(self) -> Iterator[LogprobEntry | None]:
+        texts = self._texts
+        return (None if lp is None else logprob_entry(lp, texts) for lp in self._items)
+
+
+# -- what a generation reports ------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    """A prompt as the engine received it (after any template and truncation)."""
+
+    text: str
+    token_ids: list[int]
+    first_token_text: str  # the first token decoded alone, as logprobs report tokens
+
+
+@dataclass(frozen=True, slots=True)
+class ChoiceDelta:
+    """What one choice generated since the last delta of that choice. A delta may carry
+    token ids but no text (text held back, e.g. a possible stop string's prefix)."""
+
+    index: int  # prompt index x n + choice within the prompt
+    text: str
+    token_ids: list[int]
+    logprobs: Logprobs  # empty unless the request asked for logprobs
+    finish_reason: str | None
+    stop_reason: str | int | None
+    generated_tokens: int  # this choice's tokens so far, this delta's included
+    # The prompt's, on the first delta of each prompt's first choice when asked for.
+    prompt_logprobs: PromptLogprobs | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Idle:
+    """Nothing new for `idle_after` seconds (a stream may write a keep-alive)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """The request failed after it was admitted; nothing more follows."""
+
+    status: int
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """Every choice finished; the request's usage."""
+
+    usage: Usage
+
+
+StreamEvent = ChoiceDelta | Idle | Failed | Finished
+IDLE = Idle()
+
+
+@dataclass(slots=True)
+class ChoiceResult:
+    """One choice, whole."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: Logprobs
+    finish_reason: str | None
+    stop_reason: str | int | None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass(slots=True)
+class Collected:
+    """A whole generation: every choice, each prompt's logprobs (None where not asked for),
+    the usage."""
+
+    choices: list[ChoiceResult]
+    prompt_logprobs: list[PromptLogprobs | None]
+    usage: Usage
+
+
+@dataclass(slots=True)
+class _Accumulator:
+    text: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+
+# -- the service ----------------------------------------------------------------------------
+class TextGeneration:
+    """One admitted generation, read as typed deltas (stream) or whole (collect)."""
+
+    def __init__(self, gen: Generation, texts: Any) -> None:
+        self._gen = gen
+        self._texts = texts
+        state = gen.state
+        self.request_id: str = gen.public_id
+        self.created: int = gen.created
+        self.num_choices: int = state.num_choices
+        self.n: int = state.params.n  # choices per prompt
+        self.prompts: tuple[Prompt, ...] = tuple(
+            Prompt(p.text, p.token_ids, texts[p.token_ids[0]] if p.token_ids else "")
+            for p in state.prompt_results)
+
+    def prompt_of(self, index: int) -> Prompt:
+        """The prompt choice `index` continues."""
+        return self.prompts[index // self.n]
+
+    def usage(self, completion_tokens: int) -> Usage:
+        """The whole request's: every prompt, every choice."""
+        return Usage(sum(len(p.token_ids) for p in self.prompts), completion_tokens)
+
+    def choice_usage(self, index: int, completion_tokens: int) -> Usage:
+        """One choice's: its own prompt and the tokens it generated."""
+        return Usage(len(self.prompt_of(index).token_ids), completion_tokens)
+
+    def retire(self) -> None:
+        """Abort whatever still runs; idempotent, never waits."""
+        self._gen.retire()
+
+    async def stream(self, idle_after: float | None = None) -> AsyncIterator[StreamEvent]:
+        """Deltas as they come; Idle after `idle_after` seconds without news; then Finished
+        or Failed. Retires the request when it ends (run it under contextlib.aclosing, so
+        that a consumer that stops early ends it at once)."""
+        generated = [0] * self.num_choices
+        outbox = self._gen.state.outbox
+        wait = math.inf if idle_after is None else idle_after
+        try:
+            while not outbox.done:
+                try:
+                    with trio.move_on_after(wait) as waiting:
+                        updates = await outbox.get()  # cancel-safe: nothing is lost
+                except OutboxFailed as exc:
+                    yield Failed(exc.status, exc.message)
+                    return
+                if waiting.cancelled_caught:
+                    yield IDLE
+                    continue
+                for u in updates:
+                    generated[u.index] += len(u.token_ids)
+                    yield self._delta(u, generated[u.index])
+            yield Finished(self.usage(sum(generated)))
+        finally:
+            self.retire()
+
+    async def collect(self) -> Collected:
+        """Everything, once every choice has finished. A failure after admission is an
+        APIError. Retires the request."""
+        acc = [_Accumulator() for _ in range(self.num_choices)]
+        prompt_lps: list[PromptLogprobs | None] = [None] * len(self.prompts)
+        outbox = self._gen.state.outbox
+        try:
+            while not outbox.done:
+                try:
+                    updates = await outbox.get()
+                except OutboxFailed as exc:
+                    raise APIError(exc.status, exc.message) from None
+                for u in updates:
+                    a = acc[u.index]
+                    a.text.append(u.text)
+                    a.token_ids.extend(u.token_ids)
+                    a.logprobs.extend(u.logprobs)
+                    if u.prompt_logprobs is not None and u.index % self.n == 0:
+                        prompt_lps[u.index // self.n] = PromptLogprobs(u.prompt_logprobs,
+                                                                       self._texts)
+                    if u.finish_reason is not None:
+                        a.finish_reason, a.stop_reason = u.finish_reason, u.stop_reason
+        finally:
+            self.retire()
+        choices = [ChoiceResult(i, "".join(a.text), a.token_ids, Logprobs(a.logprobs, self._texts),
+                                a.finish_reason, a.stop_reason)
+                   for i, a in enumerate(acc)]
+        return Collected(choices, prompt_lps, self.usage(sum(c.num_tokens for c in choices)))
+
+    def _delta(self, u: ChoiceUpdate, generated: int) -> ChoiceDelta:
+        prompt_lps = None
+        if u.prompt_logprobs is not None:
+            prompt_lps = PromptLogprobs(u.prompt_logprobs, self._texts)
+        return ChoiceDelta(u.index, u.text, u.token_ids, Logprobs(u.logprobs, self._texts),
+                           u.finish_reason, u.stop_reason, generated, prompt_lps)
+
+
+async def start(srv: ServerState, request_id: str, prompts: list[PromptInput],
+                params: SamplingParams) -> TextGeneration:
+    """Admit the request and wait until its prompts are tokenized. Raises APIError (503 when
+    the server is full or not serving, 400 for a prompt the engine cannot take)."""
+    gen = Generation(srv, request_id, prompts, params)
+    await gen.start()
+    try:
+        return TextGeneration(gen, srv.token_texts)
+    except BaseException:
+        gen.retire()
+        raise
