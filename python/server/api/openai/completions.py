@@ -10,15 +10,15 @@ from actors.runtime.request import PromptInput
 from quart import Quart, Response, request
 
 from server.api.http_io import accepts, built_json_response, check_model, parse, read_json
+from server.api.openai.params import MAX_PROMPTS, build_params, check_stream_options
 from server.api.openai.protocol.completions import CompletionRequest
 from server.api.openai.render import CompletionRenderer, sse_body
+from server.api.openai.unsupported import check_unsupported
 from server.errors import bad_request
 from server.frontend import service
 from server.generation import new_request_id
-from server.api.openai.params import MAX_PROMPTS, build_params, check_stream_options
 from server.sse import sse_response
 from server.state import ServerState
-from server.unsupported import check_unsupported
 
 
 def prompts_of(req: CompletionRequest, vocab_size: int) -> list[PromptInput]:

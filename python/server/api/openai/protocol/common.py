@@ -2,7 +2,7 @@
 
 Unknown fields are accepted and ignored (extra="allow"), as OpenAI clients send vendor
 extensions freely; the vLLM extensions that would change the output and are not implemented
-are refused by name in server.unsupported. Types are checked here; value ranges by
+are refused by name in server.api.openai.unsupported. Types are checked here; value ranges by
 SamplingParams.validate (through server.api.openai.params, which only maps the fields).
 """
 
