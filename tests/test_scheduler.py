@@ -646,6 +646,27 @@ def test_aborted_choice_leaves_the_shared_prefix_cached() -> None:
     d.assert_drained()
 
 
+def test_releases_after_an_empty_plan_reach_the_next_plan() -> None:
+    """An empty plan never reaches the runner: what it would release (and the choices
+    that ended) come with the next plan instead of being lost."""
+    d = Driver(num_blocks=32, block_size=4, max_num_seqs=4)
+    d.add("multi", prompt_of(10), n=2, max_tokens=4)
+    d.step()
+    d.step()  # the forked choice has run too: the runner holds both
+    ids = sorted(s.seq_id for s in d.sched.running)
+    d.record(d.sched.abort("multi", 1))
+    d.record(d.sched.abort("multi"))
+    empty = d.sched.schedule()
+    assert empty.is_empty and empty.released_seq_ids == () and empty.finished == ()
+    d.add("next", prompt_of(6, 1), max_tokens=1)
+    d.step()
+    plan = d.plans[-1]
+    assert sorted(plan.released_seq_ids) == ids
+    assert sorted(plan.finished) == [("multi", 0), ("multi", 1)]
+    d.run()
+    d.assert_drained()
+
+
 # ---------------------------------------------------------------------- n > 1
 
 

@@ -18,7 +18,8 @@ whole request.
 
 Step protocol: ``schedule()`` and ``update()`` alternate strictly; every non-empty
 StepPlan is answered by exactly one StepResult with the same step_id before the next
-plan. The runner applies ``released_seq_ids`` first, then ``new_seqs``, then runs.
+plan. The runner applies ``released_seq_ids`` first, then ``new_seqs``, then runs. An
+empty plan never reaches the runner, so what it would release waits for the next plan.
 
 Per-sequence state on the runner side. A sequence is keyed by ``seq_id`` (unique
 for the scheduler's lifetime). The plan sends full data once (``NewSeq``: prompt,
@@ -260,6 +261,9 @@ class StepPlan:
     seqs: tuple[ScheduledSeq, ...]  # batch order: running first, then newly admitted
     new_seqs: tuple[NewSeq, ...]
     released_seq_ids: tuple[int, ...]  # finished, aborted or preempted since last plan
+    # Choices that ended since the last plan (not preempted ones): the runner drops what it
+    # keeps per choice rather than per sequence (sampling hooks).
+    finished: tuple[SeqRef, ...] = ()
 
     @property
     def num_batched_tokens(self) -> int:

@@ -1,14 +1,17 @@
 """ModelRunner: executes a StepPlan on the model and the core, returns a StepResult.
 
 The runner owns what the engine side keeps per sequence (prompt and output tokens for
-penalties, logit bias, allowed tokens) and the paged KV caches. One step:
+penalties, logit bias, allowed tokens, sampling hooks) and the paged KV caches. One step:
 
     StepPlan --flatten--> input_ids [T], positions [T], AttentionPlan (once per step)
              --model-->   logits for the rows that sample (none: a step of mid-prompt chunks)
              --sampler--> one token per sampling sequence --> StepResult
 
-One core call samples every row; when the core refuses the batch, the rows are drawn one
-by one and only the refused rows come back as ``SampledToken(refused=True)``.
+Sampling is ``sampler.Sampler``'s. Sampling hooks (logits processors, a token mask: the
+seam of constrained decoding) are registered per (request id, choice index) with
+``set_sampling_hooks`` before the choice first runs; a sequence picks its hooks up when
+it arrives (``NewSeq``) and the registry forgets them when the plan reports the choice
+finished (``StepPlan.finished``).
 
 The flattened batch of a step (T tokens in all):
 
@@ -19,25 +22,16 @@ The flattened batch of a step (T tokens in all):
 
 from __future__ import annotations
 
-import logging
 import math
-from dataclasses import dataclass, field
 
+import llmcore
 import numpy as np
 import torch
 
-import llmcore
-from actors.messages import Logprobs, NewSeq, PromptLogprobs, SampledToken, SamplingRow
-from actors.messages import StepPlan, StepResult
+from actors.core.runner.sampler import Sampler, SamplingHooks, SeqState, allowed_mask_of
+from actors.messages import Logprobs, NewSeq, PromptLogprobs, SeqRef, StepPlan, StepResult
 
-__all__ = ["ModelRunner", "kv_bytes_per_block"]
-
-log = logging.getLogger("actors.core.runner.model_runner")
-
-# What building a row's int32/float32 columns or the core's own checks raise for a value
-# the sampler cannot take: the step goes on without that row.
-_REFUSED = (ValueError, OverflowError, TypeError)
-_Draw = tuple[int, "Logprobs | None"]  # (token id, its logprobs when asked for)
+__all__ = ["ModelRunner", "SamplingHooks", "kv_bytes_per_block"]
 
 # Prompt-logprob rows go through the LM head this many at a time: a whole 2048-row chunk
 # times a 49152-token vocabulary would be 400 MB of fp32 logits.
@@ -49,22 +43,6 @@ def kv_bytes_per_block(num_layers: int, num_kv_heads: int, head_size: int, block
     """Bytes one block takes across all layers, K and V."""
     elem = torch.empty((), dtype=dtype).element_size()
     return 2 * num_layers * num_kv_heads * head_size * block_size * elem
-
-
-@dataclass(slots=True)
-class _SeqState:
-    """What the engine side remembers of one sequence between steps."""
-
-    prompt: np.ndarray  # int32
-    outputs: list[int]
-    logit_bias: tuple[tuple[int, float], ...]
-    allowed_mask: np.ndarray | None  # int32 bitmask row, or None
-    output_array: np.ndarray | None = field(default=None)  # cache of outputs as int32
-
-    def outputs_i32(self) -> np.ndarray:
-        if self.output_array is None or len(self.output_array) != len(self.outputs):
-            self.output_array = np.asarray(self.outputs, dtype=np.int32)
-        return self.output_array
 
 
 class _PagedAttention:
@@ -102,24 +80,42 @@ class ModelRunner:
         shape = (num_blocks, num_kv_heads, block_size, head_size)
         self.k_caches = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
         self.v_caches = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
-        self._seqs: dict[int, _SeqState] = {}
-        self._bitmask_words = (vocab_size + 31) // 32
+        self._seqs: dict[int, SeqState] = {}
+        self.sampler = Sampler(vocab_size)
+        self._hooks: dict[SeqRef, SamplingHooks] = {}
+        self._num_hooked = 0  # sequences in _seqs with hooks: 0 keeps the hot path bare
 
     # ------------------------------------------------------------------ sequences
+
+    def set_sampling_hooks(self, request_id: str, index: int, hooks: SamplingHooks) -> None:
+        """Constrains choice ``index`` of a request from its first draw on (register it
+        before the choice first runs); each choice needs its own hooks object."""
+        self._hooks[(request_id, index)] = hooks
 
     def _add(self, ns: NewSeq) -> None:
         mask = None
         if ns.allowed_token_ids is not None:
-            mask = np.zeros(self._bitmask_words, dtype=np.uint32)
-            ids = np.asarray(ns.allowed_token_ids, dtype=np.int64)
-            np.bitwise_or.at(mask, ids // 32, (np.uint32(1) << (ids % 32).astype(np.uint32)))
-            mask = mask.view(np.int32)
-        self._seqs[ns.seq_id] = _SeqState(
+            mask = allowed_mask_of(ns.allowed_token_ids, self.vocab_size)
+        hooks = self._hooks.get((ns.request_id, ns.index)) if self._hooks else None
+        if hooks is not None:
+            self._num_hooked += 1
+            # Back after preemption with fewer tokens than the mask took: undo the rest.
+            excess = hooks.accepted - len(ns.output_token_ids)
+            if excess > 0 and hooks.token_mask is not None:
+                hooks.token_mask.rollback(excess)
+                hooks.accepted -= excess
+        self._seqs[ns.seq_id] = SeqState(
             prompt=np.asarray(ns.prompt_token_ids, dtype=np.int32),
             outputs=list(ns.output_token_ids),
             logit_bias=ns.logit_bias,
             allowed_mask=mask,
+            hooks=hooks,
         )
+
+    def _release(self, seq_id: int) -> None:
+        st = self._seqs.pop(seq_id, None)
+        if st is not None and st.hooks is not None:
+            self._num_hooked -= 1
 
     def num_sequences(self) -> int:
         return len(self._seqs)
@@ -128,7 +124,10 @@ class ModelRunner:
 
     def execute(self, plan: StepPlan) -> StepResult:
         for sid in plan.released_seq_ids:
-            self._seqs.pop(sid, None)
+            self._release(sid)
+        if self._hooks:
+            for ref in plan.finished:
+                self._hooks.pop(ref, None)
         for ns in plan.new_seqs:
             self._add(ns)
         if not plan.seqs:
@@ -251,101 +250,5 @@ class ModelRunner:
         rows = [plan.seqs[i].sample for i in sampling]
         seq_ids = [plan.seqs[i].seq_id for i in sampling]
         states = [self._seqs[sid] for sid in seq_ids]
-        try:
-            drawn: list[_Draw | None] = list(self._draw(logits, rows, states))
-        except _REFUSED:
-            # Some row holds a value the core refuses (validation should have caught it):
-            # draw row by row so that only those rows fail. A draw depends on its row
-            # alone, never on the batch around it, so the others get the same tokens.
-            drawn = [self._draw_one(logits, j, rows, states, seq_ids) for j in range(len(rows))]
-        sampled = []
-        for sid, st, d in zip(seq_ids, states, drawn):
-            if d is None:
-                sampled.append(SampledToken(seq_id=sid, token_id=llmcore.NO_TOKEN, refused=True))
-                continue
-            st.outputs.append(d[0])
-            sampled.append(SampledToken(seq_id=sid, token_id=d[0], logprobs=d[1]))
+        sampled = self.sampler.sample(logits, rows, seq_ids, states, self._num_hooked > 0)
         return StepResult(step_id=plan.step_id, sampled=tuple(sampled))
-
-    def _draw_one(self, logits: torch.Tensor, j: int, rows: list[SamplingRow],
-                  states: list[_SeqState], seq_ids: list[int]) -> _Draw | None:
-        try:
-            return self._draw(logits[j: j + 1], rows[j: j + 1], states[j: j + 1])[0]
-        except _REFUSED as exc:
-            log.warning("the sampler refused the row of sequence %d: %s", seq_ids[j], exc)
-            return None
-
-    def _num_top(self, row: SamplingRow) -> int:
-        return self.vocab_size if row.num_logprobs < 0 else row.num_logprobs  # -1: all
-
-    def _draw(self, logits: torch.Tensor, rows: list[SamplingRow],
-              states: list[_SeqState]) -> list[_Draw]:
-        """One core call for these rows (logits' rows, in order); changes no state."""
-        n = len(rows)
-        f32 = np.float32
-        temperature = np.fromiter((r.temperature for r in rows), f32, n)
-        top_k = np.fromiter((r.top_k for r in rows), np.int32, n)
-        top_p = np.fromiter((r.top_p for r in rows), f32, n)
-        min_p = np.fromiter((r.min_p for r in rows), f32, n)
-        rep = np.fromiter((r.repetition_penalty for r in rows), f32, n)
-        pres = np.fromiter((r.presence_penalty for r in rows), f32, n)
-        freq = np.fromiter((r.frequency_penalty for r in rows), f32, n)
-        seed = np.fromiter((r.seed for r in rows), np.uint64, n)
-        position = np.fromiter((r.position for r in rows), np.int64, n)
-
-        kwargs = {}
-        if any(r.uses_penalties for r in rows):
-            kwargs["prompt_tokens"] = _csr([st.prompt if r.repetition_penalty != 1.0 else None
-                                            for r, st in zip(rows, states)])
-            kwargs["output_tokens"] = _csr([st.outputs_i32() if r.uses_penalties else None
-                                            for r, st in zip(rows, states)])
-        if any(st.logit_bias for st in states):
-            kwargs["logit_bias"] = _csr_bias([st.logit_bias for st in states])
-        if any(r.banned_token_ids for r in rows):
-            kwargs["banned_tokens"] = _csr([np.asarray(r.banned_token_ids, dtype=np.int32)
-                                            for r in rows])
-        if any(st.allowed_mask is not None for st in states):
-            mask = np.zeros((n, self._bitmask_words), dtype=np.int32)
-            use = np.zeros(n, dtype=np.int32)
-            for j, st in enumerate(states):
-                if st.allowed_mask is not None:
-                    mask[j] = st.allowed_mask
-                    use[j] = 1
-            kwargs["allowed_bitmask"] = mask
-            kwargs["use_bitmask"] = use
-        # Any count up to the vocabulary; the core refuses a row beyond it like any other.
-        num_top = max((self._num_top(r) for r in rows if r.want_logprobs), default=0)
-
-        res = llmcore.sample(logits, temperature, top_k, top_p, min_p, rep, pres, freq, seed,
-                             position, num_top_logprobs=num_top, **kwargs)
-        tokens, logprobs, _ranks, top_tokens, top_logprobs = res
-        out: list[_Draw] = []
-        for j, r in enumerate(rows):
-            lp = None
-            if r.want_logprobs:
-                k = self._num_top(r)
-                lp = Logprobs(
-                    logprob=float(logprobs[j]),
-                    top_token_ids=tuple(int(t) for t in top_tokens[j, :k]),
-                    top_logprobs=tuple(float(x) for x in top_logprobs[j, :k]),
-                )
-            out.append((int(tokens[j]), lp))
-        return out
-
-
-def _csr(lists: list[np.ndarray | None]) -> tuple[np.ndarray, np.ndarray]:
-    """(offsets, tokens) for per-row int32 token lists; None is an empty row."""
-    lengths = np.fromiter((0 if x is None else len(x) for x in lists), np.int32, len(lists))
-    offsets = np.zeros(len(lists) + 1, dtype=np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    parts = [x for x in lists if x is not None and len(x)]
-    tokens = np.concatenate(parts).astype(np.int32) if parts else np.zeros(0, dtype=np.int32)
-    return offsets, tokens
-
-
-def _csr_bias(biases: list[tuple[tuple[int, float], ...]]):
-    offsets = np.zeros(len(biases) + 1, dtype=np.int32)
-    np.cumsum([len(b) for b in biases], out=offsets[1:])
-    toks = np.fromiter((t for b in biases for t, _ in b), np.int32)
-    vals = np.fromiter((v for b in biases for _, v in b), np.float32)
-    return offsets, toks, vals

@@ -158,9 +158,13 @@ class Scheduler(RequestBook):
                                      if seq.wants_prompt_logprobs else None),
                 )
             )
+        if not scheduled:  # never reaches the runner: its releases wait for the next plan
+            self._in_flight = None  # and it needs no result
+            return StepPlan(self._step_id, (), (), ())
         released, self._released = tuple(self._released), []
-        self._in_flight = scheduled if scheduled else None  # an empty plan needs no result
-        return StepPlan(self._step_id, tuple(seqs), tuple(new_seqs), released)
+        finished, self._finished = tuple(self._finished), []
+        self._in_flight = scheduled
+        return StepPlan(self._step_id, tuple(seqs), tuple(new_seqs), released, finished)
 
     def _pick_victim(self) -> Sequence:
         if self.config.policy == "priority":

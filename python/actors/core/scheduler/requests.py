@@ -47,6 +47,7 @@ class RequestBook:
         self._in_flight: dict[int, tuple[Sequence, int]] | None = None  # seq_id -> (seq, n)
         self._engine_known: set[int] = set()  # seq ids the engine holds state for
         self._released: list[int] = []
+        self._finished: list[tuple[str, int]] = []  # choices ended since the last plan
 
     # ------------------------------------------------------------------ requests in
 
@@ -89,6 +90,7 @@ class RequestBook:
             if index in cancelled:
                 return []
             cancelled.add(index)
+            self._finished.append((request_id, index))
             out = replace(output_of(first), index=index, finished=True, finish_reason="abort",
                           stop_reason=None, new_token_ids=(), new_logprobs=None,
                           num_output_tokens=0 if index else first.num_output_tokens)
@@ -127,9 +129,11 @@ class RequestBook:
             out = output_of(seq)
             if seq.index not in cancelled:
                 outputs.append(out)
+                self._finished.append((request_id, seq.index))
             for i in range(1, seq.pending_children + 1):  # siblings that never started
                 if i not in cancelled:
                     outputs.append(replace(out, index=i, num_output_tokens=0))
+                    self._finished.append((request_id, i))
             seq.pending_children = 0
         return outputs
 
@@ -203,6 +207,7 @@ class RequestBook:
         """A finished sequence leaves: blocks back to the pool, engine told to forget it."""
         self.kv.free(seq)
         self._release(seq)
+        self._finished.append((seq.request_id, seq.index))
         live = self._requests.get(seq.request_id)
         if live is not None:
             live.remove(seq)
