@@ -98,7 +98,7 @@ class Generation:
             raise
         self._registered = True
         try:
-            await srv.submit_send.send(self.state)  # type: ignore[union-attr]
+            await srv.actors.submit(self.state)  # type: ignore[union-attr]
         except BaseException:
             self.state.retired.set()  # never reached the tokenizer: nothing else holds it
             self.retire()
@@ -125,12 +125,11 @@ class Generation:
             return
         self._retired = True
         state = self.state
-        state.cancelled = True
-        engine = self.srv.engine
-        for req in state.engine_requests:
-            if not req.done and engine is not None:
-                engine.abort_nowait(req)
-        state.outbox.close()
+        state.outbox.close()  # nobody reads it any more: the abort below adds nothing to it
+        if self.srv.actors is not None:
+            self.srv.actors.abort(state)
+        else:
+            state.cancelled = True
         if state.retired.is_set() or self.srv.reaper is None:
             self._release()
         else:

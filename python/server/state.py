@@ -9,9 +9,9 @@ from typing import Any
 import trio
 
 from actors.runtime.admission import Admission
-from actors.runtime.engine_actor import EngineActor
 from actors.runtime.metrics_actor import MetricsActor
-from actors.runtime.request import Registry, RequestState
+from actors.runtime.request import Registry
+from actors.runtime.system import ActorSystem
 from server.chat_template import ChatRenderer
 from server.config import ServerConfig
 from server.fingerprint import system_fingerprint
@@ -34,16 +34,16 @@ class ServerState:
     config: ServerConfig
     health: Health = field(default_factory=Health)
     started_at: float = field(default_factory=time.time)
-    # Set once the actors are up (None while loading).
+    # Set once the actors are up (None while loading). `actors` is the engine side's handle;
+    # the fields below it are taken from it (or from the engine's info) for the routes.
+    actors: ActorSystem | None = None
     tokenizer: Any = None
     limits: Limits | None = None
     defaults: dict[str, Any] = field(default_factory=dict)
     renderer: ChatRenderer | None = None
     admission: Admission | None = None
     registry: Registry | None = None
-    engine: EngineActor | None = None
     metrics: MetricsActor | None = None
-    submit_send: trio.MemorySendChannel[RequestState] | None = None
     reaper: trio.Nursery | None = None
     model_root: str = ""
     # From the tokenizer actor: logprob token texts (actors.text.detokenizer.TokenTexts)

@@ -17,6 +17,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,22 +26,13 @@ from hypercorn.trio import serve as hypercorn_serve
 
 from actors.runtime import faults
 from actors.core.protocol import EngineCore
-from actors.messages import EngineInfo, RequestOutput
-from actors.runtime.admission import Admission
-from actors.runtime.engine_actor import BATCH_CREDITS, EngineActor
-from actors.runtime.metrics_actor import METRICS_CHANNEL_SIZE, MetricsActor
-from actors.runtime.outbox import ChoiceUpdate
-from actors.runtime.request import EngineRequest, Registry, RequestState
-from actors.runtime.tokenizer_actor import TokenizerActor
+from actors.runtime.system import ActorSystem, run_actor_system
 from server import transport
 from server.app import create_app
 from server.chat_template import ChatRenderer, load_template_arg
 from server.config import ServerConfig
 from server.api.openai.params import Limits, server_defaults
 from server.state import ServerState
-
-if sys.version_info < (3, 11):
-    from exceptiongroup import BaseExceptionGroup
 
 log = logging.getLogger("server")
 
@@ -120,35 +112,22 @@ class Supervisor:
         info = core.info
         tokenizer = await trio.to_thread.run_sync(load_tokenizer, info.model_dir)
         log.info("engine ready")
-        limits = Limits(vocab_size=info.vocab_size, max_model_len=info.max_model_len,
-                        max_logprobs=info.max_logprobs, scheduling_policy=info.scheduling_policy)
         max_seqs = info.max_num_seqs
         capacity = max_seqs + (cfg.max_queued_requests if cfg.max_queued_requests is not None
                                else 2 * max_seqs)
-        registry = Registry()
-        # Bounds: see tokenizer_actor (submit, admit: `capacity` each), engine_actor
-        # (batches: BATCH_CREDITS) and metrics_actor (drop when full).
-        submit_send, submit_recv = trio.open_memory_channel[RequestState](capacity)
-        admit_send, admit_recv = trio.open_memory_channel[EngineRequest](capacity)
-        batch_send, batch_recv = trio.open_memory_channel[tuple[RequestOutput, ...]](
-            BATCH_CREDITS)
-        metrics_send, metrics_recv = trio.open_memory_channel[Any](METRICS_CHANNEL_SIZE)
         if not cfg.served_model_names:
             name = Path(cfg.model).stem if cfg.model else DEFAULT_MODEL_NAME
             cfg.served_model_names = [str(name)]
-        engine = EngineActor(core, registry, admit_recv, batch_send, metrics_send,
-                             on_fatal=self._on_fatal)
-        await nursery.start(self._supervised, "engine", engine.run)
-        tokenizer_actor = TokenizerActor(tokenizer, registry, engine, submit_recv,
-                                         admit_send, batch_recv, vocab_size=limits.vocab_size)
-        await nursery.start(self._supervised, "tokenizer", tokenizer_actor.run)
-        metrics = MetricsActor(cfg.served_model_names[0], limits.max_model_len, metrics_recv,
-                               cache_info=cache_config_info(info))
-        await nursery.start(self._supervised, "metrics", metrics.run)
+        system: ActorSystem = await nursery.start(partial(
+            run_actor_system, core, tokenizer, capacity=capacity,
+            model_name=cfg.served_model_names[0], on_fatal=self._on_fatal))
+        srv.actors = system
         srv.tokenizer = tokenizer
-        srv.token_texts = tokenizer_actor.token_texts
-        srv.prompt_bound = tokenizer_actor.prompt_bound
-        srv.limits = limits
+        srv.token_texts = system.token_texts
+        srv.prompt_bound = system.prompt_bound
+        srv.limits = Limits(vocab_size=info.vocab_size, max_model_len=info.max_model_len,
+                            max_logprobs=info.max_logprobs,
+                            scheduling_policy=info.scheduling_policy)
         srv.defaults = server_defaults(dict(info.generation_defaults))
         srv.renderer = ChatRenderer(
             tokenizer,
@@ -156,33 +135,12 @@ class Supervisor:
             content_format=cfg.chat_template_content_format,
             trust_request_template=cfg.trust_request_chat_template,
         )
-        srv.admission = Admission(capacity)
-        srv.registry = registry
-        srv.engine = engine
-        srv.metrics = metrics
-        srv.submit_send = submit_send
+        srv.admission = system.admission
+        srv.registry = system.registry
+        srv.metrics = system.metrics
         srv.model_root = cfg.model or DEFAULT_MODEL_NAME
 
     # -- failure and shutdown ----------------------------------------------------------
-    async def _supervised(self, name: str, run: Callable[..., Any], *,
-                          task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
-        """Runs one actor. Once it has started, an exception out of it (a bug: no request
-        can cause one, or an injected fault) fails every in-flight request with a 500 and
-        ends the process with exit code 1, rather than tearing the actors down under open
-        connections. A failure while starting is the process's own startup error."""
-        status = _StartWatch(task_status)
-        try:
-            await run(task_status=status)
-        except BaseException as exc:
-            failure = _failure_of(exc)
-            if failure is None or not status.started_once:
-                raise
-            log.critical("the %s actor failed; failing every in-flight request", name,
-                         exc_info=failure)
-            if self.srv.registry is not None:
-                self.srv.registry.fail_all("the server failed while serving this request")
-            self._on_fatal(failure)
-
     def _on_fatal(self, exc: BaseException) -> None:
         self.srv.health.failed = True
         self.exit_code = 1
@@ -217,7 +175,7 @@ class Supervisor:
         if registry is not None and len(registry):
             log.warning("drain timeout: aborting %d requests", len(registry))
             for state in list(registry.requests.values()):
-                abort_request(self.srv, state)
+                self.srv.actors.abort(state)  # type: ignore[union-attr]
             with trio.move_on_after(ABORT_GRACE):
                 while len(registry):
                     await trio.sleep(0.05)
@@ -225,57 +183,11 @@ class Supervisor:
         root_scope.cancel()
 
 
-class _StartWatch:
-    """A task status that remembers whether the actor called started()."""
-
-    def __init__(self, inner: trio.TaskStatus[Any]) -> None:
-        self._inner = inner
-        self.started_once = False
-
-    def started(self, value: Any = None) -> None:
-        self.started_once = True
-        self._inner.started(value)
-
-
-def _failure_of(exc: BaseException) -> BaseException | None:
-    """What in `exc` is a failure rather than cancellation (a group keeps its Exceptions)."""
-    if isinstance(exc, BaseExceptionGroup):
-        return exc.split(Exception)[0]
-    return exc if isinstance(exc, Exception) else None
-
-
 def load_tokenizer(model_dir: str) -> Any:
     """The tokenizer (and chat template) of the model the core loaded, from its directory."""
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(model_dir)
-
-
-def cache_config_info(info: EngineInfo) -> dict[str, str]:
-    """vllm:cache_config_info's labels, spelled as vLLM spells its CacheConfig."""
-    size_tokens = info.num_blocks * info.block_size
-    return {
-        "block_size": str(info.block_size),
-        "cache_dtype": info.kv_cache_dtype,
-        "enable_prefix_caching": str(info.enable_prefix_caching),
-        "num_gpu_blocks": str(info.num_blocks),
-        "kv_cache_size_tokens": str(size_tokens),
-        "kv_cache_max_concurrency": f"{size_tokens / max(info.max_model_len, 1):.2f}",
-    }
-
-
-def abort_request(srv: ServerState, state: RequestState) -> None:
-    """End every unfinished choice with finish_reason "abort" and stop it in the engine."""
-    for req in state.engine_requests:
-        for choice in req.choices:
-            if not state.outbox.is_finished(choice.outbox_index):
-                state.outbox.push(ChoiceUpdate(choice.outbox_index, finish_reason="abort"))
-            if choice.finish_reason is None:
-                choice.finish_reason = "abort"
-        if srv.engine is not None:
-            srv.engine.abort_nowait(req)
-    if not state.ready.is_set():
-        state.cancelled = True
 
 
 class _JSONFormatter(logging.Formatter):

@@ -138,7 +138,9 @@ class EngineActor:
 
     # -- the actor -------------------------------------------------------------------
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED):
-        async with self._batch_send, trio.open_nursery() as nursery:
+        # Closing both channels on the way out ends the tokenizer's batch loop and the
+        # metrics actor: shutdown cascades by closure.
+        async with self._batch_send, self._metrics_send, trio.open_nursery() as nursery:
             nursery.start_soon(self._receive_admits)
             task_status.started()
             try:

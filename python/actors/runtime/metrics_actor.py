@@ -11,6 +11,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 import trio
 
+from actors.messages import EngineInfo
 from actors.runtime import faults
 from actors.runtime.metric_events import (
     EngineStats,
@@ -58,6 +59,19 @@ def token_buckets(max_model_len: int) -> list[float]:
                 return out
             out.append(float(v))
         base *= 10
+
+
+def cache_config_info(info: EngineInfo) -> dict[str, str]:
+    """vllm:cache_config_info's labels, spelled as vLLM spells its CacheConfig."""
+    size_tokens = info.num_blocks * info.block_size
+    return {
+        "block_size": str(info.block_size),
+        "cache_dtype": info.kv_cache_dtype,
+        "enable_prefix_caching": str(info.enable_prefix_caching),
+        "num_gpu_blocks": str(info.num_blocks),
+        "kv_cache_size_tokens": str(size_tokens),
+        "kv_cache_max_concurrency": f"{size_tokens / max(info.max_model_len, 1):.2f}",
+    }
 
 
 class MetricsActor:

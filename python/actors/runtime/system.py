@@ -1,0 +1,177 @@
+"""The composition root of the engine side: channels with their bounds, the registry,
+admission, and the actors started in order under one nursery.
+
+    submit ⇢ tokenizer ⇢ admit ⇢ engine actor ⇢ batch ⇢ tokenizer ⇢ Outbox (per request)
+                                  engine actor ⇢ metrics (send_nowait, drops when full)
+
+    system = await nursery.start(run_actor_system, core, tokenizer, capacity=..., ...)
+    await system.submit(state); system.abort(state); await system.control(Control(...))
+    system.close_submissions()  # shutdown by closure: every actor ends once its input does
+
+Nothing here knows HTTP: a front end (python -m server, a test) builds RequestStates, submits
+them and reads their Outboxes; it decides what a failure means to its own clients.
+
+Supervision: an exception out of an actor once it has started (a bug, or an injected fault)
+fails every in-flight request and calls ``on_fatal``; it does not tear the other actors down
+under open requests, the owner of the nursery decides when to stop. A failure while starting
+is raised to the caller of ``nursery.start``.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import trio
+
+from actors.core.protocol import EngineCore
+from actors.messages import Control, ControlResult, EngineInfo, RequestOutput
+from actors.runtime.admission import Admission
+from actors.runtime.engine_actor import BATCH_CREDITS, EngineActor
+from actors.runtime.metric_events import MetricEvent
+from actors.runtime.metrics_actor import METRICS_CHANNEL_SIZE, MetricsActor, cache_config_info
+from actors.runtime.outbox import ChoiceUpdate
+from actors.runtime.request import EngineRequest, Registry, RequestState
+from actors.runtime.tokenizer_actor import TokenizerActor
+from actors.text.detokenizer import TokenTexts
+
+if sys.version_info < (3, 11):
+    from exceptiongroup import BaseExceptionGroup
+
+__all__ = ["ActorSystem", "run_actor_system"]
+
+log = logging.getLogger("actors.runtime.system")
+
+ACTOR_FAILED = "the server failed while serving this request"
+
+
+@dataclass(eq=False)
+class ActorSystem:
+    """The handle a front end holds: what it may do to the running actors."""
+
+    info: EngineInfo
+    registry: Registry
+    admission: Admission
+    engine: EngineActor
+    tokenizer: TokenizerActor
+    metrics: MetricsActor
+    _submit_send: trio.MemorySendChannel[RequestState]
+    stopped: trio.Event = field(default_factory=trio.Event)  # every actor has ended
+
+    @property
+    def capacity(self) -> int:
+        return self.admission.capacity
+
+    @property
+    def token_texts(self) -> TokenTexts:
+        return self.tokenizer.token_texts
+
+    @property
+    def prompt_bound(self) -> Any:  # actors.runtime.prompt_bounds.PromptCharBound
+        return self.tokenizer.prompt_bound
+
+    async def submit(self, state: RequestState) -> None:
+        """Hands a registered request holding its admission slots to the tokenizer. Never
+        blocks (the channel holds `capacity`); raises trio.ClosedResourceError once
+        submissions are closed."""
+        await self._submit_send.send(state)
+
+    def abort(self, state: RequestState) -> None:
+        """Ends every unfinished choice with finish_reason "abort" (a consumer still reading
+        sees it; a closed Outbox drops it) and stops the request in the engine."""
+        state.cancelled = True  # a request still being tokenized is never admitted
+        for req in state.engine_requests:
+            for choice in req.choices:
+                if not state.outbox.is_finished(choice.outbox_index):
+                    state.outbox.push(ChoiceUpdate(choice.outbox_index, finish_reason="abort"))
+                if choice.finish_reason is None and not choice.retired:
+                    choice.finish_reason = "abort"
+            self.engine.abort_nowait(req)
+
+    async def control(self, command: Control) -> ControlResult:
+        """An operator command, applied by the engine between two steps."""
+        return await self.engine.control(command)
+
+    def close_submissions(self) -> None:
+        """No more requests: the tokenizer finishes what it holds, closes the admit channel,
+        the engine actor finishes what the core holds and closes the batch channel, and so
+        on until every actor has ended (then `stopped` is set)."""
+        self._submit_send.close()
+
+
+async def run_actor_system(
+    core: EngineCore,
+    tokenizer: Any,
+    *,
+    capacity: int,
+    model_name: str,
+    on_fatal: Callable[[BaseException], None],
+    task_status: trio.TaskStatus[ActorSystem] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Starts engine -> tokenizer -> metrics and reports the handle; returns once every
+    actor has ended. `tokenizer` is a transformers tokenizer of ``core.info.model_dir``;
+    `capacity` is the admission capacity in choices, which every channel bound below is
+    stated in."""
+    info = core.info
+    registry = Registry()
+    # Bounds: see tokenizer_actor (submit, admit: `capacity` each), engine_actor
+    # (batches: BATCH_CREDITS) and metrics_actor (drop when full).
+    submit_send, submit_recv = trio.open_memory_channel[RequestState](capacity)
+    admit_send, admit_recv = trio.open_memory_channel[EngineRequest](capacity)
+    batch_send, batch_recv = trio.open_memory_channel[tuple[RequestOutput, ...]](BATCH_CREDITS)
+    metrics_send, metrics_recv = trio.open_memory_channel[MetricEvent](METRICS_CHANNEL_SIZE)
+    engine = EngineActor(core, registry, admit_recv, batch_send, metrics_send, on_fatal)
+    tokenizer_actor = TokenizerActor(tokenizer, registry, engine, submit_recv, admit_send,
+                                     batch_recv, vocab_size=info.vocab_size)
+    metrics = MetricsActor(model_name, info.max_model_len, metrics_recv,
+                           cache_info=cache_config_info(info))
+    system = ActorSystem(info, registry, Admission(capacity), engine, tokenizer_actor,
+                         metrics, submit_send)
+    supervised = partial(_supervised, registry, on_fatal)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(supervised, "engine", engine.run)
+            await nursery.start(supervised, "tokenizer", tokenizer_actor.run)
+            await nursery.start(supervised, "metrics", metrics.run)
+            task_status.started(system)
+    finally:
+        system.stopped.set()
+
+
+async def _supervised(registry: Registry, on_fatal: Callable[[BaseException], None],
+                      name: str, run: Callable[..., Any], *,
+                      task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
+    status = _StartWatch(task_status)
+    try:
+        await run(task_status=status)
+    except BaseException as exc:
+        failure = _failure_of(exc)
+        if failure is None or not status.started_once:
+            raise
+        log.critical("the %s actor failed; failing every in-flight request", name,
+                     exc_info=failure)
+        registry.fail_all(ACTOR_FAILED)
+        on_fatal(failure)
+
+
+class _StartWatch:
+    """A task status that remembers whether the actor called started()."""
+
+    def __init__(self, inner: trio.TaskStatus[Any]) -> None:
+        self._inner = inner
+        self.started_once = False
+
+    def started(self, value: Any = None) -> None:
+        self.started_once = True
+        self._inner.started(value)
+
+
+def _failure_of(exc: BaseException) -> BaseException | None:
+    """What in `exc` is a failure rather than cancellation (a group keeps its Exceptions)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split(Exception)[0]
+    return exc if isinstance(exc, Exception) else None
