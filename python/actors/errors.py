@@ -15,6 +15,11 @@ class RequestRefused(ValueError):
         self.message = message
         self.param = param
 
+    def __reduce__(self):
+        # Rebuilt from (message, param), which every subclass takes, so a refusal keeps its
+        # type and param across a process boundary (actors.core.process).
+        return type(self), (self.message, self.param), self.__dict__
+
 
 class PromptTooLong(RequestRefused):
     """The prompt leaves no room for the completion within max_model_len."""
