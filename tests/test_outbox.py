@@ -5,7 +5,11 @@ from __future__ import annotations
 import pytest
 import trio
 
+from actors.errors import PromptTooLong
+from actors.runtime.failures import ClientGone, EngineFailed, RowRefused, ServerFailed
 from actors.runtime.outbox import ChoiceUpdate, Outbox, OutboxFailed
+from server.errors import api_error_of
+from server.generation import HTTPOutbox
 
 
 async def test_coalesces_until_read():
@@ -31,11 +35,28 @@ async def test_wakes_reader_and_fails():
             await trio.sleep(0.01)
             box.push(ChoiceUpdate(0, text="x"))
             await trio.sleep(0.01)
-            box.fail(500, "engine failed")
+            box.fail(EngineFailed())
+            box.fail(RowRefused())  # the first failure stays
 
         n.start_soon(produce)
         with trio.fail_after(1):
             assert (await box.get())[0].text == "x"
             with pytest.raises(OutboxFailed) as info:
                 await box.get()
-    assert info.value.status == 500
+    assert isinstance(info.value.error, EngineFailed)
+    assert info.value.message == "the engine failed while serving this request"
+
+
+async def test_http_outbox_failures_carry_their_status():
+    """The engine side fails an Outbox with a typed reason; the server's Outbox adds the
+    HTTP status the routes read, and api_error_of gives the same one."""
+    for error, status, param in [(PromptTooLong("too long", "prompt"), 400, "prompt"),
+                                 (ClientGone(), 499, None), (RowRefused(), 500, None),
+                                 (ServerFailed(), 500, None)]:
+        box = HTTPOutbox(1)
+        box.fail(error)
+        with pytest.raises(OutboxFailed) as info:
+            await box.get()
+        assert info.value.status == status and info.value.message == error.message
+        api = api_error_of(error)
+        assert (api.status, api.message, api.param) == (status, error.message, param)

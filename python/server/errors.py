@@ -3,6 +3,9 @@
     {"error": {"message": str, "type": str, "param": str | null, "code": int}}
 
 Messages are written by us; exception text from libraries is never echoed to a client.
+The engine side reports why a request ended as types (actors.errors refusals,
+actors.runtime.failures); `status_of` and `api_error_of` are the one place that turns them
+into HTTP statuses.
 """
 
 from __future__ import annotations
@@ -11,6 +14,9 @@ from http import HTTPStatus
 from typing import Any
 
 import orjson
+
+from actors.errors import RequestRefused
+from actors.runtime.failures import ClientGone, RequestFailed
 
 # OpenAI-style error types by status.
 _TYPES = {
@@ -76,3 +82,26 @@ def overloaded(retry_after: int = 1) -> APIError:
         "The server is at capacity; retry shortly.",
         headers={"Retry-After": str(retry_after)},
     )
+
+
+# 499: nginx's "client closed request"; nobody reads the answer, but logs and metrics do.
+CLIENT_GONE = 499
+
+
+def status_of(error: BaseException) -> int:
+    """The HTTP status of a typed reason a request ended: a refusal is the request's fault
+    (400), a client that left is 499, anything else is the server's (500)."""
+    if isinstance(error, RequestRefused):
+        return 400
+    if isinstance(error, ClientGone):
+        return CLIENT_GONE
+    return 500
+
+
+def api_error_of(error: BaseException) -> APIError:
+    """The APIError for a typed reason; only our own messages reach the client."""
+    if isinstance(error, RequestRefused):
+        return APIError(400, error.message, param=error.param)
+    if isinstance(error, RequestFailed):
+        return APIError(status_of(error), error.message)
+    return APIError(500, "internal error")

@@ -25,13 +25,17 @@ import logging
 import time
 import uuid
 from collections.abc import MutableMapping
+from dataclasses import replace
 from typing import Any
 
 import trio
 
+from actors.errors import RequestRefused
 from actors.params.sampling import SamplingParams
+from actors.runtime.failures import Outcome
+from actors.runtime.outbox import Outbox, OutboxFailed
 from actors.runtime.request import PromptInput, RequestState
-from server.errors import APIError, bad_request, overloaded
+from server.errors import APIError, api_error_of, bad_request, overloaded, status_of
 from server.state import ServerState
 from server.write_watchdog import track_output
 
@@ -62,9 +66,10 @@ class Generation:
         # Internal ids are ours: a client-chosen X-Request-Id never keys shared state.
         self.state = RequestState(
             f"{request_id}.{uuid.uuid4().hex[:8]}",
-            prompts,
+            [_typed_render(p) for p in prompts],
             params,
             max_model_len=srv.limits.max_model_len,  # type: ignore[union-attr]
+            outbox=HTTPOutbox(len(prompts) * params.n),
         )
         track_output(self.state.outbox)  # what a slow reader leaves unread counts against it
         self.public_id = request_id
@@ -93,12 +98,20 @@ class Generation:
         self._slots_held = True
         try:
             srv.registry.add(self.state)  # type: ignore[union-attr]
+        except RequestRefused as exc:
+            self._release_slots()
+            raise api_error_of(exc) from None
         except Exception:
             self._release_slots()
             raise
         self._registered = True
         try:
             await srv.actors.submit(self.state)  # type: ignore[union-attr]
+        except trio.ClosedResourceError:  # the drain closed submissions meanwhile
+            self.state.retired.set()
+            self.retire()
+            raise APIError(503, "The server is not accepting requests now.",
+                           headers={"Retry-After": "5"}) from None
         except BaseException:
             self.state.retired.set()  # never reached the tokenizer: nothing else holds it
             self.retire()
@@ -117,7 +130,7 @@ class Generation:
         if self.state.error is not None:
             err = self.state.error
             self.retire()
-            raise APIError(err.status, err.message, param=err.param)
+            raise api_error_of(err)
 
     def retire(self) -> None:
         """Abort whatever still runs and hand the slots back once everything retired."""
@@ -158,6 +171,39 @@ class Generation:
         if self._slots_held:
             self._slots_held = False
             self.srv.admission.release(self.slots)  # type: ignore[union-attr]
+
+
+class HTTPOutboxFailed(OutboxFailed):
+    """OutboxFailed with the HTTP status of its reason, for the routes that read `status`."""
+
+    def __init__(self, error: Outcome) -> None:
+        super().__init__(error)
+        self.status = status_of(error)
+
+
+class HTTPOutbox(Outbox):
+    """The Outbox of a request served over HTTP: a failure it raises carries its status."""
+
+    def _failed(self, error: Outcome) -> OutboxFailed:
+        return HTTPOutboxFailed(error)
+
+
+def _typed_render(prompt: PromptInput) -> PromptInput:
+    """A chat template refuses a request with an APIError (always a 400); the engine side
+    knows only typed refusals, so the render it calls raises RequestRefused instead."""
+    render = prompt.render
+    if render is None:
+        return prompt
+
+    def typed() -> str:
+        try:
+            return render()
+        except APIError as exc:
+            if 400 <= exc.status < 500:
+                raise RequestRefused(exc.message, exc.param) from None
+            raise
+
+    return replace(prompt, render=typed)
 
 
 class RetireAtRequestEnd:

@@ -32,8 +32,10 @@ from collections.abc import Callable, Mapping
 import trio
 
 from actors.core.protocol import EngineCore
+from actors.errors import RequestRefused
 from actors.messages import Abort, Admit, Control, ControlResult, RequestOutput, TokenBatch
 from actors.runtime import faults
+from actors.runtime.failures import EngineFailed
 from actors.runtime.faults import InjectedFault
 from actors.runtime.metric_events import (
     EngineStats,
@@ -53,7 +55,7 @@ FAULT_ENV = "LLMSERVE_FAULT_AFTER_STEPS"
 BATCH_CREDITS = 2
 
 
-class EngineFailed(RuntimeError):
+class StepFailed(RuntimeError):
     """The core raised during a step: every in-flight request is lost."""
 
 
@@ -145,7 +147,7 @@ class EngineActor:
             task_status.started()
             try:
                 await self._loop()
-            except EngineFailed as exc:
+            except StepFailed as exc:
                 log.error("%s; failing every in-flight request", exc)
                 self._failed = True
                 self._fail_everything()
@@ -197,7 +199,7 @@ class EngineActor:
             return await trio.to_thread.run_sync(self._step_in_thread, limiter=self._limiter)
         except Exception as exc:
             log.error("engine step failed", exc_info=exc)
-            raise EngineFailed(f"engine step failed: {type(exc).__name__}") from exc
+            raise StepFailed(f"engine step failed: {type(exc).__name__}") from exc
 
     # -- between steps -------------------------------------------------------------------
     def _apply_admits(self) -> None:
@@ -210,11 +212,12 @@ class EngineActor:
                 self._core.add(Admit(req.engine_id, tuple(req.prompt_token_ids), req.params,
                                      arrival_time=req.admitted_at,
                                      priority=req.params.priority))
-            except ValueError as exc:  # the core's own checks; the edge should catch these
+            except RequestRefused as exc:  # the core's own checks; the edge should catch these
                 log.warning("engine refused %s: %s", req.engine_id, exc)
                 found = self._registry.engine_requests.get(req.engine_id)
                 if found is not None:
-                    found[0].outbox.fail(400, "the request was refused by the engine")
+                    found[0].outbox.fail(RequestRefused("the request was refused by the engine",
+                                                        exc.param))
                 self._retire_all(req, "error")
                 continue
             req.in_engine = True
@@ -305,7 +308,7 @@ class EngineActor:
     def _fail_everything(self) -> None:
         """After a step failed: fail and retire everything without touching the core."""
         for state in list(self._registry.requests.values()):
-            state.outbox.fail(500, "the engine failed while serving this request")
+            state.outbox.fail(EngineFailed())
         for _state, req in list(self._registry.engine_requests.values()):
             self._retire_all(req, "error")
         for req in self._admitted:

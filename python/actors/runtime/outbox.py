@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import trio
 
+from actors.runtime.failures import Outcome
+
 
 @dataclass(slots=True)
 class TokenLogprob:
@@ -55,12 +57,14 @@ class ChoiceUpdate:
 
 
 class OutboxFailed(Exception):
-    """Raised to the consumer when the request failed after it was admitted."""
+    """Raised to the consumer when the request failed after it was admitted. ``error`` says
+    why, as a type (actors.errors.RequestRefused or actors.runtime.failures.RequestFailed);
+    the consumer decides what that means to its client."""
 
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
+    def __init__(self, error: Outcome) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.message = error.message
 
 
 class Outbox:
@@ -86,11 +90,15 @@ class Outbox:
             self._unfinished.discard(update.index)
         self._wakeup.set()
 
-    def fail(self, status: int, message: str) -> None:
+    def fail(self, error: Outcome) -> None:
         if self._closed or self._error is not None:
             return
-        self._error = OutboxFailed(status, message)
+        self._error = self._failed(error)
         self._wakeup.set()
+
+    def _failed(self, error: Outcome) -> OutboxFailed:
+        """The exception `get` raises; a front end's Outbox may raise a subclass."""
+        return OutboxFailed(error)
 
     # -- consumer side ----------------------------------------------------------------
     @property

@@ -21,9 +21,11 @@ from dataclasses import dataclass, field
 
 import trio
 
-from actors.text.detokenizer import IncrementalDetokenizer
-from actors.runtime.outbox import Outbox
+from actors.errors import DuplicateRequest, RequestRefused
 from actors.params.sampling import SamplingParams
+from actors.runtime.failures import Outcome, ServerFailed
+from actors.runtime.outbox import Outbox
+from actors.text.detokenizer import IncrementalDetokenizer
 
 
 @dataclass(slots=True)
@@ -83,14 +85,13 @@ class EngineRequest:
         return [c for c in self.choices if not c.retired]
 
 
-class RequestError(Exception):
-    """A request-scoped failure with its HTTP status (raised before any output)."""
+class RequestError(RequestRefused):
+    """The old shape of a refusal, with an HTTP status first. Every remaining raise is a 400
+    in the tokenizer actor's prompt checks, so the status is dropped: it is a RequestRefused
+    like any other. Goes once those checks raise RequestRefused themselves."""
 
     def __init__(self, status: int, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
+        super().__init__(message, param)
 
 
 class RequestState:
@@ -103,17 +104,19 @@ class RequestState:
         params: SamplingParams,
         *,
         max_model_len: int,
+        outbox: Outbox | None = None,
     ) -> None:
+        """`outbox`: the front end's own (a subclass), else a plain one for n x prompts."""
         self.request_id = request_id
         self.prompts = prompts
         self.params = params
         self.max_model_len = max_model_len
         self.arrival = time.monotonic()
-        self.outbox = Outbox(len(prompts) * params.n)
+        self.outbox = Outbox(len(prompts) * params.n) if outbox is None else outbox
         self.engine_requests: list[EngineRequest] = []
         self.prompt_results: list[PromptResult] = []
         self.ready = trio.Event()  # set once prompts are tokenized (or failed)
-        self.error: RequestError | None = None
+        self.error: Outcome | None = None  # why it ended before its first output
         self.cancelled = False
         self.retired = trio.Event()
 
@@ -121,7 +124,7 @@ class RequestState:
     def num_choices(self) -> int:
         return len(self.prompts) * self.params.n
 
-    def fail_before_start(self, error: RequestError) -> None:
+    def fail_before_start(self, error: Outcome) -> None:
         self.error = error
         for req in self.engine_requests:
             req.done = True
@@ -144,7 +147,7 @@ class Registry:
 
     def add(self, state: RequestState) -> None:
         if state.request_id in self.requests:
-            raise RequestError(400, f"request id {state.request_id!r} is already in flight")
+            raise DuplicateRequest(f"request id {state.request_id!r} is already in flight")
         self.requests[state.request_id] = state
 
     def add_engine_requests(self, state: RequestState) -> None:
@@ -156,14 +159,14 @@ class Registry:
         for req in state.engine_requests:
             self.engine_requests.pop(req.engine_id, None)
 
-    def fail_all(self, message: str) -> None:
-        """The server itself failed: every live request gets a 500 (its handler's envelope,
-        or an error event on a stream that already started) and retires at once."""
+    def fail_all(self, error: ServerFailed) -> None:
+        """The server itself failed: every live request fails (its handler's error, or an
+        error event on a stream that already started) and retires at once."""
         for state in list(self.requests.values()):
             if not state.ready.is_set():
-                state.fail_before_start(RequestError(500, message))
+                state.fail_before_start(error)
                 continue
-            state.outbox.fail(500, message)
+            state.outbox.fail(error)
             for req in state.engine_requests:
                 req.done = True
                 for choice in req.choices:

@@ -32,6 +32,7 @@ from actors.core.protocol import EngineCore
 from actors.messages import Control, ControlResult, EngineInfo, RequestOutput
 from actors.runtime.admission import Admission
 from actors.runtime.engine_actor import BATCH_CREDITS, EngineActor
+from actors.runtime.failures import ServerFailed
 from actors.runtime.metric_events import MetricEvent
 from actors.runtime.metrics_actor import METRICS_CHANNEL_SIZE, MetricsActor, cache_config_info
 from actors.runtime.outbox import ChoiceUpdate
@@ -45,8 +46,6 @@ if sys.version_info < (3, 11):
 __all__ = ["ActorSystem", "run_actor_system"]
 
 log = logging.getLogger("actors.runtime.system")
-
-ACTOR_FAILED = "the server failed while serving this request"
 
 
 @dataclass(eq=False)
@@ -154,7 +153,7 @@ async def _supervised(registry: Registry, on_fatal: Callable[[BaseException], No
             raise
         log.critical("the %s actor failed; failing every in-flight request", name,
                      exc_info=failure)
-        registry.fail_all(ACTOR_FAILED)
+        registry.fail_all(ServerFailed())
         on_fatal(failure)
 
 

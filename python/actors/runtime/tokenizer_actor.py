@@ -24,6 +24,7 @@ from typing import Any
 import trio
 
 from actors.messages import RequestOutput
+from actors.runtime.failures import ClientGone, PrepareFailed, RowRefused
 from actors.errors import RequestRefused
 from actors.params.limits import RequestLimits
 from actors.params.prompt import check_prompt
@@ -83,22 +84,18 @@ class TokenizerActor:
 
     async def _admit(self, state: RequestState) -> None:
         if state.cancelled:
-            state.fail_before_start(RequestError(499, "client disconnected"))
+            state.fail_before_start(ClientGone())
             return
         try:
             results = await trio.to_thread.run_sync(
                 self._prepare, state, limiter=self._limiter
             )
-        except RequestError as err:
+        except RequestRefused as err:  # the prompt checks, or a render refusing the request
             state.fail_before_start(err)
             return
-        except Exception as exc:
-            status, message = getattr(exc, "status", None), getattr(exc, "message", None)
-            if isinstance(status, int) and 400 <= status < 500 and isinstance(message, str):
-                state.fail_before_start(RequestError(status, message))  # e.g. a template 400
-                return
+        except Exception:
             log.exception("preparing the prompt of %s failed", state.request_id)
-            state.fail_before_start(RequestError(500, "internal error while preparing the prompt"))
+            state.fail_before_start(PrepareFailed())
             return
         state.prompt_results = results
         self._make_engine_requests(state)
@@ -213,8 +210,7 @@ class TokenizerActor:
             if out.finish_reason == "error":
                 # The sampler refused this request's row; only this request fails (vLLM
                 # answers an "error" finish with a 500).
-                state.outbox.fail(500, "internal error: the sampler refused this request's "
-                                       "parameters")
+                state.outbox.fail(RowRefused())
                 continue
             new_ids = list(out.new_token_ids)
             step = choice.detokenizer.add(new_ids)
