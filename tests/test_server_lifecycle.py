@@ -185,3 +185,29 @@ def test_env_seconds_takes_only_positive_durations() -> None:
     for bad in ("0", "-1", "abc", "inf", "nan"):
         with pytest.raises(ValueError, match="X_SECONDS"):
             env_seconds("X_SECONDS", 15.0, {"X_SECONDS": bad})
+
+
+def test_drain_timeout_aborts_what_is_left_then_exits_0():
+    """SIGTERM closes submissions; a stream still running when --drain-timeout ends is
+    aborted (finish_reason "abort", then [DONE]) and the actors stop by closure: exit 0."""
+    srv = ServerProcess("--drain-timeout", "1").wait_ready()
+    try:
+        with httpx.Client(base_url=srv.url, timeout=60) as c, c.stream(
+                "POST", "/v1/completions", json=dict(STREAM, max_tokens=900)) as r:
+            lines = r.iter_lines()
+            first = next(lines)
+            signalled = time.monotonic()
+            srv.send_signal(signal.SIGTERM)
+            data = sse_data([first, *lines])
+            ended = time.monotonic() - signalled
+        assert data[-1] == "[DONE]"
+        chunks = [orjson.loads(d) for d in data[:-1]]
+        reasons = [ch["choices"][0]["finish_reason"] for ch in chunks if ch["choices"]]
+        assert reasons[-1] == "abort" and chunks[-1]["usage"]["completion_tokens"] < 900
+        assert ended < 10, ended  # the drain timeout, not the 900 tokens
+        assert srv.wait(30) == 0
+        log = srv.log(None)
+        assert "drain timeout: aborting 1 requests" in log
+        assert "did not stop" not in log and "did not retire" not in log
+    finally:
+        srv.stop(signal.SIGKILL)

@@ -148,9 +148,9 @@ class Supervisor:
         self._fatal_event.set()
 
     async def _after_failure(self) -> None:
-        with trio.move_on_after(FAIL_GRACE):
-            while self.srv.registry is not None and len(self.srv.registry):
-                await trio.sleep(0.05)
+        if self.srv.registry is not None:
+            with trio.move_on_after(FAIL_GRACE):
+                await self.srv.registry.wait_empty()
         await trio.sleep(0.5)  # handlers that just retired are still writing their error
         await self._stop_serving()
 
@@ -168,17 +168,25 @@ class Supervisor:
                 root.start_soon(self._drain, root.cancel_scope)
 
     async def _drain(self, root_scope: trio.CancelScope) -> None:
-        registry = self.srv.registry
-        with trio.move_on_after(self.config.drain_timeout):
-            while registry is not None and len(registry):
-                await trio.sleep(0.05)
-        if registry is not None and len(registry):
-            log.warning("drain timeout: aborting %d requests", len(registry))
-            for state in list(registry.requests.values()):
-                self.srv.actors.abort(state)  # type: ignore[union-attr]
+        """Shutdown by closure: no new submissions (new requests already get 503), the
+        requests in flight finish within the drain timeout (then they are aborted), and the
+        actors end on their own as each one's input closes."""
+        system = self.srv.actors
+        if system is not None:
+            system.close_submissions()
+            registry = system.registry
+            with trio.move_on_after(self.config.drain_timeout):
+                await registry.wait_empty()
+            if len(registry):
+                log.warning("drain timeout: aborting %d requests", len(registry))
+                for state in list(registry.requests.values()):
+                    system.abort(state)
+                with trio.move_on_after(ABORT_GRACE):
+                    await registry.wait_empty()
             with trio.move_on_after(ABORT_GRACE):
-                while len(registry):
-                    await trio.sleep(0.05)
+                await system.stopped.wait()
+            if not system.stopped.is_set():
+                log.warning("the actors did not stop within %.0f s", ABORT_GRACE)
         await self._stop_serving()
         root_scope.cancel()
 

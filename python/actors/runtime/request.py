@@ -144,11 +144,15 @@ class Registry:
     def __init__(self) -> None:
         self.requests: dict[str, RequestState] = {}
         self.engine_requests: dict[str, tuple[RequestState, EngineRequest]] = {}
+        self._empty = trio.Event()  # set while no request is registered
+        self._empty.set()
 
     def add(self, state: RequestState) -> None:
         if state.request_id in self.requests:
             raise DuplicateRequest(f"request id {state.request_id!r} is already in flight")
         self.requests[state.request_id] = state
+        if self._empty.is_set():
+            self._empty = trio.Event()
 
     def add_engine_requests(self, state: RequestState) -> None:
         for req in state.engine_requests:
@@ -158,6 +162,14 @@ class Registry:
         self.requests.pop(state.request_id, None)
         for req in state.engine_requests:
             self.engine_requests.pop(req.engine_id, None)
+        if not self.requests:
+            self._empty.set()
+
+    async def wait_empty(self) -> None:
+        """Returns once no request is registered (at once if none is): the drain waits for
+        this, not for a poll of len()."""
+        while self.requests:
+            await self._empty.wait()
 
     def fail_all(self, error: ServerFailed) -> None:
         """The server itself failed: every live request fails (its handler's error, or an
