@@ -13,11 +13,12 @@ from contextlib import aclosing
 
 import pytest
 import trio
+from server_helpers import BASE_ARGS, default_tokenizer, free_port
+
 from actors.params.sampling import SamplingParams
 from actors.runtime.request import PromptInput
 from server.frontend import service
 from server.frontend.service import ChoiceDelta, Finished, Idle
-from server_helpers import BASE_ARGS, default_tokenizer, free_port
 
 pytestmark = pytest.mark.slow
 

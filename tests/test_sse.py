@@ -7,6 +7,7 @@ from __future__ import annotations
 import orjson
 import pytest
 from openai._streaming import SSEDecoder
+
 from server import sse
 
 

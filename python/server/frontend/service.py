@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 from typing import Any, overload
 
 import trio
+
 from actors.params.sampling import SamplingParams
 from actors.runtime.outbox import ChoiceUpdate, OutboxFailed, TokenLogprob
 from actors.runtime.request import PromptInput
-
 from server.errors import APIError
 from server.generation import Generation
 from server.state import ServerState

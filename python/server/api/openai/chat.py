@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from actors.params.sampling import SamplingParams
-from actors.runtime.request import PromptInput
 from quart import Quart, Response, request
 
+from actors.params.sampling import SamplingParams
+from actors.runtime.request import PromptInput
 from server.api.http_io import accepts, built_json_response, check_model, parse, read_json
 from server.api.openai.params import build_params, check_stream_options
 from server.api.openai.protocol.chat import ChatCompletionRequest
