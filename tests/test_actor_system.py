@@ -57,3 +57,40 @@ def test_submit_control_and_close():
         assert not fatal and not llm.engine.has_unfinished()
 
     trio.run(main)
+
+
+def test_logprobs_carry_their_token_texts():
+    """The tokenizer actor decodes every token a logprob names (sampled, alternatives, prompt
+    tokens) in its worker thread: each TokenLogprob carries text and top_texts."""
+    llm = offline_llm()
+    tok = default_tokenizer()
+    ids = tok("The capital of France is", add_special_tokens=False)["input_ids"]
+    params = SamplingParams(max_tokens=5, temperature=0.0, logprobs=3, prompt_logprobs=2)
+
+    def text(t: int) -> str:
+        return tok.backend_tokenizer.decode([t], skip_special_tokens=False)
+
+    async def main() -> tuple[list, list]:
+        async with trio.open_nursery() as nursery:
+            system: ActorSystem = await nursery.start(
+                lambda task_status: run_actor_system(
+                    llm.engine, tok, capacity=4, model_name="m", on_fatal=print,
+                    task_status=task_status))
+            state = RequestState("lp", [PromptInput(token_ids=list(ids))], params,
+                                 max_model_len=system.info.max_model_len)
+            system.registry.add(state)
+            await system.submit(state)
+            lps, prompt_lps = [], None
+            while not state.outbox.done:
+                for u in await state.outbox.get():
+                    lps.extend(u.logprobs)
+                    prompt_lps = u.prompt_logprobs or prompt_lps
+            system.close_submissions()
+        return lps, prompt_lps
+
+    lps, prompt_lps = trio.run(main)
+    assert len(lps) == 5 and prompt_lps is not None and len(prompt_lps) == len(ids)
+    for lp in [*lps, *prompt_lps[1:]]:
+        assert lp.text == text(lp.token_id) and lp.text
+        assert len(lp.top_texts) == len(lp.top) >= 2
+        assert list(lp.top_texts) == [text(t) for t, _ in lp.top]

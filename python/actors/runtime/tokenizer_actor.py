@@ -193,7 +193,12 @@ class TokenizerActor:
             prompt = found[1].prompt_token_ids
             lps = _logprobs(list(out.new_token_ids), out)
             prompt_lps = _prompt_logprobs(prompt, out)
-            self.token_texts.fill(_named_ids(lps, prompt_lps, prompt))
+            texts = self.token_texts
+            texts.fill(_named_ids(lps, prompt_lps, prompt))
+            for lp in lps if prompt_lps is None else (*lps, *prompt_lps):
+                if lp is not None:
+                    lp.text = texts[lp.token_id]
+                    lp.top_texts = tuple(texts[t] for t, _ in lp.top)
             converted[(out.request_id, out.index)] = (lps, prompt_lps)
         return converted
 
