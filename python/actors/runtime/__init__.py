@@ -1,5 +1,7 @@
-"""The Trio actors that run the engine: tokenizer, scheduler, engine and metrics.
+"""The Trio actors that run the engine: engine actor, tokenizer and metrics.
 
-Everything here is engine-side: it imports no HTTP framework and knows nothing of the
-OpenAI protocol. The HTTP side hands in a `RequestState` and reads its `Outbox`.
+Everything here is engine-side: it imports neither HTTP nor the server, and reports why a
+request ended as types (actors.errors, actors.runtime.failures), never as statuses.
+`system.run_actor_system` composes them; a front end submits RequestStates through the
+handle it returns and reads their Outboxes.
 """
