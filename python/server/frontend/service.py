@@ -31,7 +31,7 @@ import trio
 from actors.params.sampling import SamplingParams
 from actors.runtime.outbox import ChoiceUpdate, OutboxFailed, TokenLogprob
 from actors.runtime.request import PromptInput
-from server.errors import APIError
+from server.errors import APIError, status_of
 from server.generation import Generation
 from server.state import ServerState
 
@@ -173,10 +173,12 @@ class Idle:
 
 @dataclass(frozen=True, slots=True)
 class Failed:
-    """The request failed after it was admitted; nothing more follows."""
+    """The request failed after it was admitted; nothing more follows. `reason` is the
+    runtime's typed reason; `status` the HTTP status it maps to."""
 
     status: int
     message: str
+    reason: BaseException | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,7 +272,7 @@ class TextGeneration:
                     with trio.move_on_after(wait) as waiting:
                         updates = await outbox.get()  # cancel-safe: nothing is lost
                 except OutboxFailed as exc:
-                    yield Failed(exc.status, exc.message)
+                    yield Failed(status_of(exc.error), exc.message, exc.error)
                     return
                 if waiting.cancelled_caught:
                     yield IDLE
@@ -293,7 +295,7 @@ class TextGeneration:
                 try:
                     updates = await outbox.get()
                 except OutboxFailed as exc:
-                    raise APIError(exc.status, exc.message) from None
+                    raise APIError(status_of(exc.error), exc.message) from None
                 for u in updates:
                     a = acc[u.index]
                     a.text.append(u.text)
