@@ -13,9 +13,9 @@ why it finished, and the request's token counts. Nothing here knows any API's JS
 
 Both `stream` and `collect` retire the request when they end, however they end.
 
-Logprobs are decoded into LogprobEntry objects only when read (the Logprobs sequences): a
-whole response's logprobs (a million prompt positions, say) are decoded in the worker thread
-that builds its body, never in one step of the event loop.
+Logprobs become LogprobEntry objects only when read (the Logprobs sequences): a whole
+response's logprobs (a million prompt positions, say) are built in the worker thread that
+builds its body, never in one step of the event loop.
 """
 
 from __future__ import annotations
@@ -67,21 +67,21 @@ class LogprobEntry:
         return self.text.encode("utf-8")
 
 
-def logprob_entry(lp: TokenLogprob, texts: Any) -> LogprobEntry:
-    """The one place that finds a logprob's token texts (today the tokenizer actor's
-    TokenTexts, `texts[token_id]`)."""
-    return LogprobEntry(lp.token_id, texts[lp.token_id], lp.logprob,
-                        tuple(TopLogprob(t, texts[t], v) for t, v in lp.top), lp.rank)
+def logprob_entry(lp: TokenLogprob) -> LogprobEntry:
+    """The one place that reads a logprob's token texts (the tokenizer actor decodes them,
+    off the event loop, into TokenLogprob.text and top_texts)."""
+    top = tuple(TopLogprob(t, text, v)
+                for (t, v), text in zip(lp.top, lp.top_texts, strict=True))
+    return LogprobEntry(lp.token_id, lp.text, lp.logprob, top, lp.rank)
 
 
 class Logprobs(Sequence[LogprobEntry]):
     """A choice's logprobs, one LogprobEntry per generated token, decoded when read."""
 
-    __slots__ = ("_items", "_texts")
+    __slots__ = ("_items",)
 
-    def __init__(self, items: list[TokenLogprob], texts: Any) -> None:
+    def __init__(self, items: list[TokenLogprob]) -> None:
         self._items = items
-        self._texts = texts
 
     def __len__(self) -> int:
         return len(self._items)
@@ -93,23 +93,21 @@ class Logprobs(Sequence[LogprobEntry]):
 
     def __getitem__(self, i: int | slice) -> LogprobEntry | Logprobs:
         if isinstance(i, slice):
-            return Logprobs(self._items[i], self._texts)
-        return logprob_entry(self._items[i], self._texts)
+            return Logprobs(self._items[i])
+        return logprob_entry(self._items[i])
 
     def __iter__(self) -> Iterator[LogprobEntry]:
-        texts = self._texts
-        return (logprob_entry(lp, texts) for lp in self._items)
+        return (logprob_entry(lp) for lp in self._items)
 
 
 class PromptLogprobs(Sequence["LogprobEntry | None"]):
     """A prompt's logprobs, one per prompt token; None for the first (nothing before it to
     score it by). Decoded when read."""
 
-    __slots__ = ("_items", "_texts")
+    __slots__ = ("_items",)
 
-    def __init__(self, items: list[TokenLogprob | None], texts: Any) -> None:
+    def __init__(self, items: list[TokenLogprob | None]) -> None:
         self._items = items
-        self._texts = texts
 
     def __len__(self) -> int:
         return len(self._items)
@@ -121,13 +119,12 @@ class PromptLogprobs(Sequence["LogprobEntry | None"]):
 
     def __getitem__(self, i: int | slice) -> LogprobEntry | None | PromptLogprobs:
         if isinstance(i, slice):
-            return PromptLogprobs(self._items[i], self._texts)
+            return PromptLogprobs(self._items[i])
         lp = self._items[i]
-        return None if lp is None else logprob_entry(lp, self._texts)
+        return None if lp is None else logprob_entry(lp)
 
     def __iter__(self) -> Iterator[LogprobEntry | None]:
-        texts = self._texts
-        return (None if lp is None else logprob_entry(lp, texts) for lp in self._items)
+        return (None if lp is None else logprob_entry(lp) for lp in self._items)
 
 
 # -- what a generation reports ------------------------------------------------------------
@@ -232,8 +229,9 @@ class TextGeneration:
     """One admitted generation, read as typed deltas (stream) or whole (collect)."""
 
     def __init__(self, gen: Generation, texts: Any) -> None:
+        # texts: the tokenizer actor's TokenTexts, for each prompt's first token (the one
+        # position no logprob carries: an echo with logprobs still shows its text).
         self._gen = gen
-        self._texts = texts
         state = gen.state
         self.request_id: str = gen.public_id
         self.created: int = gen.created
@@ -302,13 +300,12 @@ class TextGeneration:
                     a.token_ids.extend(u.token_ids)
                     a.logprobs.extend(u.logprobs)
                     if u.prompt_logprobs is not None and u.index % self.n == 0:
-                        prompt_lps[u.index // self.n] = PromptLogprobs(u.prompt_logprobs,
-                                                                       self._texts)
+                        prompt_lps[u.index // self.n] = PromptLogprobs(u.prompt_logprobs)
                     if u.finish_reason is not None:
                         a.finish_reason, a.stop_reason = u.finish_reason, u.stop_reason
         finally:
             self.retire()
-        choices = [ChoiceResult(i, "".join(a.text), a.token_ids, Logprobs(a.logprobs, self._texts),
+        choices = [ChoiceResult(i, "".join(a.text), a.token_ids, Logprobs(a.logprobs),
                                 a.finish_reason, a.stop_reason)
                    for i, a in enumerate(acc)]
         return Collected(choices, prompt_lps, self.usage(sum(c.num_tokens for c in choices)))
@@ -316,8 +313,8 @@ class TextGeneration:
     def _delta(self, u: ChoiceUpdate, generated: int) -> ChoiceDelta:
         prompt_lps = None
         if u.prompt_logprobs is not None:
-            prompt_lps = PromptLogprobs(u.prompt_logprobs, self._texts)
-        return ChoiceDelta(u.index, u.text, u.token_ids, Logprobs(u.logprobs, self._texts),
+            prompt_lps = PromptLogprobs(u.prompt_logprobs)
+        return ChoiceDelta(u.index, u.text, u.token_ids, Logprobs(u.logprobs),
                            u.finish_reason, u.stop_reason, generated, prompt_lps)
 
 
