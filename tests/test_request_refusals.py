@@ -54,6 +54,7 @@ CASES: list[tuple[str, dict[str, Any], Any, str, type[RequestRefused]]] = [
      "min_tokens", RequestRefused),
     ("stop empty", {"stop": [""]}, HI, "stop", FIELD),
     ("stop too long", {"stop": ["x" * 257]}, HI, "stop", FIELD),
+    ("stop count", {"stop": ["a", "b", "c", "d", "e"]}, HI, "stop", FIELD),
     ("stop_token_ids vocabulary", {"stop_token_ids": [VOCAB]}, HI, "stop_token_ids", FIELD),
     ("stop_token_ids count", {"stop_token_ids": [1] * 257}, HI, "stop_token_ids", FIELD),
     ("logit_bias vocabulary", {"logit_bias": {VOCAB: 1.0}}, HI, "logit_bias", FIELD),

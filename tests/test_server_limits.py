@@ -310,7 +310,7 @@ def test_vllm_request_checks(srv):
         body = dict(base, max_tokens=1)
         assert post(srv, path, dict(body, stop=["a", "b", "c", "d"])).status_code == 200
         err = assert_envelope(post(srv, path, dict(body, stop=["a", "b", "c", "d", "e"])), 400)
-        assert "at most 4 items" in err["message"] and err["param"] == "stop", err
+        assert "at most 4 stop strings" in err["message"] and err["param"] == "stop", err
     assert post(srv, CHAT, {"messages": HI, "max_tokens": 1,
                             "reasoning_effort": "low"}).status_code == 200
     err = assert_envelope(post(srv, CHAT, {"messages": HI, "max_tokens": 1,

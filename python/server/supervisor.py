@@ -125,9 +125,7 @@ class Supervisor:
         srv.tokenizer = tokenizer
         srv.token_texts = system.token_texts
         srv.prompt_bound = system.prompt_bound
-        srv.limits = Limits(vocab_size=info.vocab_size, max_model_len=info.max_model_len,
-                            max_logprobs=info.max_logprobs,
-                            scheduling_policy=info.scheduling_policy)
+        srv.limits = Limits.from_info(info)  # the offline LLM judges by the same numbers
         srv.defaults = server_defaults(dict(info.generation_defaults))
         srv.renderer = ChatRenderer(
             tokenizer,

@@ -10,7 +10,7 @@ what either admits. It raises ``SamplingParamsError`` (a ``RequestRefused``, so 
 ``ValueError``) whose ``param`` names the offending field, so the HTTP edge can answer 400
 with ``param`` set. The limits are those of docs "Request-parameter limits" (vLLM's
 ranges, tightened where vLLM is loose: ``n`` <= 16, ``repetition_penalty`` <= 2, stop
-strings <= 16 x 256 chars, <= 256 stop token ids) and the engine's own (RequestLimits:
+strings <= 4 x 256 chars, <= 256 stop token ids) and the engine's own (RequestLimits:
 vocabulary, context length, max_logprobs, scheduling policy, running seats).
 """
 
@@ -30,7 +30,7 @@ GREEDY_EPS = 1e-5
 # (0, MIN_TEMPERATURE) is clamped up: tiny temperatures overflow exp() in fp32 logits.
 MIN_TEMPERATURE = 0.01
 
-MAX_STOP_STRINGS = 16
+MAX_STOP_STRINGS = 4  # vLLM's VLLM_MAX_STOP_STRINGS default, offline too here
 MAX_STOP_STRING_CHARS = 256
 MAX_STOP_TOKEN_IDS = 256
 MAX_LOGIT_BIAS_ENTRIES = 1024

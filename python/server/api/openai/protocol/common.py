@@ -8,12 +8,10 @@ SamplingParams.validate (through server.api.openai.params, which only maps the f
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-# vLLM's VLLM_MAX_STOP_STRINGS default: a longer list is a 400 (the engine takes up to 16).
-MAX_STOP_STRINGS = 4
 
 
 class APIModel(BaseModel):
@@ -40,7 +38,7 @@ class SamplingFields(APIModel):
     repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     seed: int | None = None  # ranges: SamplingParams.validate, once
-    stop: str | Annotated[list[str], Field(max_length=MAX_STOP_STRINGS)] | None = None
+    stop: str | list[str] | None = None  # how many: SamplingParams.validate
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
