@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from actors.errors import RequestRefused
 from actors.params.limits import RequestLimits
+from actors.params.structured import StructuredSpec
 
 __all__ = ["GREEDY_EPS", "RequestLimits", "SamplingParams", "SamplingParamsError",
            "cache_salt_error"]
@@ -104,6 +105,9 @@ class SamplingParams:
     # Prefix-cache namespace: requests share cached KV blocks only with requests of the same
     # salt (None: the shared default namespace). Mixed into the first block's hash.
     cache_salt: str | None = None
+    # The output constraint (JSON schema, regex, choice, grammar, ...): plain data, so it
+    # crosses the engine-process boundary; the core builds each choice's matcher from it.
+    structured: StructuredSpec | None = None
 
     def __post_init__(self) -> None:
         # Shape normalisation only: nothing here can fail; validate() judges values.
@@ -236,6 +240,13 @@ class SamplingParams:
             raise SamplingParamsError(
                 "truncation_side must be 'left' or 'right'", "truncation_side"
             )
+        if self.structured is not None:
+            if not isinstance(self.structured, StructuredSpec):
+                raise SamplingParamsError("structured must be a StructuredSpec",
+                                          "structured_outputs")
+            # the backend-free checks only: compiling (and the slow metaschema walk) is the
+            # grammar cache's, off the caller's thread
+            self.structured.validate(grammar_check=False, metaschema=False)
         if limits.max_model_len is not None:
             self._validate_context(limits.max_model_len)
 
