@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from actors.errors import DuplicateRequest, RequestRefused
+from actors.errors import DuplicateRequest
 from actors.params.sampling import SamplingParams
 from actors.runtime.failures import Outcome, ServerFailed
 from actors.runtime.outbox import Outbox
@@ -83,15 +83,6 @@ class EngineRequest:
 
     def live_choices(self) -> list[Choice]:
         return [c for c in self.choices if not c.retired]
-
-
-class RequestError(RequestRefused):
-    """The old shape of a refusal, with an HTTP status first. Every remaining raise is a 400
-    in the tokenizer actor's prompt checks, so the status is dropped: it is a RequestRefused
-    like any other. Goes once those checks raise RequestRefused themselves."""
-
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
-        super().__init__(message, param)
 
 
 class RequestState:

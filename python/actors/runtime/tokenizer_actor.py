@@ -25,7 +25,7 @@ import trio
 
 from actors.messages import RequestOutput
 from actors.runtime.failures import ClientGone, PrepareFailed, RowRefused
-from actors.errors import RequestRefused
+from actors.errors import PromptTooLong, RequestRefused
 from actors.params.limits import RequestLimits
 from actors.params.prompt import check_prompt
 from actors.runtime import faults
@@ -37,7 +37,6 @@ from actors.runtime.request import (
     EngineRequest,
     PromptResult,
     Registry,
-    RequestError,
     RequestState,
 )
 from actors.runtime.engine_actor import EngineActor
@@ -124,14 +123,11 @@ class TokenizerActor:
                 too_long = None if state.params.truncate_prompt_tokens is not None else \
                     self.prompt_bound.error(text, state.max_model_len)
                 if too_long is not None:  # cannot fit: refused without tokenizing
-                    raise RequestError(400, too_long, param="prompt")
+                    raise PromptTooLong(too_long, param="prompt")
                 ids = self._backend.encode(
                     text, add_special_tokens=prompt.add_special_tokens
                 ).ids
-            try:
-                checked = check_prompt(ids, state.params, limits)
-            except RequestRefused as exc:
-                raise RequestError(400, exc.message, param=exc.param) from None
+            checked = check_prompt(ids, state.params, limits)
             if text is None or checked is not ids:  # decoded only once its ids are known good
                 text = self._backend.decode(checked, skip_special_tokens=False)
             results.append(PromptResult(checked, text))
