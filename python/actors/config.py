@@ -32,4 +32,7 @@ class EngineConfig:
     generation_config: str = "auto"  # auto (the model's file) | vllm (none) | a directory
     max_logprobs: int = 20
     num_threads: int | None = None  # CPU threads for torch and the core; None: all
+    # Grammar backend of structured outputs: auto (= guidance, llguidance) | guidance |
+    # xgrammar; vLLM's --structured-outputs-config backend=...
+    structured_outputs_backend: str = "auto"
     extra: dict[str, Any] = field(default_factory=dict)

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from actors.params.sampling import SamplingParams
+from actors.params.structured import StructuredSpec
 
 __all__ = [
     "Abort",
@@ -229,6 +230,9 @@ class NewSeq:
     output_token_ids: tuple[int, ...]
     logit_bias: tuple[tuple[int, float], ...]  # (token id, additive bias)
     allowed_token_ids: tuple[int, ...] | None
+    # The output constraint; the runner builds the choice's matcher from it (plain data:
+    # the runner may live in another process than the server that compiled it first).
+    structured: StructuredSpec | None = None
 
 
 @dataclass(frozen=True, slots=True)

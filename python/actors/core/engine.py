@@ -108,7 +108,32 @@ class LLMEngine:
             dtype=self.kv_cache_dtype,
             sliding_windows=mc.sliding_windows,
         )
+        self.runner.structured_masks = self._structured_mask
         log.info("engine ready in %.1f s", time.perf_counter() - t0)
+
+    # ------------------------------------------------------------------ structured outputs
+
+    def grammar_cache(self) -> Any:
+        """The process's GrammarCache for this model (built on first use, ~0.5 s; an
+        in-process server has usually built it already)."""
+        from actors.core.structured.cache import shared_cache
+
+        return shared_cache(self.config.structured_outputs_backend, str(self.model_dir),
+                            self.tokenizer, self.vocab_size, tuple(self.eos_token_ids))
+
+    def _compile(self, params: SamplingParams) -> None:
+        """Compiles a request's constraint when it is queued, between steps (a cache hit
+        when the server compiled it first), so that no step compiles and a spec the
+        backend refuses is refused as a request."""
+        if params.structured is not None:
+            self.grammar_cache().get(params.structured)
+
+    def _structured_mask(self, spec: Any, outputs: tuple[int, ...]) -> Any:
+        from actors.core.structured.mask import mask_for
+
+        cache = self.grammar_cache()
+        return mask_for(lambda: (cache.get(spec), cache.backend.vocab_size), self.vocab_size,
+                        tuple(self.eos_token_ids), outputs)
 
     # ------------------------------------------------------------------ requests
 
@@ -117,6 +142,7 @@ class LLMEngine:
         """Queues a request its caller has checked (SamplingParams.validate and
         actors.params.prompt.check_prompt against RequestLimits.from_info(self.info), as
         LLM.generate does): the core trusts it, as it trusts any Admit."""
+        self._compile(params)
         self.scheduler.add_request(Admit(
             request_id=request_id,
             prompt_token_ids=tuple(prompt_token_ids),
@@ -155,6 +181,7 @@ class LLMEngine:
     def add(self, admit: Admit) -> None:
         """Queues a checked prompt (EngineCore.add)."""
         try:
+            self._compile(admit.params)
             self.scheduler.add_request(admit)
         except RequestRefused:
             raise

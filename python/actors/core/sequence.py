@@ -174,7 +174,9 @@ class Sequence:
             if token_id in self.params.stop_token_ids:
                 self.finish(FinishReason.STOP, stop_reason=token_id)
                 return True
-            if not self.params.ignore_eos and token_id in self.eos_token_ids:
+            # a grammar's end allows only EOS: it ends the output even under ignore_eos
+            if ((not self.params.ignore_eos or self.params.structured is not None)
+                    and token_id in self.eos_token_ids):
                 self.finish(FinishReason.STOP)
                 return True
         n_out = self.num_output_tokens

@@ -31,6 +31,7 @@ import trio
 from actors.params.sampling import SamplingParams
 from actors.runtime.outbox import ChoiceUpdate, OutboxFailed, TokenLogprob
 from actors.runtime.request import PromptInput
+from server.frontend.structured import compile_spec
 from server.errors import APIError, status_of
 from server.generation import Generation
 from server.state import ServerState
@@ -322,6 +323,9 @@ async def start(srv: ServerState, request_id: str, prompts: list[PromptInput],
                 params: SamplingParams) -> TextGeneration:
     """Admit the request and wait until its prompts are tokenized. Raises APIError (503 when
     the server is full or not serving, 400 for a prompt the engine cannot take)."""
+    if params.structured is not None:
+        # compiled before admission (a 400 for a spec the backend refuses), off the loop
+        await compile_spec(srv, params.structured)
     gen = Generation(srv, request_id, prompts, params)
     await gen.start()
     try:

@@ -13,6 +13,11 @@ seam of constrained decoding) are registered per (request id, choice index) with
 it arrives (``NewSeq``) and the registry forgets them when the plan reports the choice
 finished (``StepPlan.finished``).
 
+Structured outputs use the same seam: a ``NewSeq`` whose params carry a ``StructuredSpec``
+gets hooks whose token mask is a fresh grammar matcher (``structured_masks``, set by the
+engine, builds it from the process's grammar cache and replays a resumed sequence's
+outputs into it), registered like any other; each choice gets its own.
+
 The flattened batch of a step (T tokens in all):
 
     rows:   | seq 0 new tokens | seq 1 new tokens | ... |
@@ -23,13 +28,19 @@ The flattened batch of a step (T tokens in all):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import llmcore
 import numpy as np
 import torch
 
-from actors.core.runner.sampler import Sampler, SamplingHooks, SeqState, allowed_mask_of
+from actors.core.runner.sampler import (Sampler, SamplingHooks, SeqState, TokenMask,
+                                        allowed_mask_of)
 from actors.messages import Logprobs, NewSeq, PromptLogprobs, SeqRef, StepPlan, StepResult
+from actors.params.structured import StructuredSpec
+
+# (spec, the output tokens the sequence already holds) -> the choice's token mask
+MaskFactory = Callable[[StructuredSpec, tuple[int, ...]], TokenMask]
 
 __all__ = ["ModelRunner", "SamplingHooks", "kv_bytes_per_block"]
 
@@ -84,6 +95,7 @@ class ModelRunner:
         self.sampler = Sampler(vocab_size)
         self._hooks: dict[SeqRef, SamplingHooks] = {}
         self._num_hooked = 0  # sequences in _seqs with hooks: 0 keeps the hot path bare
+        self.structured_masks: MaskFactory | None = None
 
     # ------------------------------------------------------------------ sequences
 
@@ -97,6 +109,11 @@ class ModelRunner:
         if ns.allowed_token_ids is not None:
             mask = allowed_mask_of(ns.allowed_token_ids, self.vocab_size)
         hooks = self._hooks.get((ns.request_id, ns.index)) if self._hooks else None
+        if hooks is None and ns.structured is not None and self.structured_masks is not None:
+            hooks = SamplingHooks(token_mask=self.structured_masks(ns.structured,
+                                                                   ns.output_token_ids),
+                                  accepted=len(ns.output_token_ids))
+            self._hooks[(ns.request_id, ns.index)] = hooks
         if hooks is not None:
             self._num_hooked += 1
             # Back after preemption with fewer tokens than the mask took: undo the rest.

@@ -44,6 +44,7 @@ def new_seq_of(seq: Sequence) -> NewSeq:
         output_token_ids=tuple(seq.output_token_ids),
         logit_bias=p.logit_bias_items(),
         allowed_token_ids=p.allowed_token_ids,
+        structured=p.structured,
     )
 
 

@@ -11,6 +11,10 @@ ties up at most one worker however often it is sent.
 
 Refusals (invalid specs, compiles that ran past the bound) are cached like grammars: the
 same bad spec costs one compile.
+
+``shared_cache`` holds one cache per (backend, tokenizer) for the whole process: the server
+compiles a request's spec through it before admission, and an in-process engine core asking
+for the same spec then finds it compiled.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ if TYPE_CHECKING:
     from actors.core.structured.backend import CompiledGrammar, GrammarBackend, Matcher
     from actors.core.structured.spec import StructuredSpec
 
-__all__ = ["DEFAULT_CAPACITY", "DEFAULT_COMPILE_TIMEOUT_S", "GrammarCache"]
+__all__ = ["DEFAULT_CAPACITY", "DEFAULT_COMPILE_TIMEOUT_S", "GrammarCache", "shared_cache"]
 
 DEFAULT_CAPACITY = 256
 DEFAULT_COMPILE_TIMEOUT_S = 10.0
@@ -173,3 +177,39 @@ class GrammarCache:
         with self._lock:
             return {"size": len(self._done), "pending": len(self._pending),
                     "hits": self.hits, "misses": self.misses}
+
+
+_SHARED: dict[Hashable, GrammarCache] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_cache(backend: str, model_dir: str, tokenizer: Any, vocab_size: int,
+                 eos_token_ids: tuple[int, ...]) -> GrammarCache:
+    """The process's cache for the ``backend`` over the tokenizer of ``model_dir`` with
+    the model's logits width and end-of-sequence tokens; built on first use (about half a
+    second: the backend's token trie), so call it off the event loop and the step thread.
+    ``tokenizer`` is only read by that first build: the server and the engine each load
+    their own copy of the same tokenizer, and both get the one cache."""
+    from actors.core.structured.backend import make_backend
+
+    key = (_backend_name(backend), str(model_dir), int(vocab_size), tuple(eos_token_ids))
+    cache = _SHARED.get(key)
+    if cache is not None:
+        return cache
+    with _SHARED_LOCK:
+        cache = _SHARED.get(key)
+        if cache is None:
+            cache = GrammarCache(make_backend(backend, tokenizer, vocab_size,
+                                              tuple(eos_token_ids) or None))
+            _SHARED[key] = cache
+    return cache
+
+
+def peek_shared_cache(backend: str, model_dir: str, vocab_size: int,
+                      eos_token_ids: tuple[int, ...]) -> GrammarCache | None:
+    """The cache ``shared_cache`` built for these arguments, or None (never builds)."""
+    return _SHARED.get((_backend_name(backend), str(model_dir), int(vocab_size), tuple(eos_token_ids)))
+
+
+def _backend_name(name: str) -> str:
+    return "guidance" if name == "auto" else name  # auto picks guidance: one cache for both

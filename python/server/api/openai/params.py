@@ -14,10 +14,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from actors.errors import RequestRefused
 from actors.params.limits import RequestLimits
-from actors.params.sampling import SamplingParams, SamplingParamsError
+from actors.params.sampling import SamplingParams
 
 from server.api.openai.protocol.common import SamplingFields
+from server.api.openai.structured import spec_of
 from server.errors import bad_request
 
 # The HTTP edge's own bound: prompts in one request (each is an engine request).
@@ -83,11 +85,12 @@ def build_params(
         truncation_side=req.truncation_side or "left",
         priority=req.priority,
         cache_salt=req.cache_salt,
+        structured=spec_of(req),
         **fields,
     )
     try:
         params.validate(limits)
-    except SamplingParamsError as exc:
+    except RequestRefused as exc:
         raise bad_request(exc.message, (aliases or {}).get(exc.param, exc.param)) from None
     return params
 

@@ -8,10 +8,9 @@ SamplingParams.validate (through server.api.openai.params, which only maps the f
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-
 
 
 class APIModel(BaseModel):
@@ -22,6 +21,23 @@ class APIModel(BaseModel):
 class StreamOptions(APIModel):
     include_usage: bool | None = False
     continuous_usage_stats: bool | None = False
+
+
+class StructuredOutputs(APIModel):
+    """vLLM's ``structured_outputs`` object; exactly one constraint kind is set (checked
+    by ``StructuredSpec.from_params``). Unknown keys are refused, as vLLM's dataclass
+    refuses them."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=(), strict=True)
+    json_: dict[str, Any] | str | bool | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: dict[str, Any] | str | None = None
+    whitespace_pattern: str | None = None
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
 
 
 class SamplingFields(APIModel):
@@ -52,3 +68,13 @@ class SamplingFields(APIModel):
     cache_salt: str | None = None  # SamplingParams.validate (vLLM's rules and ours)
     request_id: str | None = Field(default=None, max_length=256)
     user: str | None = None
+    # Structured outputs (server.api.openai.structured maps them onto one StructuredSpec);
+    # the guided_* fields are vLLM's older spellings, honoured here.
+    response_format: dict[str, Any] | None = None
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_whitespace_pattern: str | None = None
+    guided_decoding_backend: str | None = None

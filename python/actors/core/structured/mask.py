@@ -1,0 +1,106 @@
+"""The sampler's token mask over a grammar ``Matcher``: constrained decoding's last hop.
+
+The runner builds one ``MatcherMask`` per choice from the spec its ``NewSeq`` carries and
+hangs it on the choice's ``SamplingHooks``; the sampler then fills its bitmask row every
+step and feeds it each drawn token. The sampler's row is as wide as the model's logits; a
+backend built over a larger tokenizer writes into a scratch row cut to that width.
+
+A matcher that cannot be built (a refusal in a core that compiles for itself, in another
+process) or that stops following its tokens allows only the end-of-sequence tokens: the
+choice then ends, instead of the step failing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+
+import numpy as np
+
+from actors.core.structured.backend import Matcher, bitmask_words
+
+__all__ = ["EosOnlyMask", "MatcherMask", "mask_for"]
+
+log = logging.getLogger("actors.core.structured.mask")
+
+
+class MatcherMask:
+    """``sampler.TokenMask`` over one choice's matcher. ``_taken`` records, per token the
+    sampler reported, whether the matcher took it, so a rollback undoes exactly that."""
+
+    __slots__ = ("_eos", "_m", "_scratch", "_taken")
+
+    def __init__(self, matcher: Matcher, backend_vocab: int, vocab_size: int,
+                 eos_token_ids: Iterable[int]) -> None:
+        self._m = matcher
+        self._taken: list[bool] = []
+        words, own = bitmask_words(vocab_size), bitmask_words(backend_vocab)
+        self._scratch = None if own == words else np.zeros(own, np.int32)
+        self._eos = tuple(eos_token_ids)
+
+    def fill_bitmask(self, row: np.ndarray) -> None:
+        if self._scratch is None:
+            self._m.fill_bitmask(row)
+        else:
+            self._m.fill_bitmask(self._scratch)
+            row[:] = self._scratch[: len(row)]
+        if not row.any():
+            # nothing allowed would leave the sampler nothing to draw: end the choice
+            words = row.view(np.uint32)
+            for t in self._eos:
+                words[t // 32] |= np.uint32(1 << (t % 32))
+
+    def accept(self, token_id: int) -> None:
+        taken = self._m.accept(token_id)
+        if not taken and token_id not in self._eos:
+            log.warning("the grammar refused token %d; ending the choice", token_id)
+        self._taken.append(taken)
+
+    def rollback(self, num_tokens: int) -> None:
+        if num_tokens <= 0:
+            return
+        undone = sum(self._taken[-num_tokens:])
+        del self._taken[-num_tokens:]
+        if undone:
+            self._m.rollback(undone)
+
+    def replay(self, token_ids: Iterable[int]) -> None:
+        """Brings a fresh matcher to where a resumed sequence's outputs left it."""
+        for t in token_ids:
+            self.accept(int(t))
+
+
+class EosOnlyMask:
+    """A mask that lets the choice only end: the spec could not be compiled here."""
+
+    __slots__ = ("_row",)
+
+    def __init__(self, vocab_size: int, eos_token_ids: Iterable[int]) -> None:
+        row = np.zeros(bitmask_words(vocab_size), np.uint32)
+        for t in eos_token_ids:
+            row[t // 32] |= np.uint32(1 << (t % 32))
+        self._row = row.view(np.int32)
+
+    def fill_bitmask(self, row: np.ndarray) -> None:
+        row[:] = self._row
+
+    def accept(self, token_id: int) -> None:
+        pass
+
+    def rollback(self, num_tokens: int) -> None:
+        pass
+
+
+def mask_for(get_matcher: Callable[[], tuple[Matcher, int]], vocab_size: int,
+             eos_token_ids: tuple[int, ...], outputs: Iterable[int]
+             ) -> MatcherMask | EosOnlyMask:
+    """A choice's mask: ``get_matcher()`` returns (a fresh matcher, its backend's vocabulary
+    size); ``outputs`` are the tokens the choice already holds (a resumed sequence)."""
+    try:
+        matcher, backend_vocab = get_matcher()
+    except Exception as exc:  # noqa: BLE001 - a refusal here must end the choice, not the step
+        log.warning("structured output constraint unavailable in the engine: %s", exc)
+        return EosOnlyMask(vocab_size, eos_token_ids)
+    mask = MatcherMask(matcher, backend_vocab, vocab_size, eos_token_ids)
+    mask.replay(outputs)
+    return mask
