@@ -33,6 +33,28 @@ def _tokens(text: str) -> int:
     return int(float(m.group(1)) * (1000 if m.group(2) else 1))
 
 
+_STRUCTURED_BACKENDS = ("auto", "guidance", "xgrammar")
+
+
+def _structured_config(text: str) -> dict[str, str]:
+    """--structured-outputs-config: 'backend=guidance' or '{"backend": "guidance"}'."""
+    try:
+        doc = json.loads(text) if text.lstrip().startswith("{") else dict(
+            part.split("=", 1) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not key=value pairs nor a JSON object: {text!r}")
+    doc = {str(k).strip().replace("-", "_"): v for k, v in doc.items()}
+    unknown = sorted(set(doc) - {"backend"})
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown structured outputs setting(s): "
+                                         f"{', '.join(unknown)} (known: backend)")
+    backend = str(doc.get("backend", "auto")).strip()
+    if backend not in _STRUCTURED_BACKENDS:
+        raise argparse.ArgumentTypeError(f"backend must be one of "
+                                         f"{', '.join(_STRUCTURED_BACKENDS)}, got {backend!r}")
+    return {"backend": backend}
+
+
 def _positive(text: str) -> int:
     try:
         value = int(text)
@@ -133,6 +155,10 @@ def build_parser() -> argparse.ArgumentParser:
       help="how message content is passed to the template")
     a("--trust-request-chat-template", action="store_true",
       help="allow requests to supply their own chat_template")
+    a("--structured-outputs-config", type=_structured_config, default={},
+      metavar="backend=auto|guidance|xgrammar", help="structured outputs, as vLLM spells "
+      "it (key=value pairs or a JSON object): 'backend' compiles constraints; auto = "
+      f"guidance (llguidance). Default: backend={ENGINE.structured_outputs_backend}")
     a("--max-logprobs", type=check.in_range(check.integer, -1), default=ENGINE.max_logprobs,
       help="largest logprobs/top_logprobs (-1: no cap)")
     a("--max-queued-requests", type=check.in_range(check.integer, 0), default=None,
@@ -180,6 +206,8 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         scheduling_policy=args.scheduling_policy,
         generation_config=args.generation_config,
         max_logprobs=args.max_logprobs,
+        structured_outputs_backend=args.structured_outputs_config.get(
+            "backend", ENGINE.structured_outputs_backend),
     )
     return ServerConfig(
         engine=engine,
