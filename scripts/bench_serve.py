@@ -6,7 +6,11 @@
 For each concurrency level, `requests` streaming completions with ignore_eos run with that
 many in flight; the result is JSON with TTFT and inter-token latency (p50/p99, seconds)
 and output tokens per second. --offline also runs the same work on the in-process engine
-(actors.llm) and reports served/offline throughput.
+(actors.llm) and reports served/offline throughput. --json-schema FILE constrains requests
+by that schema (structured_outputs.json): each level then runs unconstrained and constrained
+rounds alternately (--rounds of each) on the same server and reports the ratio of their
+median throughputs, constrained/unconstrained. A schema whose shortest output is longer
+than --max-tokens keeps every request generating to its limit, like ignore_eos does.
 """
 
 from __future__ import annotations
@@ -31,10 +35,13 @@ def pct(values: list[float], q: float) -> float | None:
     return values[min(len(values) - 1, int(q * (len(values) - 1) + 0.5))]
 
 
-async def one(client: httpx.AsyncClient, args, ttfts, itls, counts, errors) -> None:
+async def one(client: httpx.AsyncClient, args, ttfts, itls, counts, errors,
+              schema=None) -> None:
     body = {"model": args.model, "prompt": PROMPT, "max_tokens": args.max_tokens,
             "stream": True, "ignore_eos": True, "temperature": 0.0,
             "stream_options": {"include_usage": True}}
+    if schema is not None:
+        body["structured_outputs"] = {"json": schema}
     start = time.perf_counter()
     last = None
     try:
@@ -61,7 +68,7 @@ async def one(client: httpx.AsyncClient, args, ttfts, itls, counts, errors) -> N
         errors.append(type(exc).__name__)
 
 
-async def level(args, concurrency: int) -> dict:
+async def level(args, concurrency: int, schema=None) -> dict:
     ttfts: list[float] = []
     itls: list[float] = []
     counts: list[int] = []
@@ -74,7 +81,7 @@ async def level(args, concurrency: int) -> dict:
 
         async def guarded():
             async with sem:
-                await one(client, args, ttfts, itls, counts, errors)
+                await one(client, args, ttfts, itls, counts, errors, schema)
 
         start = time.perf_counter()
         async with trio.open_nursery() as n:
@@ -113,6 +120,25 @@ def offline(args, concurrency: int) -> dict:
             "output_tokens_per_s": round(tokens / elapsed, 2)}
 
 
+def constrained_vs_plain(args) -> dict:
+    with open(args.json_schema) as f:
+        schema = json.load(f)
+    trio.run(level, argparse.Namespace(**{**vars(args), "requests": 4}), 4, schema)  # warm
+    out = {"schema": args.json_schema, "levels": []}
+    for c in args.concurrency:
+        plain, constrained = [], []
+        for _ in range(args.rounds):
+            plain.append(trio.run(level, args, c))
+            constrained.append(trio.run(level, args, c, schema))
+        med = [statistics.median(r["output_tokens_per_s"] for r in rs)
+               for rs in (plain, constrained)]
+        out["levels"].append({
+            "concurrency": c, "unconstrained": plain, "constrained": constrained,
+            "median_tokens_per_s": {"unconstrained": med[0], "constrained": med[1]},
+            "constrained_over_unconstrained": round(med[1] / med[0], 3)})
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -123,11 +149,20 @@ def main() -> int:
     p.add_argument("--requests", type=int, default=64)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--offline", action="store_true")
+    p.add_argument("--json-schema", default=None, metavar="FILE",
+                   help="constrain requests by this JSON schema, alternated with "
+                   "unconstrained rounds")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="with --json-schema: rounds of each kind per level")
     p.add_argument("--max-model-len", type=int, default=1024,
                    help="offline engine: as the server's --max-model-len")
     p.add_argument("--kv-cache-memory", type=int, default=512 << 20,
                    help="offline engine: KV cache bytes, as the server's --kv-cache-memory")
     args = p.parse_args()
+    if args.json_schema:
+        json.dump(constrained_vs_plain(args), sys.stdout, indent=2)
+        print()
+        return 0
     results = {"served": [trio.run(level, args, c) for c in args.concurrency]}
     if args.offline:
         results["offline"] = [offline(args, c) for c in args.concurrency]
