@@ -204,6 +204,10 @@ BAD_PARAMS = [
     ("/v1/chat/completions", {"messages": HI, "tool_choice": "required",
                               "tools": [{"type": "function", "function": {"name": "f"}}]},
      "tool_choice"),
+    # tools without tool_choice mean "auto", which needs --enable-auto-tool-choice
+    ("/v1/chat/completions", {"messages": HI,
+                              "tools": [{"type": "function", "function": {"name": "f"}}]},
+     "tool_choice"),
 ]
 
 

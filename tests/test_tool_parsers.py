@@ -1,4 +1,4 @@
-"""Tool-call parsers (server/tool_parsers): recorded model-like outputs per format, read
+"""Tool-call parsers (server/api/openai/tool_parsers): recorded model-like outputs per format, read
 whole and streamed in random splits, which must agree; malformed output must come back
 as content and never raise. Pure Python and fast."""
 
@@ -10,7 +10,7 @@ import re
 
 import partial_json_parser
 import pytest
-from server.tool_parsers import (
+from server.api.openai.tool_parsers import (
     TOOL_PARSERS,
     ContentDelta,
     ToolCallDelta,

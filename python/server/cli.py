@@ -11,6 +11,11 @@ import sys
 from actors.config import EngineConfig
 
 from server import flag_checks as check
+from server.api.openai.tool_parsers import (
+    UnknownToolParserError,
+    check_tool_parser_flags,
+    tool_parser_names,
+)
 from server.config import ServerConfig
 
 KEY_ENV_VARS = ("LLMSERVE_API_KEY", "VLLM_API_KEY")
@@ -155,6 +160,11 @@ def build_parser() -> argparse.ArgumentParser:
       help="how message content is passed to the template")
     a("--trust-request-chat-template", action="store_true",
       help="allow requests to supply their own chat_template")
+    a("--enable-auto-tool-choice", action="store_true", help="let requests use tool_choice "
+      "'auto' (the model decides; needs --tool-call-parser)")
+    a("--tool-call-parser", default=None, metavar="NAME", help="how the model writes tool "
+      f"calls: one of {', '.join(tool_parser_names())}; with --enable-auto-tool-choice it "
+      "also serves tool_choice 'required' and named functions. Default: none")
     a("--structured-outputs-config", type=_structured_config, default={},
       metavar="backend=auto|guidance|xgrammar", help="structured outputs, as vLLM spells "
       "it (key=value pairs or a JSON object): 'backend' compiles constraints; auto = "
@@ -190,7 +200,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: list[str] | None = None) -> ServerConfig:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        check_tool_parser_flags(args.enable_auto_tool_choice, args.tool_call_parser)
+    except UnknownToolParserError as exc:
+        parser.error(str(exc))
     keys = args.api_key or [v for v in (os.environ.get(k) for k in KEY_ENV_VARS) if v][:1]
     engine = EngineConfig(
         model=args.model,
@@ -218,6 +233,8 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         chat_template=args.chat_template,
         chat_template_content_format=args.chat_template_content_format,
         trust_request_chat_template=args.trust_request_chat_template,
+        enable_auto_tool_choice=args.enable_auto_tool_choice,
+        tool_call_parser=args.tool_call_parser,
         max_queued_requests=args.max_queued_requests,
         max_body_bytes=args.max_body_bytes,
         drain_timeout=args.drain_timeout,

@@ -26,6 +26,9 @@ class ServerConfig:
     chat_template: str | None = None
     chat_template_content_format: str = "auto"
     trust_request_chat_template: bool = False
+    # tool calling: tool_choice "auto" and the parser that reads every tool choice's output
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None
     # limits and admission
     max_queued_requests: int | None = None  # None: 2 x max_num_seqs
     max_body_bytes: int = 4 * 1024 * 1024

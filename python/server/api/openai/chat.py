@@ -1,18 +1,22 @@
 """POST /v1/chat/completions: checks, the chat template's deferred render, and the handler
-that hands the prompt to the generation service and its output to ChatCompletionRenderer."""
+that hands the prompt to the generation service and its output to ChatCompletionRenderer.
+Tool choice is planned by `tools` (checks, constraint, parser) and rendered per choice by
+`tool_calls`."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from quart import Quart, Response, request
-
 from actors.params.sampling import SamplingParams
 from actors.runtime.request import PromptInput
+from quart import Quart, Response, request
+
 from server.api.http_io import accepts, built_json_response, check_model, parse, read_json
 from server.api.openai.params import build_params, check_stream_options
 from server.api.openai.protocol.chat import ChatCompletionRequest
 from server.api.openai.render import ChatCompletionRenderer, sse_body
+from server.api.openai.tool_calls import choice_factory
+from server.api.openai.tools import apply_plan, history_messages, plan_tools
 from server.api.openai.unsupported import check_unsupported
 from server.errors import bad_request
 from server.frontend import service
@@ -21,17 +25,23 @@ from server.sse import sse_response
 from server.state import ServerState
 
 
-def render_call(srv: ServerState, req: Any) -> Any:
-    """Validate the chat inputs now; return the deferred render (run by the tokenizer)."""
+def render_call(srv: ServerState, req: Any, tools: list[dict[str, Any]] | None = None) -> Any:
+    """Validate the chat inputs now; return the deferred render (run by the tokenizer).
+    ``tools``: what the template receives (dicts), when the request's were checked."""
     assert srv.renderer is not None
-    messages = [m.model_dump(exclude_none=True) for m in req.messages]
+    messages = history_messages([m.model_dump(exclude_none=True) for m in req.messages])
+    if tools is None:
+        tools = getattr(req, "tools", None)
+        if tools is not None:
+            tools = [t if isinstance(t, dict) else t.model_dump(exclude_none=True)
+                     for t in tools]
     return srv.renderer.prepare(
         messages,
         request_template=req.chat_template,
         kwargs=template_kwargs(req),
         add_generation_prompt=req.add_generation_prompt,
         continue_final_message=req.continue_final_message,
-        tools=getattr(req, "tools", None),
+        tools=tools,
         documents=getattr(req, "documents", None),
     )
 
@@ -48,18 +58,8 @@ def template_kwargs(req: Any) -> dict[str, Any] | None:
     return kwargs
 
 
-def check_tools(req: ChatCompletionRequest) -> None:
-    if req.tools is not None and len(req.tools) == 0:
-        raise bad_request("tools must not be an empty list", "tools")
-    choice = req.tool_choice
-    if choice is None or choice == "none":
-        return
-    if req.tools is None:
-        raise bad_request("tool_choice needs tools", "tool_choice")
-    raise bad_request(
-        "tool_choice other than 'none' needs a tool-call parser, which this server does not "
-        "have", "tool_choice",
-    )
+def special_texts(srv: ServerState) -> tuple[str, ...]:
+    return tuple(getattr(srv.tokenizer, "all_special_tokens", None) or ())
 
 
 def response_role(req: ChatCompletionRequest) -> str:
@@ -107,10 +107,13 @@ def sampling_params(srv: ServerState, req: ChatCompletionRequest) -> SamplingPar
 async def handle(srv: ServerState, req: ChatCompletionRequest) -> Response:
     model = check_model(srv, req.model)
     check_stream_options(req)
-    check_tools(req)
+    plan = plan_tools(req, srv.config)
+    if plan.forced:
+        # As vLLM: the tool-call schema is the output's one constraint.
+        req.response_format = None
     check_unsupported(req)
-    params = sampling_params(srv, req)
-    prompts = [PromptInput(render=render_call(srv, req),
+    params = apply_plan(sampling_params(srv, req), plan)
+    prompts = [PromptInput(render=render_call(srv, req, plan.tools),
                            add_special_tokens=req.add_special_tokens)]
     rid = new_request_id(request.headers.get("X-Request-Id"), req.request_id)
     gen = await service.start(srv, rid, prompts, params)
@@ -120,7 +123,8 @@ async def handle(srv: ServerState, req: ChatCompletionRequest) -> Response:
         gen, model=model, fingerprint=srv.fingerprint, role=role, echoed=echo_text(req, role),
         logprobs=bool(req.logprobs), top_logprobs=req.top_logprobs or 0,
         include_usage=bool(opts and opts.include_usage),
-        continuous_usage=bool(opts and opts.continuous_usage_stats))
+        continuous_usage=bool(opts and opts.continuous_usage_stats),
+        new_choice=choice_factory(plan, special_texts(srv)))
     if req.stream:
         return sse_response(sse_body(gen, renderer))
     result = await gen.collect()

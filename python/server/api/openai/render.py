@@ -2,10 +2,10 @@
 or whole, with their usage and logprobs JSON, and the SSE body that carries the chunks.
 
 A renderer is made per request. It keeps one state object per choice (completions: the
-choice's text offset and whether its echoed prompt went out; chat: where a tool-call or
-reasoning parser will keep what it has seen of the choice), and turns the generation
-service's deltas into chunks (`chunk`), the end of a stream into its usage chunk (`final`)
-and a collected generation into the whole response (`response`).
+choice's text offset and whether its echoed prompt went out; chat: what a tool-call parser
+has seen of the choice), and turns the generation service's deltas into chunks (`chunk`),
+the end of a stream into its usage chunk (`final`) and a collected generation into the whole
+response (`response`).
 
 The shapes are vLLM's, byte for byte: the order of keys, which are null and which are left
 out, -inf written as -9999.0.
@@ -13,7 +13,7 @@ out, -inf written as -9999.0.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import aclosing
 from typing import Any, Protocol
 
@@ -284,26 +284,38 @@ class CompletionRenderer:
 
 
 # -- /v1/chat/completions -------------------------------------------------------------------
-def chat_message(role: str, content: str) -> dict[str, Any]:
+def chat_message(role: str, content: str | None,
+                 tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     # vLLM's shape: tool_calls is left out when there are none; the rest are null.
-    return {"role": role, "content": content, "refusal": None, "annotations": None,
-            "audio": None, "function_call": None, "reasoning": None}
+    message = {"role": role, "content": content, "refusal": None, "annotations": None,
+               "audio": None, "function_call": None}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    message["reasoning"] = None
+    return message
 
 
 class ChatChoice:
     """One choice of a chat response. Its text becomes message content as it is; a
-    tool-call or reasoning parser will keep here what it has seen of the choice and split
-    the text into content, reasoning and tool calls."""
+    tool-call parser (tool_calls.ToolCallChoice) keeps here what it has seen of the choice
+    and splits the text into content and tool calls."""
 
     __slots__ = ()
 
-    def delta(self, d: ChoiceDelta) -> dict[str, Any]:
+    def delta(self, d: ChoiceDelta) -> dict[str, Any] | None:
+        """The chunk's delta; None when nothing may go out yet."""
         # A token whose text is held back still gets its chunk (content "", its logprobs),
         # as vLLM sends it; a finish without any token has an empty delta.
         return {"content": d.text} if d.text or d.token_ids else {}
 
-    def message(self, role: str, text: str) -> dict[str, Any]:
-        return chat_message(role, text)
+    def finish_reason(self, reason: str | None) -> str | None:
+        """The chunk's finish_reason, once delta() has seen the choice's last delta."""
+        return reason
+
+    def message(self, role: str, echoed: str, text: str, reason: str | None,
+                stop_reason: str | int | None = None) -> tuple[dict[str, Any], str | None]:
+        """The whole choice's message and finish_reason."""
+        return chat_message(role, echoed + text), reason
 
 
 class ChatCompletionRenderer:
@@ -311,7 +323,8 @@ class ChatCompletionRenderer:
 
     def __init__(self, gen: TextGeneration, *, model: str, fingerprint: str, role: str,
                  echoed: str, logprobs: bool, top_logprobs: int, include_usage: bool = False,
-                 continuous_usage: bool = False) -> None:
+                 continuous_usage: bool = False,
+                 new_choice: Callable[[], ChatChoice] = ChatChoice) -> None:
         self.gen = gen
         self.model = model
         self.fingerprint = fingerprint
@@ -321,7 +334,7 @@ class ChatCompletionRenderer:
         self.logprobs = logprobs
         self.top_logprobs = top_logprobs
         self.options = _StreamOptions(include_usage, continuous_usage)
-        self.choices = [ChatChoice() for _ in range(gen.num_choices)]
+        self.choices = [new_choice() for _ in range(gen.num_choices)]
 
     def _base(self) -> dict[str, Any]:
         return {"id": self.response_id, "object": "chat.completion.chunk",
@@ -348,9 +361,16 @@ class ChatCompletionRenderer:
     def chunk(self, d: ChoiceDelta) -> dict[str, Any] | None:
         if not d.text and not d.token_ids and d.finish_reason is None:
             return None
-        choice: dict[str, Any] = {"index": d.index, "delta": self.choices[d.index].delta(d),
+        state = self.choices[d.index]
+        delta = state.delta(d)
+        if delta is None:
+            # Held back by a parser: only logprobs (or the finish) still need the chunk.
+            if d.finish_reason is None and not self.logprobs:
+                return None
+            delta = {}
+        choice: dict[str, Any] = {"index": d.index, "delta": delta,
                                   "logprobs": self._logprobs_json(d.logprobs),
-                                  "finish_reason": d.finish_reason}
+                                  "finish_reason": state.finish_reason(d.finish_reason)}
         chunk = dict(self._base(), choices=[choice])
         if d.finish_reason is not None:
             choice["stop_reason"] = d.stop_reason
@@ -367,16 +387,13 @@ class ChatCompletionRenderer:
                     system_fingerprint=self.fingerprint)
 
     def response(self, result: Collected) -> dict[str, Any]:
-        choices = [
-            {
-                "index": r.index,
-                "message": self.choices[r.index].message(self.role, self.echoed + r.text),
-                "logprobs": self._logprobs_json(r.logprobs),
-                "finish_reason": r.finish_reason,
-                "stop_reason": r.stop_reason,
-            }
-            for r in result.choices
-        ]
+        choices = []
+        for r in result.choices:
+            message, reason = self.choices[r.index].message(
+                self.role, self.echoed, r.text, r.finish_reason, r.stop_reason)
+            choices.append({"index": r.index, "message": message,
+                            "logprobs": self._logprobs_json(r.logprobs),
+                            "finish_reason": reason, "stop_reason": r.stop_reason})
         return {
             "id": self.response_id, "object": "chat.completion", "created": self.gen.created,
             "model": self.model, "choices": choices, "service_tier": None,

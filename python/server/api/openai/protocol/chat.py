@@ -31,6 +31,18 @@ class ChatMessage(APIModel):
     tool_call_id: str | None = None
 
 
+class FunctionDefinition(APIModel):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ChatTool(APIModel):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = None
@@ -44,7 +56,10 @@ class ChatCompletionRequest(SamplingFields):
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     documents: list[dict[str, Any]] | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: list[ChatTool] | None = None
+    # Checked by server.api.openai.tools, in vLLM's order and words (a named choice is
+    # {"type": "function", "function": {"name": ...}}).
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = True
     response_format: dict[str, Any] | None = None
     reasoning_effort: ReasoningEffort | None = None

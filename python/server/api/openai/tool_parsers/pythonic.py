@@ -25,8 +25,8 @@ import math
 import re
 from typing import Any
 
-from server.tool_parsers import _json_scan as js
-from server.tool_parsers.base import CallProgress, ParsedToolCalls, Scan, ToolParser
+from server.api.openai.tool_parsers import _json_scan as js
+from server.api.openai.tool_parsers.base import CallProgress, ParsedToolCalls, Scan, ToolParser
 
 _DOTTED = re.compile(r"[^\W\d]\w*(?:\.[^\W\d]\w*)*")
 _KEY = re.compile(r"[^\W\d]\w*")

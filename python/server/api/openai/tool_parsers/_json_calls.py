@@ -10,8 +10,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from server.tool_parsers import _json_scan as js
-from server.tool_parsers.base import CallProgress
+from server.api.openai.tool_parsers import _json_scan as js
+from server.api.openai.tool_parsers.base import CallProgress
 
 
 @dataclass(frozen=True)

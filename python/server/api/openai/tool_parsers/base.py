@@ -22,7 +22,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from server.tool_parsers import _json_scan
+from server.api.openai.tool_parsers import _json_scan
 
 logger = logging.getLogger(__name__)
 
@@ -78,14 +78,11 @@ class ToolCallDelta:
 
     def to_openai(self) -> dict[str, Any]:
         """The `delta.tool_calls[]` entry of a chat completion chunk."""
-        entry: dict[str, Any] = {"index": self.index}
-        function: dict[str, Any] = {"arguments": self.arguments}
-        if self.id is not None:
-            entry["id"] = self.id
-            entry["type"] = "function"
-            function = {"name": self.name, "arguments": self.arguments}
-        entry["function"] = function
-        return entry
+        # vLLM's key order: id and type (first fragment only), index, function.
+        if self.id is None:
+            return {"index": self.index, "function": {"arguments": self.arguments}}
+        return {"id": self.id, "type": "function", "index": self.index,
+                "function": {"name": self.name, "arguments": self.arguments}}
 
 
 Delta = ContentDelta | ToolCallDelta
@@ -123,6 +120,8 @@ class ToolParser:
     request; per-choice streaming state lives in the `ToolCallStream` it makes."""
 
     name: ClassVar[str] = ""
+    # The format's markers are special tokens: the detokenizer must keep them.
+    keeps_special_tokens: ClassVar[bool] = False
 
     def __init__(self, tools: list[dict[str, Any]] | None = None) -> None:
         self.tools = tools or []

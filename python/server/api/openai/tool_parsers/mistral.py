@@ -19,9 +19,9 @@ import random
 import re
 import string
 
-from server.tool_parsers import _json_scan as js
-from server.tool_parsers._json_calls import CallShape, decode_call, scan_call
-from server.tool_parsers.base import (
+from server.api.openai.tool_parsers import _json_scan as js
+from server.api.openai.tool_parsers._json_calls import CallShape, decode_call, scan_call
+from server.api.openai.tool_parsers.base import (
     CallProgress,
     ParsedToolCalls,
     Scan,
@@ -55,6 +55,7 @@ def _after_markers(text: str, index: int) -> int:
 
 class MistralToolParser(ToolParser):
     name = "mistral"
+    keeps_special_tokens = True
 
     def make_call_id(self) -> str:
         return make_mistral_call_id()

@@ -20,9 +20,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from server.tool_parsers import _json_scan as js
-from server.tool_parsers._json_calls import CallShape, decode_call, scan_call
-from server.tool_parsers.base import CallProgress, ParsedToolCalls, Scan, ToolParser
+from server.api.openai.tool_parsers import _json_scan as js
+from server.api.openai.tool_parsers._json_calls import CallShape, decode_call, scan_call
+from server.api.openai.tool_parsers.base import CallProgress, ParsedToolCalls, Scan, ToolParser
 
 _EMPTY_OBJECT = {"type": "object", "properties": {}}
 _REQUIRED_SHAPE = CallShape(argument_keys=("parameters",))

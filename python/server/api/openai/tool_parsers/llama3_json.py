@@ -16,9 +16,9 @@ that is not a call ends the list (it and what follows are dropped).
 
 from __future__ import annotations
 
-from server.tool_parsers import _json_scan as js
-from server.tool_parsers._json_calls import CallShape, decode_call, scan_call
-from server.tool_parsers.base import ParsedToolCalls, Scan, ToolParser
+from server.api.openai.tool_parsers import _json_scan as js
+from server.api.openai.tool_parsers._json_calls import CallShape, decode_call, scan_call
+from server.api.openai.tool_parsers.base import ParsedToolCalls, Scan, ToolParser
 
 PYTHON_TAG = "<|python_tag|>"
 _SHAPE = CallShape(argument_keys=("arguments", "parameters"))

@@ -6,12 +6,13 @@ Each parser splits a choice's generated text into content and function calls, wh
 `tool_schema` holds the other half of tool choice: the JSON schema that constrains
 output for `"required"` or a named function, and the reading of that output.
 
-This package depends on nothing else in the server, so the routes can take it up as is.
+It depends on nothing else in the server; the chat route takes it up through
+`server.api.openai.tools` (the request) and `tool_calls` (the response).
 """
 
 from __future__ import annotations
 
-from server.tool_parsers.base import (
+from server.api.openai.tool_parsers.base import (
     CallProgress,
     ContentDelta,
     Delta,
@@ -23,10 +24,10 @@ from server.tool_parsers.base import (
     ToolParser,
     make_tool_call_id,
 )
-from server.tool_parsers.hermes import HermesToolParser
-from server.tool_parsers.llama3_json import Llama3JsonToolParser
-from server.tool_parsers.mistral import MistralToolParser
-from server.tool_parsers.pythonic import PythonicToolParser
+from server.api.openai.tool_parsers.hermes import HermesToolParser
+from server.api.openai.tool_parsers.llama3_json import Llama3JsonToolParser
+from server.api.openai.tool_parsers.mistral import MistralToolParser
+from server.api.openai.tool_parsers.pythonic import PythonicToolParser
 
 # `llama4_json` is the same format under the name vLLM also registers it by.
 TOOL_PARSERS: dict[str, type[ToolParser]] = {

@@ -16,9 +16,9 @@ special tokens for requests with tools.
 
 from __future__ import annotations
 
-from server.tool_parsers import _json_scan as js
-from server.tool_parsers._json_calls import CallShape, decode_call, scan_call
-from server.tool_parsers.base import (
+from server.api.openai.tool_parsers import _json_scan as js
+from server.api.openai.tool_parsers._json_calls import CallShape, decode_call, scan_call
+from server.api.openai.tool_parsers.base import (
     ParsedToolCalls,
     Scan,
     ToolParser,
@@ -33,6 +33,7 @@ _SHAPE = CallShape(argument_keys=("arguments",))
 
 class HermesToolParser(ToolParser):
     name = "hermes"
+    keeps_special_tokens = True
 
     def _parse(self, text: str) -> ParsedToolCalls:
         first = text.find(START)

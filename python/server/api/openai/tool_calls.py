@@ -1,0 +1,120 @@
+"""Tool calls in chat responses, the response side: the per-choice state that runs a
+request's tool-call parser over the choice's text, streamed or whole.
+
+Streamed, each text delta goes to the choice's `ToolCallStream`; what it makes certain
+goes out as `delta.content` and `delta.tool_calls` (the first fragment of a call with its
+id, type and name, later ones with argument text only); nothing goes out while a marker or
+a name is still incomplete. Whole, the text is parsed once. Either way, as vLLM:
+
+- `parallel_tool_calls: false` keeps the first call only;
+- `finish_reason` is `tool_calls` when calls were made and generation stopped on its own,
+  except for a named function (`stop`, as OpenAI reports it); a `length` cut stays `length`;
+- a forced choice ("required", named) has content "" beside its calls; a named call cut by
+  max_tokens, whose arguments are not JSON, is not returned as a call.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from server.api.openai.render import ChatChoice, chat_message
+from server.api.openai.tool_parsers import ContentDelta, Delta, ToolCallDelta
+from server.api.openai.tools import ToolPlan
+from server.frontend.service import ChoiceDelta
+
+
+def choice_factory(plan: ToolPlan, end_texts: tuple[str, ...] = ()) -> Callable[[], ChatChoice]:
+    """The renderer's per-choice state for a request's tool plan. ``end_texts``: the special
+    tokens' texts, when the plan keeps special tokens."""
+    if plan.parser is None:
+        return ChatChoice
+    ends = end_texts if plan.keep_special_tokens else ()
+    return lambda: ToolCallChoice(plan, ends)
+
+
+def _trim_end(text: str, stop_reason: str | int | None, ends: tuple[str, ...]) -> str:
+    """A choice that ended on a token (EOS or a stop token id, not a stop string) with
+    special tokens kept carries that token's text last; vLLM never returns it."""
+    if isinstance(stop_reason, str):
+        return text
+    for end in ends:
+        if end and text.endswith(end):
+            return text[: -len(end)]
+    return text
+
+
+def _finish_reason(reason: str | None, called: bool, named: bool) -> str | None:
+    if called and reason == "stop" and not named:
+        return "tool_calls"
+    return reason
+
+
+class ToolCallChoice(ChatChoice):
+    """One choice whose text a tool-call parser reads."""
+
+    __slots__ = ("_called", "_ends", "_plan", "_stream")
+
+    def __init__(self, plan: ToolPlan, ends: tuple[str, ...] = ()) -> None:
+        assert plan.parser is not None
+        self._plan = plan
+        self._ends = ends
+        self._stream = plan.parser.new_stream()
+        self._called = False
+
+    def _keeps(self, delta: Delta) -> bool:
+        return not (isinstance(delta, ToolCallDelta) and delta.index > 0
+                    and self._plan.parallel_tool_calls is False)
+
+    def delta(self, d: ChoiceDelta) -> dict[str, Any] | None:
+        text = d.text
+        if d.finish_reason == "stop":
+            text = _trim_end(text, d.stop_reason, self._ends)
+        deltas = self._stream.feed(text) if text else []
+        if d.finish_reason is not None:
+            deltas += self._stream.finish()
+        content = "".join(x.text for x in deltas if isinstance(x, ContentDelta))
+        calls = [x.to_openai() for x in deltas
+                 if isinstance(x, ToolCallDelta) and self._keeps(x)]
+        if not content and not calls:
+            return None
+        self._called = self._called or bool(calls)
+        out: dict[str, Any] = {}
+        if content:
+            out["content"] = content
+        if calls:
+            out["tool_calls"] = calls
+        return out
+
+    def finish_reason(self, reason: str | None) -> str | None:
+        return _finish_reason(reason, self._called, self._plan.named)
+
+    def message(self, role: str, echoed: str, text: str, reason: str | None,
+                stop_reason: str | int | None = None) -> tuple[dict[str, Any], str | None]:
+        assert self._plan.parser is not None
+        if reason == "stop":
+            text = _trim_end(text, stop_reason, self._ends)
+        parsed = self._plan.parser.parse(text)
+        calls = parsed.calls
+        if self._plan.parallel_tool_calls is False:
+            calls = calls[:1]
+        if self._plan.named and reason == "length" and calls and not _is_json(
+                calls[0].arguments_json):
+            calls = []
+        content = parsed.content
+        if self._plan.forced:
+            content = content or ""
+        if echoed:
+            content = echoed + (content or "")
+        tool_calls = [call.to_openai() for call in calls]
+        return (chat_message(role, content, tool_calls),
+                _finish_reason(reason, bool(calls), self._plan.named))
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True

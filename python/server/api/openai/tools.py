@@ -1,0 +1,194 @@
+"""Tool choice on /v1/chat/completions, the request side: which choice a request makes, the
+checks vLLM makes of `tools` and `tool_choice` (400s naming the field), what the choice
+changes in the SamplingParams, and the assistant history the chat template receives.
+
+- `"none"` (and no tools): the output is plain content; tools still reach the template.
+- `"auto"` (also `tools` without `tool_choice`): the server's `--tool-call-parser` reads the
+  output; without `--enable-auto-tool-choice` it is a 400, as vLLM answers it.
+- `"required"` and a named function: generation is constrained to the tool-call JSON
+  (`tool_choice_schema`, carried as `SamplingParams.structured`) and read back by the
+  forced parsers. vLLM serves them only when a tool-call parser is configured; so does this.
+
+Some parsers' markers are special tokens, which the detokenizer would drop: for those an
+`"auto"` request's output keeps special tokens, as vLLM's parsers set it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from actors.errors import RequestRefused
+from actors.params.sampling import SamplingParams
+from actors.params.structured import StructuredSpec
+
+from server.api.openai.protocol.chat import ChatCompletionRequest
+from server.api.openai.tool_parsers import ToolParser, get_tool_parser
+from server.api.openai.tool_parsers.tool_schema import (
+    ToolChoiceError,
+    forced_tool_parser,
+    named_function,
+    tool_choice_schema,
+)
+from server.config import ServerConfig
+from server.errors import bad_request
+
+logger = logging.getLogger(__name__)
+
+_CORRECT_NAMED = 'Correct usage: `{"type": "function", "function": {"name": "my_function"}}`'
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    """What a request's tool choice means for its generation and its response."""
+
+    choice: str  # "none", "auto", "required" or "named"
+    tools: list[dict[str, Any]] | None  # as the template receives them
+    parser: ToolParser | None = None  # None: the output is content as it is
+    schema: dict[str, Any] | None = None  # the constraint of "required" and named
+    keep_special_tokens: bool = False
+    parallel_tool_calls: bool | None = True
+
+    @property
+    def named(self) -> bool:
+        return self.choice == "named"
+
+    @property
+    def forced(self) -> bool:
+        return self.choice in ("required", "named")
+
+
+def _choice_given(req: ChatCompletionRequest) -> Any:
+    """tool_choice as vLLM defaults it: "auto" when tools come without one, "none" when
+    neither comes; an explicit null stays null (no calls are returned for it)."""
+    if "tool_choice" not in req.model_fields_set:
+        return "auto" if req.tools else "none"
+    return req.tool_choice
+
+
+def check_tool_fields(req: ChatCompletionRequest) -> Any:
+    """vLLM's protocol checks, in its order; returns the effective tool_choice."""
+    choice = _choice_given(req)
+    structured = getattr(req, "structured_outputs", None)
+    if structured is None:
+        structured = (req.model_extra or {}).get("structured_outputs")
+    if hasattr(structured, "model_dump"):
+        structured = structured.model_dump(by_alias=True)
+    if isinstance(structured, dict) and any(
+        structured.get(k) is not None for k in ("json", "regex", "choice")
+    ) and choice not in ("none", "auto", "required"):
+        raise bad_request("You can only either use constraints for structured outputs or tools, "
+                          "not both.", "tool_choice")
+    if req.tools is not None and len(req.tools) == 0:
+        raise bad_request("`tools` must not be an empty array. Either provide at least one "
+                          "tool or omit the field entirely.", "tools")
+    if choice is None or choice == "none":
+        return choice
+    if req.tools is None:
+        raise bad_request("When using `tool_choice`, `tools` must be set.", "tool_choice")
+    if isinstance(choice, dict):
+        function = choice.get("function")
+        if not isinstance(function, dict):
+            raise bad_request(f"Invalid value for `function`: `{function}` in `tool_choice`! "
+                              f"{_CORRECT_NAMED}", "tool_choice.function")
+        if "name" not in function:
+            raise bad_request("Expected field `name` in `function` in `tool_choice`! "
+                              f"{_CORRECT_NAMED}", "tool_choice.function.name")
+        name = function["name"]
+        if not isinstance(name, str) or not name:
+            raise bad_request(f"Invalid `name` in `function`: `{name}` in `tool_choice`! "
+                              f"{_CORRECT_NAMED}", "tool_choice.function.name")
+        if all(tool.function.name != name for tool in req.tools):
+            raise bad_request("The tool specified in `tool_choice` does not match any of the "
+                              "specified `tools`", "tool_choice")
+    elif choice not in ("auto", "required"):
+        raise bad_request(f"Invalid value for `tool_choice`: {choice}! Only named tools, "
+                          '"none", "auto" or "required" are supported.', "tool_choice")
+    return choice
+
+
+def plan_tools(req: ChatCompletionRequest, config: ServerConfig) -> ToolPlan:
+    """The request's tool choice, checked against the request and the server's flags."""
+    choice = check_tool_fields(req)
+    tools = None if req.tools is None else [t.model_dump(exclude_none=True) for t in req.tools]
+    if choice is None or choice == "none":
+        return ToolPlan("none", tools)
+    parser_name = config.tool_call_parser if config.enable_auto_tool_choice else None
+    if parser_name is None:
+        if choice == "auto":
+            raise bad_request('"auto" tool choice requires --enable-auto-tool-choice and '
+                              "--tool-call-parser to be set", "tool_choice")
+        what = (f'function "{named_function(choice)}"' if isinstance(choice, dict)
+                else f'"{choice}"')
+        raise bad_request(f"tool_choice={what} requires --tool-call-parser to be set",
+                          "tool_choice")
+    parser_cls = get_tool_parser(parser_name)
+    parallel = req.parallel_tool_calls
+    if choice == "auto":
+        return ToolPlan("auto", tools, parser_cls(tools),
+                        keep_special_tokens=parser_cls.keeps_special_tokens,
+                        parallel_tool_calls=parallel)
+    try:
+        schema = tool_choice_schema(tools, choice, parallel)
+    except ToolChoiceError as exc:
+        raise bad_request(str(exc), "tools") from None
+    parser = forced_tool_parser(choice, parallel)
+    # The constrained output is JSON: no marker to keep, so special tokens are skipped.
+    return ToolPlan("named" if isinstance(choice, dict) else "required", tools, parser,
+                    schema, parallel_tool_calls=parallel)
+
+
+def apply_plan(params: SamplingParams, plan: ToolPlan) -> SamplingParams:
+    """The request's SamplingParams with what its tool choice changes."""
+    changes: dict[str, Any] = {}
+    if plan.keep_special_tokens:
+        changes["skip_special_tokens"] = False
+    if plan.schema is not None:
+        try:
+            spec = StructuredSpec.from_params(json=plan.schema, source="tools")
+            spec.validate(grammar_check=False, metaschema=False)
+        except RequestRefused as exc:
+            raise bad_request(f"the tools' parameter schemas cannot constrain the output: "
+                              f"{exc.message}", "tools") from None
+        changes["structured"] = spec
+    return dataclasses.replace(params, **changes) if changes else params
+
+
+def history_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Assistant tool calls as chat templates read them (as vLLM hands them over): the
+    arguments an object, not JSON text; an empty tool_calls list dropped. Arguments that
+    are not a JSON object become {} rather than failing every later turn of the chat."""
+    out = []
+    for message in messages:
+        calls = message.get("tool_calls")
+        if message.get("role") != "assistant" or calls is None:
+            out.append(message)
+            continue
+        message = dict(message)
+        if not calls:
+            message.pop("tool_calls")
+            out.append(message)
+            continue
+        fixed = []
+        for call in calls:
+            function = call.get("function")
+            if call.get("type", "function") != "function" or not isinstance(function, dict):
+                raise bad_request("chat completions only support assistant tool_calls of "
+                                  "type 'function'.", "tool_calls")
+            arguments = function.get("arguments")
+            if isinstance(arguments, str):
+                try:
+                    arguments = json.loads(arguments) if arguments else {}
+                except json.JSONDecodeError:
+                    logger.warning("tool call arguments in the history are not JSON; "
+                                   "rendering them as {}")
+                    arguments = {}
+            if not isinstance(arguments, dict):
+                arguments = {}
+            fixed.append(dict(call, function=dict(function, arguments=arguments)))
+        message["tool_calls"] = fixed
+        out.append(message)
+    return out
