@@ -7,17 +7,26 @@ has seen of the choice), and turns the generation service's deltas into chunks (
 the end of a stream into its usage chunk (`final`) and a collected generation into the whole
 response (`response`).
 
-The shapes are vLLM's, byte for byte: the order of keys, which are null and which are left
-out, -inf written as -9999.0.
+The shapes (with render_json.py's usage and logprobs JSON) are vLLM's, byte for byte: the
+order of keys, which are null and which are left out, -inf written as -9999.0.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from typing import Any, Protocol
 
 from server import sse
+from server.api.openai.render_json import (
+    chat_logprobs,
+    completion_logprobs,
+    echo_logprobs,
+    echo_prompt_logprobs,
+    prompt_logprobs_json,
+    response_usage_json,
+    usage_json,
+)
 from server.frontend.service import (
     ChoiceDelta,
     Collected,
@@ -25,123 +34,11 @@ from server.frontend.service import (
     Finished,
     Idle,
     LogprobEntry,
-    PromptLogprobs,
     TextGeneration,
     Usage,
 )
 
-# -inf cannot be written in JSON; clients expect a large negative number (as vLLM sends).
-MIN_LOGPROB = -9999.0
 
-
-# -- usage ----------------------------------------------------------------------------------
-def usage_json(u: Usage) -> dict[str, int]:
-    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-            "total_tokens": u.total_tokens}
-
-
-def response_usage_json(u: Usage) -> dict[str, Any]:
-    """Usage as a whole (non-streamed) response reports it: the details are null, as vLLM
-    reports them unless --enable-prompt-tokens-details (not implemented here) is given."""
-    return {**usage_json(u), "prompt_tokens_details": None}
-
-
-# -- logprobs -------------------------------------------------------------------------------
-def _clamped(logprob: float) -> float:
-    return max(logprob, MIN_LOGPROB)
-
-
-def chat_logprobs(items: Iterable[LogprobEntry], top_n: int) -> dict[str, Any]:
-    """Chat's layout: per token its text, logprob, UTF-8 bytes and the `top_n` most likely
-    tokens (-1: all that were computed)."""
-    content = []
-    for lp in items:
-        top = lp.top if top_n < 0 else lp.top[:top_n]
-        content.append({
-            "token": lp.text,
-            "logprob": _clamped(lp.logprob),
-            "bytes": list(lp.bytes),
-            "top_logprobs": [{"token": t.text, "logprob": _clamped(t.logprob),
-                              "bytes": list(t.bytes)} for t in top],
-        })
-    return {"content": content}
-
-
-def completion_logprobs(items: Iterable[LogprobEntry], start_offset: int, num: int,
-                        first_token: str | None = None) -> dict[str, Any]:
-    """The legacy completions layout. Each position's top_logprobs holds the sampled token
-    and the `num` most likely ones (so num + 1 entries at most, one for logprobs=0), the
-    sampled token first, as OpenAI's completions API and vLLM report them.
-    ``first_token``: the text of a leading token without a logprob (an echoed prompt's
-    first)."""
-    tokens: list[str] = []
-    token_lps: list[float | None] = []
-    tops: list[dict[str, float] | None] = []
-    offsets: list[int] = []
-    offset = start_offset
-    if first_token is not None:
-        tokens.append(first_token)
-        token_lps.append(None)
-        tops.append(None)
-        offsets.append(offset)
-        offset += len(first_token)
-    for lp in items:
-        tokens.append(lp.text)
-        token_lps.append(_clamped(lp.logprob))
-        ranked = [(lp.text, lp.logprob)]
-        ranked += [(t.text, t.logprob) for t in lp.top if t.token_id != lp.token_id]
-        if num >= 0:
-            ranked = ranked[: num + 1]
-        tops.append({text: _clamped(v) for text, v in ranked})
-        offsets.append(offset)
-        offset += len(lp.text)
-    return {"text_offset": offsets, "token_logprobs": token_lps, "tokens": tokens,
-            "top_logprobs": tops}
-
-
-def prompt_logprobs_json(
-    items: PromptLogprobs | None,
-) -> list[dict[str, dict[str, Any]] | None] | None:
-    """vLLM's ``prompt_logprobs`` field: per prompt token (the first None) a map of token
-    id -> {logprob, rank, decoded_token}, the prompt token first, then the top ones."""
-    if items is None:
-        return None
-    out: list[dict[str, dict[str, Any]] | None] = []
-    for lp in items:
-        if lp is None:
-            out.append(None)
-            continue
-        entry = {str(lp.token_id): _ranked_json(lp.text, lp.logprob, lp.rank)}
-        for r, t in enumerate(lp.top, start=1):
-            entry.setdefault(str(t.token_id), _ranked_json(t.text, t.logprob, r))
-        out.append(entry)
-    return out
-
-
-def _ranked_json(text: str, logprob: float, rank: int) -> dict[str, Any]:
-    return {"logprob": _clamped(logprob), "rank": rank, "decoded_token": text}
-
-
-def echo_prompt_logprobs(first_token: str, prompt_items: PromptLogprobs,
-                         num: int) -> dict[str, Any]:
-    """echo with logprobs, the prompt's part (shared by the prompt's n choices): its tokens,
-    the first without a logprob, text offsets counted from the start of the prompt."""
-    head = completion_logprobs([], 0, num, first_token=first_token)
-    rest = [lp for lp in prompt_items[1:] if lp is not None]
-    tail = completion_logprobs(rest, len(head["tokens"][0]), num)
-    return {k: head[k] + tail[k] for k in head}
-
-
-def echo_logprobs(prompt_part: dict[str, Any], items: Iterable[LogprobEntry],
-                  num: int) -> dict[str, Any]:
-    """echo with logprobs: the prompt's part, then the generated tokens, whose text offsets
-    go on from the end of the echoed prompt."""
-    end = prompt_part["text_offset"][-1] + len(prompt_part["tokens"][-1])
-    generated = completion_logprobs(items, end, num)
-    return {k: prompt_part[k] + generated[k] for k in prompt_part}
-
-
-# -- the SSE body ---------------------------------------------------------------------------
 class ChunkRenderer(Protocol):
     def first_chunks(self) -> list[dict[str, Any]]: ...
     def chunk(self, delta: ChoiceDelta) -> dict[str, Any] | None: ...
@@ -184,6 +81,29 @@ class _StreamOptions:
         self.continuous_usage = include_usage and continuous_usage
 
 
+class _Renderer:
+    """What both OpenAI renderers share: the usage chunks stream_options asks for."""
+
+    gen: TextGeneration
+    fingerprint: str
+    options: _StreamOptions
+
+    def _base(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _with_choice_usage(self, chunk: dict[str, Any], d: ChoiceDelta) -> dict[str, Any]:
+        if self.options.continuous_usage:
+            chunk["usage"] = usage_json(self.gen.choice_usage(d.index, d.generated_tokens))
+        return chunk
+
+    def final(self, usage: Usage) -> dict[str, Any] | None:
+        """The closing usage chunk (stream_options.include_usage), else nothing."""
+        if not self.options.include_usage:
+            return None
+        return dict(self._base(), choices=[], usage=usage_json(usage),
+                    system_fingerprint=self.fingerprint)
+
+
 # -- /v1/completions ------------------------------------------------------------------------
 class CompletionChoice:
     """One choice of a completions stream: its text offset (logprobs count offsets from
@@ -196,7 +116,7 @@ class CompletionChoice:
         self.echo_pending = echo
 
 
-class CompletionRenderer:
+class CompletionRenderer(_Renderer):
     """The shapes of one /v1/completions response."""
 
     def __init__(self, gen: TextGeneration, *, model: str, fingerprint: str, echo: bool,
@@ -238,15 +158,7 @@ class CompletionRenderer:
                                              "stop_reason": d.stop_reason}])
         if d.finish_reason is not None and not self.options.include_usage:
             chunk["system_fingerprint"] = self.fingerprint
-        if self.options.continuous_usage:
-            chunk["usage"] = usage_json(self.gen.choice_usage(d.index, d.generated_tokens))
-        return chunk
-
-    def final(self, usage: Usage) -> dict[str, Any] | None:
-        if not self.options.include_usage:
-            return None
-        return dict(self._base(), choices=[], usage=usage_json(usage),
-                    system_fingerprint=self.fingerprint)
+        return self._with_choice_usage(chunk, d)
 
     def response(self, result: Collected) -> dict[str, Any]:
         gen, n, num = self.gen, self.gen.n, self.num_logprobs
@@ -318,7 +230,7 @@ class ChatChoice:
         return chat_message(role, echoed + text), reason
 
 
-class ChatCompletionRenderer:
+class ChatCompletionRenderer(_Renderer):
     """The shapes of one /v1/chat/completions response."""
 
     def __init__(self, gen: TextGeneration, *, model: str, fingerprint: str, role: str,
@@ -376,15 +288,7 @@ class ChatCompletionRenderer:
             choice["stop_reason"] = d.stop_reason
             if not self.options.include_usage:
                 chunk["system_fingerprint"] = self.fingerprint
-        if self.options.continuous_usage:
-            chunk["usage"] = usage_json(self.gen.choice_usage(d.index, d.generated_tokens))
-        return chunk
-
-    def final(self, usage: Usage) -> dict[str, Any] | None:
-        if not self.options.include_usage:
-            return None
-        return dict(self._base(), choices=[], usage=usage_json(usage),
-                    system_fingerprint=self.fingerprint)
+        return self._with_choice_usage(chunk, d)
 
     def response(self, result: Collected) -> dict[str, Any]:
         choices = []

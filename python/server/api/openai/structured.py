@@ -13,7 +13,6 @@ before admission.
 
 from __future__ import annotations
 
-from typing import Any
 
 from actors.errors import RequestRefused
 from actors.params.structured import StructuredSpec
