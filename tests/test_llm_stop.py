@@ -106,3 +106,51 @@ def test_same_answer_as_the_server(server, llm, prompt_ids, include) -> None:
     assert (choice["text"], choice["finish_reason"]) == (want.text, "stop")
     assert choice["stop_reason"] == WORD == want.stop_reason
     assert r.json()["usage"]["completion_tokens"] == len(want.token_ids)
+
+
+# -- a choice ended by a token: its text is not output (vLLM's rule) ------------------------
+
+def _stop_token_case(llm, prompt_ids, full) -> tuple[int, str]:
+    """A plain-word token of the greedy run to stop on, and the text before it."""
+    stop_id = full.token_ids[3]
+    before = llm.tokenizer.decode(full.token_ids[:3])
+    return stop_id, before
+
+
+@pytest.mark.parametrize("include", [False, True])
+def test_stop_token_id_text_is_left_out(server, llm, prompt_ids, full, include) -> None:
+    stop_id, before = _stop_token_case(llm, prompt_ids, full)
+    params = dict(temperature=0, max_tokens=24, stop_token_ids=[stop_id],
+                  include_stop_str_in_output=include)
+    co = llm.generate([prompt_ids], SamplingParams(**params))[0].outputs[0]
+    assert co.token_ids == full.token_ids[:4] and co.stop_reason == stop_id
+    word = llm.tokenizer.decode(full.token_ids[:4])
+    assert co.text == (word if include else before)
+    r = httpx.post(server + "/v1/completions", timeout=60,
+                   json={"prompt": prompt_ids, **params})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert (choice["text"], choice["stop_reason"]) == (co.text, stop_id)
+
+
+def test_eos_text_is_left_out_when_special_tokens_are_kept(server, llm) -> None:
+    """With skip_special_tokens false the end token's text (<|im_end|>) is not the end of
+    every answer, as in vLLM; include_stop_str_in_output keeps it."""
+    messages = [{"role": "user", "content": "Say hi."}]
+    text = llm.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                             tokenize=False)
+    ids = llm.tokenizer.encode(text, add_special_tokens=False)
+    eos = llm.tokenizer.decode([llm.engine.info.eos_token_ids[0]])
+    for include in (False, True):
+        co = llm.generate([ids], SamplingParams(
+            temperature=0, max_tokens=64, skip_special_tokens=False,
+            include_stop_str_in_output=include))[0].outputs[0]
+        assert co.finish_reason == "stop" and co.token_ids[-1] in llm.engine.info.eos_token_ids
+        assert co.text.endswith(eos) == include, co.text
+    r = httpx.post(server + "/v1/chat/completions", timeout=60, json={
+        "messages": messages, "max_tokens": 64, "temperature": 0,
+        "skip_special_tokens": False})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "stop"
+    assert eos not in choice["message"]["content"], choice

@@ -154,16 +154,3 @@ def test_auto_needs_the_flags():
         plan_tools(req, ServerConfig())
     assert err.value.param == "tool_choice" and "--enable-auto-tool-choice" in err.value.message
     assert plan_tools(req, HERMES).choice == "auto"
-
-
-def test_end_token_text_is_trimmed_when_special_tokens_are_kept():
-    req = ChatCompletionRequest.model_validate(
-        {"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS})
-    plan = plan_tools(req, HERMES)
-    assert plan.keep_special_tokens
-    r = ChatCompletionRenderer(Gen(), model="m", fingerprint="f", role="assistant", echoed="",
-                               logprobs=False, top_logprobs=0,
-                               new_choice=choice_factory(plan, ("<|im_end|>",)))
-    assert whole(r, "Sunny.<|im_end|>")["message"]["content"] == "Sunny."
-    content, _, _ = assemble(stream(r, ["Sun", "ny.", "<|im_end|>"]))
-    assert content == "Sunny."

@@ -142,7 +142,8 @@ class LLM:
                 if out.prompt_logprobs is not None:
                     res.prompt_logprobs = list(out.prompt_logprobs)
                 detok = detoks[out.request_id, out.index]
-                piece = detok.add(list(out.new_token_ids))
+                piece = detok.add(list(out.new_token_ids),
+                                  ends_on_stop_token=out.stopped_on_token)
                 co.text += piece.text
                 if piece.stop_reason is not None:
                     # The string wins over whatever else ended the choice in this step.

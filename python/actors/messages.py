@@ -137,6 +137,9 @@ class RequestOutput:
     num_cached_tokens: int
     num_output_tokens: int
     prompt_logprobs: tuple[Logprobs | None, ...] | None = None
+    # The last of new_token_ids is the EOS or stop token id that ended the choice: it is in
+    # the token ids, but its text is not output (unless include_stop_str_in_output).
+    stopped_on_token: bool = False
 
 
 SeqRef = tuple[str, int]  # (request_id, choice index)

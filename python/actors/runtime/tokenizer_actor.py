@@ -214,7 +214,7 @@ class TokenizerActor:
                 state.outbox.fail(RowRefused())
                 continue
             new_ids = list(out.new_token_ids)
-            step = choice.detokenizer.add(new_ids)
+            step = choice.detokenizer.add(new_ids, ends_on_stop_token=out.stopped_on_token)
             lps, prompt_lps = (converted or {}).get((out.request_id, out.index)) or ([], None)
             update = ChoiceUpdate(
                 index=choice.outbox_index,

@@ -56,8 +56,15 @@ class IncrementalDetokenizer:
     def stopped(self) -> bool:
         return self._stopped
 
-    def add(self, token_ids: list[int]) -> DetokenizedStep:
-        """Decode new tokens; return the text now safe to emit (and the stop hit, if any)."""
+    def add(self, token_ids: list[int], *, ends_on_stop_token: bool = False) -> DetokenizedStep:
+        """Decode new tokens; return the text now safe to emit (and the stop hit, if any).
+
+        ``ends_on_stop_token``: the last id is the EOS or stop token id that ended the
+        sequence (RequestOutput.stopped_on_token). As in vLLM its text is not output unless
+        include_stop_str_in_output, which matters when special tokens are kept (an
+        ``<|im_end|>`` would otherwise end the text) or a stop token id is a plain word."""
+        if ends_on_stop_token and not self._include_stop:
+            token_ids = token_ids[:-1]
         if self._stopped:
             return DetokenizedStep("")
         for token_id in token_ids:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from actors.core.sequence import Sequence
+from actors.core.sequence import FinishReason, Sequence
 from actors.messages import Logprobs, NewSeq, RequestOutput, SamplingRow
 
 __all__ = ["new_seq_of", "output_of", "sampling_row_of"]
@@ -67,4 +67,7 @@ def output_of(
         num_cached_tokens=seq.num_cached_tokens,
         num_output_tokens=seq.num_output_tokens,
         prompt_logprobs=prompt_logprobs,
+        # STOP with a new token is a stop token or EOS (a mask that allows nothing ends
+        # with STOP and no token; stop strings are the front end's).
+        stopped_on_token=reason is FinishReason.STOP and bool(new_token_ids),
     )

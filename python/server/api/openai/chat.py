@@ -58,10 +58,6 @@ def template_kwargs(req: Any) -> dict[str, Any] | None:
     return kwargs
 
 
-def special_texts(srv: ServerState) -> tuple[str, ...]:
-    return tuple(getattr(srv.tokenizer, "all_special_tokens", None) or ())
-
-
 def response_role(req: ChatCompletionRequest) -> str:
     """As vLLM: the assistant's, unless no generation prompt is added (the model then
     continues the last message, whose role the response reports)."""
@@ -124,7 +120,7 @@ async def handle(srv: ServerState, req: ChatCompletionRequest) -> Response:
         logprobs=bool(req.logprobs), top_logprobs=req.top_logprobs or 0,
         include_usage=bool(opts and opts.include_usage),
         continuous_usage=bool(opts and opts.continuous_usage_stats),
-        new_choice=choice_factory(plan, special_texts(srv)))
+        new_choice=choice_factory(plan))
     if req.stream:
         return sse_response(sse_body(gen, renderer))
     result = await gen.collect()

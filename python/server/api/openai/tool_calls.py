@@ -25,24 +25,12 @@ from server.api.openai.tools import ToolPlan
 from server.frontend.service import ChoiceDelta
 
 
-def choice_factory(plan: ToolPlan, end_texts: tuple[str, ...] = ()) -> Callable[[], ChatChoice]:
-    """The renderer's per-choice state for a request's tool plan. ``end_texts``: the special
-    tokens' texts, when the plan keeps special tokens."""
+def choice_factory(plan: ToolPlan) -> Callable[[], ChatChoice]:
+    """The renderer's per-choice state for a request's tool plan. (With special tokens
+    kept, the end token's text never reaches it: the detokenizer leaves it out.)"""
     if plan.parser is None:
         return ChatChoice
-    ends = end_texts if plan.keep_special_tokens else ()
-    return lambda: ToolCallChoice(plan, ends)
-
-
-def _trim_end(text: str, stop_reason: str | int | None, ends: tuple[str, ...]) -> str:
-    """A choice that ended on a token (EOS or a stop token id, not a stop string) with
-    special tokens kept carries that token's text last; vLLM never returns it."""
-    if isinstance(stop_reason, str):
-        return text
-    for end in ends:
-        if end and text.endswith(end):
-            return text[: -len(end)]
-    return text
+    return lambda: ToolCallChoice(plan)
 
 
 def _finish_reason(reason: str | None, called: bool, named: bool) -> str | None:
@@ -54,12 +42,11 @@ def _finish_reason(reason: str | None, called: bool, named: bool) -> str | None:
 class ToolCallChoice(ChatChoice):
     """One choice whose text a tool-call parser reads."""
 
-    __slots__ = ("_called", "_ends", "_plan", "_stream")
+    __slots__ = ("_called", "_plan", "_stream")
 
-    def __init__(self, plan: ToolPlan, ends: tuple[str, ...] = ()) -> None:
+    def __init__(self, plan: ToolPlan) -> None:
         assert plan.parser is not None
         self._plan = plan
-        self._ends = ends
         self._stream = plan.parser.new_stream()
         self._called = False
 
@@ -69,8 +56,6 @@ class ToolCallChoice(ChatChoice):
 
     def delta(self, d: ChoiceDelta) -> dict[str, Any] | None:
         text = d.text
-        if d.finish_reason == "stop":
-            text = _trim_end(text, d.stop_reason, self._ends)
         deltas = self._stream.feed(text) if text else []
         if d.finish_reason is not None:
             deltas += self._stream.finish()
@@ -93,8 +78,6 @@ class ToolCallChoice(ChatChoice):
     def message(self, role: str, echoed: str, text: str, reason: str | None,
                 stop_reason: str | int | None = None) -> tuple[dict[str, Any], str | None]:
         assert self._plan.parser is not None
-        if reason == "stop":
-            text = _trim_end(text, stop_reason, self._ends)
         parsed = self._plan.parser.parse(text)
         calls = parsed.calls
         if self._plan.parallel_tool_calls is False:
