@@ -15,7 +15,7 @@ from actors.runtime.system import ActorSystem
 from server.chat_template import ChatRenderer
 from server.config import ServerConfig
 from server.fingerprint import system_fingerprint
-from server.api.openai.params import Limits
+from actors.params.limits import RequestLimits
 
 
 @dataclass
@@ -38,7 +38,7 @@ class ServerState:
     # the fields below it are taken from it (or from the engine's info) for the routes.
     actors: ActorSystem | None = None
     tokenizer: Any = None
-    limits: Limits | None = None
+    limits: RequestLimits | None = None
     defaults: dict[str, Any] = field(default_factory=dict)
     renderer: ChatRenderer | None = None
     admission: Admission | None = None

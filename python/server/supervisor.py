@@ -31,7 +31,7 @@ from server import transport
 from server.app import create_app
 from server.chat_template import ChatRenderer, load_template_arg
 from server.config import ServerConfig
-from server.api.openai.params import Limits, server_defaults
+from actors.params.limits import RequestLimits
 from server.state import ServerState
 
 log = logging.getLogger("server")
@@ -125,8 +125,9 @@ class Supervisor:
         srv.tokenizer = tokenizer
         srv.token_texts = system.token_texts
         srv.prompt_bound = system.prompt_bound
-        srv.limits = Limits.from_info(info)  # the offline LLM judges by the same numbers
-        srv.defaults = server_defaults(dict(info.generation_defaults))
+        srv.limits = RequestLimits.from_info(info)  # the offline LLM judges by the same numbers
+        # generation_config.json's defaults, already named as SamplingParams fields
+        srv.defaults = dict(info.generation_defaults)
         srv.renderer = ChatRenderer(
             tokenizer,
             template=load_template_arg(cfg.chat_template),

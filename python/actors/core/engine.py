@@ -142,8 +142,7 @@ class LLMEngine:
         """Queues a request its caller has checked (SamplingParams.validate and
         actors.params.prompt.check_prompt against RequestLimits.from_info(self.info), as
         LLM.generate does): the core trusts it, as it trusts any Admit."""
-        self._compile(params)
-        self.scheduler.add_request(Admit(
+        self.add(Admit(
             request_id=request_id,
             prompt_token_ids=tuple(prompt_token_ids),
             params=params,
@@ -195,14 +194,10 @@ class LLMEngine:
         return self.scheduler.has_unfinished()
 
     def step(self) -> TokenBatch:
-        plan = self.scheduler.schedule()
         sched = self.scheduler
-        if plan.is_empty:
-            return TokenBatch((), tuple(sched.last_admitted), tuple(sched.last_preempted))
-        result = self.runner.execute(plan)
-        outputs = self.scheduler.update(result)
-        return TokenBatch(tuple(outputs), tuple(sched.last_admitted),
-                          tuple(sched.last_preempted))
+        plan = sched.schedule()
+        outputs = () if plan.is_empty else tuple(sched.update(self.runner.execute(plan)))
+        return TokenBatch(outputs, tuple(sched.last_admitted), tuple(sched.last_preempted))
 
     def stats(self) -> EngineStats:
         s = self.scheduler.stats()

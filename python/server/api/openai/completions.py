@@ -21,7 +21,7 @@ from server.sse import sse_response
 from server.state import ServerState
 
 
-def prompts_of(req: CompletionRequest, vocab_size: int) -> list[PromptInput]:
+def prompts_of(req: CompletionRequest) -> list[PromptInput]:
     p = req.prompt
     if p is None or p == "" or p == []:
         raise bad_request("prompt must be provided and non-empty", "prompt")
@@ -78,7 +78,7 @@ async def handle(srv: ServerState, req: CompletionRequest) -> Response:
         raise bad_request("echo with logprobs is not supported with stream=true by this "
                           "server yet", "echo")
     assert srv.limits is not None
-    prompts = prompts_of(req, srv.limits.vocab_size)
+    prompts = prompts_of(req)
     params = sampling_params(srv, req)
     rid = new_request_id(request.headers.get("X-Request-Id"), req.request_id)
     gen = await service.start(srv, rid, prompts, params)

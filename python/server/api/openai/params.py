@@ -25,19 +25,9 @@ from server.errors import bad_request
 # The HTTP edge's own bound: prompts in one request (each is an engine request).
 MAX_PROMPTS = 64
 
-# The server's name for the engine's request limits (supervisor and state import it).
-Limits = RequestLimits
-
 # Request fields that fall back to the model's generation defaults when unset.
 _DEFAULTED = ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
               "frequency_penalty", "repetition_penalty", "skip_special_tokens")
-
-
-def server_defaults(generation_defaults: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The routes' ``defaults``: the engine's generation defaults (``EngineInfo.
-    generation_defaults``, read from generation_config.json by actors.params.defaults and
-    already named as SamplingParams fields), as they are."""
-    return dict(generation_defaults or {})
 
 
 def build_params(
