@@ -7,6 +7,7 @@ import json
 import os
 import re
 import sys
+from pathlib import Path
 
 from actors.config import EngineConfig
 
@@ -17,6 +18,8 @@ from server.api.openai.tool_parsers import (
     tool_parser_names,
 )
 from server.config import ServerConfig
+from server.responses_store import STATE_DIR_ENV
+from server.responses_store import default_path as default_store_path
 
 KEY_ENV_VARS = ("LLMSERVE_API_KEY", "VLLM_API_KEY")
 
@@ -169,6 +172,16 @@ def build_parser() -> argparse.ArgumentParser:
       metavar="backend=auto|guidance|xgrammar", help="structured outputs, as vLLM spells "
       "it (key=value pairs or a JSON object): 'backend' compiles constraints; auto = "
       f"guidance (llguidance). Default: backend={ENGINE.structured_outputs_backend}")
+    a("--responses-store", type=Path, default=None, metavar="PATH", help="SQLite file that "
+      "keeps the Responses API's responses (GET, previous_response_id, background). "
+      f"Default: ${STATE_DIR_ENV}/responses.sqlite, else "
+      "~/.local/state/llmserve/responses.sqlite")
+    a("--no-responses-store", action="store_true", help="keep no responses: store is "
+      "ignored, background and previous_response_id find nothing")
+    a("--responses-store-max-count", type=check.in_range(check.integer, 1), default=10_000,
+      help="responses kept; beyond, the oldest are evicted")
+    a("--responses-store-max-age", type=check.in_range(check.integer, 0),
+      default=30 * 24 * 3600, help="seconds a response is kept (0: no age bound)")
     a("--max-logprobs", type=check.in_range(check.integer, -1), default=ENGINE.max_logprobs,
       help="largest logprobs/top_logprobs (-1: no cap)")
     a("--max-queued-requests", type=check.in_range(check.integer, 0), default=None,
@@ -235,6 +248,10 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         trust_request_chat_template=args.trust_request_chat_template,
         enable_auto_tool_choice=args.enable_auto_tool_choice,
         tool_call_parser=args.tool_call_parser,
+        responses_store=None if args.no_responses_store else (
+            args.responses_store or default_store_path()),
+        responses_store_max_count=args.responses_store_max_count,
+        responses_store_max_age=float(args.responses_store_max_age),
         max_queued_requests=args.max_queued_requests,
         max_body_bytes=args.max_body_bytes,
         drain_timeout=args.drain_timeout,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from actors.config import EngineConfig
 
@@ -29,6 +30,11 @@ class ServerConfig:
     # tool calling: tool_choice "auto" and the parser that reads every tool choice's output
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None
+    # the Responses API's store (server.responses_store): None keeps no responses (the
+    # CLI's default is a file in the state directory); bounded by count and age (0: none)
+    responses_store: Path | None = None
+    responses_store_max_count: int = 10_000
+    responses_store_max_age: float = 30 * 24 * 3600.0
     # limits and admission
     max_queued_requests: int | None = None  # None: 2 x max_num_seqs
     max_body_bytes: int = 4 * 1024 * 1024

@@ -48,6 +48,13 @@ _request_generations: contextvars.ContextVar[list[Generation] | None] = contextv
     "llmserve_request_generations", default=None)
 
 
+def detach_from_request() -> None:
+    """Generations this task starts from now on outlive the HTTP request it serves (the
+    Responses API's background mode): RetireAtRequestEnd leaves them running, and the task
+    that reads them retires them."""
+    _request_generations.set(None)
+
+
 def new_request_id(header: str | None, body: str | None) -> str:
     if header:
         return header[:128]
