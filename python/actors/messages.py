@@ -39,6 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from actors.params.pooling import PoolingSpec
 from actors.params.sampling import SamplingParams
 from actors.params.structured import StructuredSpec
 
@@ -52,6 +53,7 @@ __all__ = [
     "SeqRef",
     "Logprobs",
     "NewSeq",
+    "PooledOutput",
     "PromptLogprobs",
     "RequestOutput",
     "SampledToken",
@@ -76,6 +78,9 @@ class Admit:
     params: SamplingParams
     arrival_time: float
     priority: int | None = None  # None: params.priority
+    # A pooling request (embeddings): the prompt is computed once, no token is drawn, and
+    # the output is one pooled vector (``RequestOutput.pooled``); ``params.n`` is 1.
+    pooling: PoolingSpec | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,8 +94,11 @@ class Abort:
 
 @dataclass(frozen=True, slots=True)
 class Control:
-    """An operator command, applied by the core between steps and answered by one
-    ControlResult: ``reset_prefix_cache``; the admin endpoints add theirs here."""
+    """An operator command, applied between steps and answered by one ControlResult.
+    The engine actor handles ``pause``, ``resume``, ``is_paused``, ``abort_requests``,
+    ``sleep``, ``wake_up`` and ``is_sleeping`` (they decide whether it steps); the core
+    ``reset_prefix_cache``, ``sleep``/``wake_up`` (its memory), ``update_weights``,
+    ``weight_info``, ``start_profile`` and ``stop_profile`` (actors.core.operator)."""
 
     command: str
     args: tuple[tuple[str, Any], ...] = ()
@@ -101,6 +109,9 @@ class ControlResult:
     ok: bool
     value: Any = None
     error: str | None = None
+    # Why it was refused: "invalid" (the command's arguments are wrong), "conflict" (the
+    # engine's state does not allow it now); None for a failure or success.
+    reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +151,8 @@ class RequestOutput:
     # The last of new_token_ids is the EOS or stop token id that ended the choice: it is in
     # the token ids, but its text is not output (unless include_stop_str_in_output).
     stopped_on_token: bool = False
+    # A pooling request's result (finished, "stop"): the vector as little-endian float32.
+    pooled: bytes | None = None
 
 
 SeqRef = tuple[str, int]  # (request_id, choice index)
@@ -256,6 +269,9 @@ class ScheduledSeq:
     block_table: tuple[int, ...]
     sample: SamplingRow | None
     prompt_logprobs: int | None = None
+    # Set on every chunk of a pooling sequence's prompt (never with ``sample``): the runner
+    # pools the final hidden states of these rows, and answers once the prompt is done.
+    pool: PoolingSpec | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -286,12 +302,15 @@ class StepPlan:
 class SampledToken:
     """``token_id`` -1 (LC_NO_TOKEN: every token was masked) ends the sequence with
     "stop" and no new token. ``refused``: the sampler refused this row's parameters (a
-    value validation should have stopped); its request ends with "error", alone."""
+    value validation should have stopped); its request ends with "error", alone.
+    ``forced``: tokens the sequence's grammar forces after ``token_id`` (fast-forward),
+    appended in order with no model step of their own."""
 
     seq_id: int
     token_id: int
     logprobs: Logprobs | None = None
     refused: bool = False
+    forced: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,11 +324,21 @@ class PromptLogprobs:
 
 
 @dataclass(frozen=True, slots=True)
+class PooledOutput:
+    """A pooling sequence's vector (little-endian float32), once its whole prompt ran."""
+
+    seq_id: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class StepResult:
     """One SampledToken per ScheduledSeq whose ``sample`` was set, any order; one
     PromptLogprobs per ScheduledSeq with ``prompt_logprobs`` set whose rows scored any
-    prompt token."""
+    prompt token; one PooledOutput per ScheduledSeq with ``pool`` set whose chunk ends its
+    prompt."""
 
     step_id: int
     sampled: tuple[SampledToken, ...]
     prompt_logprobs: tuple[PromptLogprobs, ...] = ()
+    pooled: tuple[PooledOutput, ...] = ()

@@ -15,6 +15,7 @@ from typing import Any
 import llmcore
 from actors.config import EngineConfig, GiB  # EngineConfig re-exported: its old home
 from actors.core.kv_manager import KVManager
+from actors.core.operator import Operator
 from actors.errors import RequestRefused
 from actors.messages import Abort, Admit, Control, ControlResult, EngineInfo, EngineStats
 from actors.messages import RequestOutput, TokenBatch
@@ -84,7 +85,9 @@ class LLMEngine:
         )
 
         pool = llmcore.BlockPool(num_blocks, config.block_size)
-        self.kv = KVManager(pool, enable_prefix_caching=config.enable_prefix_caching)
+        # An encoder (BERT: pooling only) keeps no KV, so it has nothing to share.
+        causal = bool(getattr(loaded.model, "is_causal", True))
+        self.kv = KVManager(pool, enable_prefix_caching=config.enable_prefix_caching and causal)
         self.scheduler = Scheduler(
             SchedulerConfig(
                 max_num_seqs=config.max_num_seqs,
@@ -94,6 +97,7 @@ class LLMEngine:
                 enable_prefix_caching=config.enable_prefix_caching,
                 eos_token_ids=self.eos_token_ids,
                 seed=config.seed,
+                causal=causal,
             ),
             self.kv,
         )
@@ -107,8 +111,10 @@ class LLMEngine:
             block_size=config.block_size,
             dtype=self.kv_cache_dtype,
             sliding_windows=mc.sliding_windows,
+            fast_forward=config.structured_fast_forward,
         )
         self.runner.structured_masks = self._structured_mask
+        self.operator = Operator(self)
         log.info("engine ready in %.1f s", time.perf_counter() - t0)
 
     # ------------------------------------------------------------------ structured outputs
@@ -212,10 +218,26 @@ class LLMEngine:
 
     def control(self, command: Control) -> ControlResult:
         """Operator commands between steps: ``reset_prefix_cache`` drops every cached
-        block hash (blocks in use stay; they are simply not found again)."""
-        if command.command == "reset_prefix_cache":
-            self.kv.pool.reset_cache()
-            return ControlResult(True)
+        block hash (blocks in use stay; they are simply not found again); sleep, wake,
+        weights and the profiler are actors.core.operator's."""
+        args = dict(command.args)
+        op = self.operator
+        match command.command:
+            case "reset_prefix_cache":
+                self.kv.pool.reset_cache()
+                return ControlResult(True)
+            case "sleep":
+                return op.sleep(int(args.get("level", 1)))
+            case "wake_up":
+                return op.wake_up(args.get("tags"))
+            case "update_weights":
+                return op.update_weights(str(args.get("path", "")))
+            case "weight_info":
+                return op.weight_info()
+            case "start_profile":
+                return op.start_profile(args["config"], args.get("prefix"))
+            case "stop_profile":
+                return op.stop_profile()
         return ControlResult(False, error=f"unknown control command {command.command!r}")
 
     def default_sampling_params(self, **overrides: Any) -> SamplingParams:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 
+from actors.params.pooling import PoolingSpec
 from actors.params.sampling import SamplingParams
 
 __all__ = ["FinishReason", "Sequence", "SequenceStatus"]
@@ -65,6 +66,7 @@ class Sequence:
         "pending_children",
         "row_static",
         "prompt_logprobs",
+        "pooling",
     )
 
     def __init__(
@@ -80,6 +82,7 @@ class Sequence:
         arrival_time: float = 0.0,
         priority: int | None = None,
         rng_seed: int = 0,
+        pooling: PoolingSpec | None = None,
     ) -> None:
         self.seq_id = seq_id
         self.request_id = request_id
@@ -109,6 +112,8 @@ class Sequence:
         self.prompt_logprobs: list | None = (
             [] if params.prompt_logprobs is not None and index == 0 else None
         )
+        # A pooling sequence computes its prompt, yields one vector and finishes.
+        self.pooling = pooling
 
     def __repr__(self) -> str:
         return (
@@ -140,6 +145,15 @@ class Sequence:
         compute its prompt itself: no prefix-cache hit)."""
         pl = self.prompt_logprobs
         return pl is not None and len(pl) < len(self.prompt_token_ids) - 1
+
+    def needs_every_row(self, causal: bool) -> bool:
+        """Whether every prompt row must be computed here (no prefix-cache hit): prompt
+        logprobs, a MEAN or CLS pooling, or any pooling under bidirectional attention (a
+        LAST pooling of a causal model needs only the last row, which is always computed)."""
+        if self.wants_prompt_logprobs:
+            return True
+        p = self.pooling
+        return p is not None and (not causal or p.pooling_type != "LAST")
 
     def token_slice(self, start: int, end: int) -> list[int]:
         """Tokens [start, end) of prompt + output, without copying the whole buffer."""

@@ -1,5 +1,6 @@
 """Loading a Hugging Face model directory: config.json + *.safetensors (one file, or shards
-listed in model.safetensors.index.json)."""
+listed in model.safetensors.index.json), or else pytorch_model.bin (older encoders ship
+only that; read with ``weights_only=True``, so no pickled code runs)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from actors.models.llama import LlamaForCausalLM
 from actors.models.registry import build_model
 
 INDEX_FILE = "model.safetensors.index.json"
+PYTORCH_FILE = "pytorch_model.bin"
 
 
 def safetensors_files(model_dir: Path) -> list[Path]:
@@ -24,8 +26,10 @@ def safetensors_files(model_dir: Path) -> list[Path]:
         files = [model_dir / f for f in sorted(set(weight_map.values()))]
     else:
         files = sorted(model_dir.glob("*.safetensors"))
+    if not files and (model_dir / PYTORCH_FILE).is_file():
+        return [model_dir / PYTORCH_FILE]
     if not files:
-        raise FileNotFoundError(f"no *.safetensors in {model_dir} (only safetensors is loaded)")
+        raise FileNotFoundError(f"no *.safetensors or {PYTORCH_FILE} in {model_dir}")
     missing = [str(f) for f in files if not f.is_file()]
     if missing:
         raise FileNotFoundError(f"{INDEX_FILE} names missing shards: {', '.join(missing)}")
@@ -36,6 +40,11 @@ def iter_weights(files: list[Path], dtype: torch.dtype) -> Iterator[tuple[str, t
     from safetensors import safe_open
 
     for f in files:
+        if f.name == PYTORCH_FILE:
+            state = torch.load(str(f), map_location="cpu", weights_only=True)
+            for name, tensor in state.items():
+                yield name, tensor.to(dtype)
+            continue
         with safe_open(str(f), framework="pt") as st:
             keys = list(st.keys())
             bar = ProgressBar(f"loading {f.name}", len(keys))
@@ -53,8 +62,9 @@ def load_hf_dir(
     files = safetensors_files(model_dir)
     with stage(f"building {cfg.model_type} model ({cfg.num_layers} layers, {dtype})"):
         model = build_model(cfg, dtype=dtype, max_positions=max_positions)
-    with stage(f"loading weights from {len(files)} safetensors file(s)"):
-        model.load_weights(iter_weights(files, dtype))
+    with stage(f"loading weights from {len(files)} file(s)"):
+        # The model's own weight dtype: an encoder keeps float32 under a bf16 default.
+        model.load_weights(iter_weights(files, model.dtype))
     if pack:
         model.pack_weights()
     return model, cfg

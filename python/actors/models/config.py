@@ -7,7 +7,7 @@ without importing the model code.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,15 +58,25 @@ class ModelConfig:
         path = Path(model_dir) / "config.json"
         if not path.is_file():
             raise FileNotFoundError(f"{path} not found: a model directory needs a config.json")
-        return cls.from_hf_dict(json.loads(path.read_text()))
+        cfg = cls.from_hf_dict(json.loads(path.read_text()))
+        st = Path(model_dir) / "sentence_bert_config.json"
+        if st.is_file():
+            # A sentence-transformers model is trained (and truncated) to max_seq_length;
+            # vLLM caps the context there too.
+            limit = json.loads(st.read_text()).get("max_seq_length")
+            if isinstance(limit, int) and 0 < limit < cfg.max_position_embeddings:
+                cfg = replace(cfg, max_position_embeddings=limit)
+        return cfg
 
     @classmethod
     def from_hf_dict(cls, hf: dict[str, Any]) -> ModelConfig:
         model_type = hf.get("model_type", "")
+        if model_type == "bert":
+            return _bert_config(hf)
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise UnsupportedModelError(
                 f"model_type {model_type!r} is not supported (supported: "
-                f"{', '.join(SUPPORTED_MODEL_TYPES)})"
+                f"{', '.join(SUPPORTED_MODEL_TYPES)}; bert for pooling)"
             )
         act = hf.get("hidden_act", "silu")
         if act != "silu":
@@ -99,6 +109,37 @@ class ModelConfig:
             bos_token_id=hf.get("bos_token_id"),
             eos_token_ids=eos_ids,
         )
+
+
+def _bert_config(hf: dict[str, Any]) -> ModelConfig:
+    """A BERT encoder (bidirectional, absolute positions, post-LayerNorm, GELU): the
+    facts the engine needs, in the decoder's field names (``rms_norm_eps`` holds the
+    LayerNorm eps; no RoPE; K/V heads equal the heads)."""
+    act = hf.get("hidden_act", "gelu")
+    if act != "gelu":
+        raise UnsupportedModelError(f"bert hidden_act {act!r} is not supported (only gelu)")
+    kind = hf.get("position_embedding_type", "absolute")
+    if kind != "absolute":
+        raise UnsupportedModelError(f"bert position_embedding_type {kind!r} is not supported")
+    num_heads = int(hf["num_attention_heads"])
+    hidden = int(hf["hidden_size"])
+    positions = int(hf.get("max_position_embeddings", 512))
+    return ModelConfig(
+        model_type="bert",
+        vocab_size=int(hf["vocab_size"]),
+        hidden_size=hidden,
+        intermediate_size=int(hf["intermediate_size"]),
+        num_layers=int(hf["num_hidden_layers"]),
+        num_heads=num_heads,
+        num_kv_heads=num_heads,
+        head_dim=hidden // num_heads,
+        rms_norm_eps=float(hf.get("layer_norm_eps", 1e-12)),
+        rope_theta=0.0,
+        max_position_embeddings=positions,
+        tie_word_embeddings=False,
+        extra={"type_vocab_size": int(hf.get("type_vocab_size", 2)),
+               "position_table": positions},
+    )
 
 
 def _rope_from_hf(hf: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:

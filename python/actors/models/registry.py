@@ -4,20 +4,23 @@ from __future__ import annotations
 
 import torch
 
+from actors.models.bert import BertModel
 from actors.models.config import ModelConfig, UnsupportedModelError
 from actors.models.llama import LlamaForCausalLM
 
-# Mistral and Qwen2 differ from Llama only by config flags (sliding window, qkv bias).
-_ARCHITECTURES: dict[str, type[LlamaForCausalLM]] = {
+# Mistral and Qwen2 differ from Llama only by config flags (sliding window, qkv bias);
+# BERT is the encoder family, served for pooling only.
+_ARCHITECTURES: dict[str, type[LlamaForCausalLM] | type[BertModel]] = {
     "llama": LlamaForCausalLM,
     "mistral": LlamaForCausalLM,
     "qwen2": LlamaForCausalLM,
+    "bert": BertModel,
 }
 
 
 def build_model(
     cfg: ModelConfig, dtype: torch.dtype = torch.float32, max_positions: int | None = None
-) -> LlamaForCausalLM:
+) -> LlamaForCausalLM | BertModel:
     cls = _ARCHITECTURES.get(cfg.model_type)
     if cls is None:
         raise UnsupportedModelError(f"no model class for model_type {cfg.model_type!r}")

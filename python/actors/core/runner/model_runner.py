@@ -36,7 +36,9 @@ import torch
 
 from actors.core.runner.sampler import (Sampler, SamplingHooks, SeqState, TokenMask,
                                         allowed_mask_of)
-from actors.messages import Logprobs, NewSeq, PromptLogprobs, SeqRef, StepPlan, StepResult
+from actors.messages import (Logprobs, NewSeq, PooledOutput, PromptLogprobs, SeqRef, StepPlan,
+                             StepResult)
+from actors.models.pooling import PoolState, finish
 from actors.params.structured import StructuredSpec
 
 # (spec, the output tokens the sequence already holds) -> the choice's token mask
@@ -77,10 +79,42 @@ class _PagedAttention:
         return out
 
 
+class _EncoderAttention:
+    """The attention seam of an encoder (bidirectional, ``model.is_causal`` False): each
+    sequence's rows attend to all of its rows, and nothing is cached (every prompt runs
+    whole in one step). The batch is padded to its longest sequence once per step and
+    every layer runs one SDPA call with a key mask."""
+
+    __slots__ = ("scale", "rows", "cols", "shape", "mask")
+
+    def __init__(self, query_start: np.ndarray, scale: float) -> None:
+        lens = np.diff(query_start)
+        b, width = len(lens), int(lens.max())
+        owner = np.repeat(np.arange(b), lens)
+        self.rows = torch.from_numpy(owner)
+        self.cols = torch.from_numpy(np.arange(int(query_start[-1])) - query_start[owner])
+        self.shape = (b, width)
+        self.mask = (torch.arange(width)[None, :] < torch.from_numpy(lens)[:, None])[:, None, None]
+        self.scale = scale
+
+    def attn(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        b, width = self.shape
+
+        def padded(x: torch.Tensor) -> torch.Tensor:
+            out = x.new_zeros((b, width, *x.shape[1:]))
+            out[self.rows, self.cols] = x
+            return out.transpose(1, 2)  # [b, heads, width, head_size]
+
+        out = torch.nn.functional.scaled_dot_product_attention(
+            padded(q), padded(k), padded(v), attn_mask=self.mask, scale=self.scale)
+        return out.transpose(1, 2)[self.rows, self.cols]
+
+
 class ModelRunner:
     def __init__(self, model, num_layers: int, num_kv_heads: int, head_size: int,
                  vocab_size: int, num_blocks: int, block_size: int, dtype: torch.dtype,
-                 sliding_windows: tuple[int | None, ...] = ()) -> None:
+                 sliding_windows: tuple[int | None, ...] = (),
+                 fast_forward: bool = True) -> None:
         self.model = model
         self.vocab_size = vocab_size
         self.num_blocks = num_blocks
@@ -88,11 +122,15 @@ class ModelRunner:
         self.scale = 1.0 / math.sqrt(head_size)
         # Per layer; 0 = full causal attention.
         self.windows = [int(w or 0) for w in sliding_windows] or [0] * num_layers
+        # An encoder keeps no KV: its blocks are the scheduler's bookkeeping only.
+        self.causal = bool(getattr(model, "is_causal", True))
         shape = (num_blocks, num_kv_heads, block_size, head_size)
-        self.k_caches = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
-        self.v_caches = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
+        layers = num_layers if self.causal else 0
+        self.k_caches = [torch.zeros(shape, dtype=dtype) for _ in range(layers)]
+        self.v_caches = [torch.zeros(shape, dtype=dtype) for _ in range(layers)]
+        self._pools: dict[int, PoolState] = {}  # pooling sequences mid-prompt
         self._seqs: dict[int, SeqState] = {}
-        self.sampler = Sampler(vocab_size)
+        self.sampler = Sampler(vocab_size, fast_forward=fast_forward)
         self._hooks: dict[SeqRef, SamplingHooks] = {}
         self._num_hooked = 0  # sequences in _seqs with hooks: 0 keeps the hot path bare
         self.structured_masks: MaskFactory | None = None
@@ -130,6 +168,7 @@ class ModelRunner:
         )
 
     def _release(self, seq_id: int) -> None:
+        self._pools.pop(seq_id, None)
         st = self._seqs.pop(seq_id, None)
         if st is not None and st.hooks is not None:
             self._num_hooked -= 1
@@ -160,6 +199,7 @@ class ModelRunner:
         positions: list[np.ndarray] = []
         sampling: list[int] = []  # batch indices of sequences that sample
         prompt_rows: list[int] = []  # batch indices of sequences scoring prompt tokens
+        pool_rows: list[int] = []  # batch indices of pooling sequences
         for i, s in enumerate(plan.seqs):
             n = len(s.token_ids)
             token_ids.extend(s.token_ids)
@@ -171,37 +211,68 @@ class ModelRunner:
                 sampling.append(i)
             if s.prompt_logprobs is not None:
                 prompt_rows.append(i)
+            if s.pool is not None:
+                pool_rows.append(i)
         pos = np.concatenate(positions)
-        owner = np.repeat(np.arange(num_seqs), np.diff(query_start))
-        slot_mapping = block_tables[owner, pos // bs].astype(np.int64) * bs + pos % bs
-
-        attn_plan = llmcore.AttentionPlan(query_start, seq_lens, block_tables, slot_mapping,
-                                          num_blocks=self.num_blocks)
-        seam = _PagedAttention(attn_plan, self.k_caches, self.v_caches, self.scale,
-                               self.windows)
+        seam: _PagedAttention | _EncoderAttention
+        if self.causal:
+            owner = np.repeat(np.arange(num_seqs), np.diff(query_start))
+            slot_mapping = block_tables[owner, pos // bs].astype(np.int64) * bs + pos % bs
+            attn_plan = llmcore.AttentionPlan(query_start, seq_lens, block_tables,
+                                              slot_mapping, num_blocks=self.num_blocks)
+            seam = _PagedAttention(attn_plan, self.k_caches, self.v_caches, self.scale,
+                                   self.windows)
+        else:
+            seam = _EncoderAttention(query_start, self.scale)
         logits_rows = torch.from_numpy(query_start[1:][sampling].astype(np.int64) - 1)
         ids_t = torch.tensor(token_ids, dtype=torch.long)
         prompt_lps: tuple[PromptLogprobs, ...] = ()
+        pooled: tuple[PooledOutput, ...] = ()
         with torch.inference_mode():
-            if not sampling and not prompt_rows:
+            if not sampling and not prompt_rows and not pool_rows:
                 # Only mid-prompt chunks (a prompt longer than the token budget): the KV
                 # is the whole result, no row reaches the LM head.
                 self.model.hidden_states(ids_t, torch.from_numpy(pos), seam)
                 return StepResult(step_id=plan.step_id, sampled=())
-            if not prompt_rows:  # the common step: logits for the sampling rows only
+            if not prompt_rows and not pool_rows:  # the common step: sampling rows only
                 logits = self.model.forward(ids_t, torch.from_numpy(pos), seam,
                                             logits_indices=logits_rows)
             else:
                 hidden = self.model.hidden_states(ids_t, torch.from_numpy(pos), seam)
                 logits = (self.model.compute_logits(hidden.index_select(0, logits_rows))
                           if sampling else None)
-                prompt_lps = self._prompt_logprobs(plan, prompt_rows, query_start, hidden)
+                if prompt_rows:
+                    prompt_lps = self._prompt_logprobs(plan, prompt_rows, query_start, hidden)
+                pooled = self._pool(plan, pool_rows, query_start, hidden)
         if not sampling:
-            return StepResult(step_id=plan.step_id, sampled=(), prompt_logprobs=prompt_lps)
+            return StepResult(step_id=plan.step_id, sampled=(), prompt_logprobs=prompt_lps,
+                              pooled=pooled)
         res = self._sample(plan, sampling, logits)
-        if prompt_lps:
-            res = StepResult(step_id=res.step_id, sampled=res.sampled, prompt_logprobs=prompt_lps)
+        if prompt_lps or pooled:
+            res = StepResult(step_id=res.step_id, sampled=res.sampled, prompt_logprobs=prompt_lps,
+                             pooled=pooled)
         return res
+
+    def _pool(self, plan: StepPlan, batch_idx: list[int], query_start: np.ndarray,
+              hidden: torch.Tensor) -> tuple[PooledOutput, ...]:
+        """Feeds each pooling sequence's rows (final hidden states) to its PoolState; a
+        sequence whose prompt this chunk ends gets its vector (float32 bytes)."""
+        out = []
+        for i in batch_idx:
+            s = plan.seqs[i]
+            spec = s.pool
+            assert spec is not None
+            state = self._pools.get(s.seq_id)
+            if state is None:
+                state = self._pools[s.seq_id] = PoolState(spec.pooling_type)
+            lo = int(query_start[i])
+            state.add(hidden[lo: lo + len(s.token_ids)], s.start_pos)
+            if s.start_pos + len(s.token_ids) < len(self._seqs[s.seq_id].prompt):
+                continue  # more chunks to come
+            del self._pools[s.seq_id]
+            vec = finish(state.result(), spec.dimensions, spec.normalize)
+            out.append(PooledOutput(s.seq_id, vec.numpy().astype("<f4").tobytes()))
+        return tuple(out)
 
     def _prompt_logprobs(self, plan: StepPlan, batch_idx: list[int], query_start: np.ndarray,
                          hidden: torch.Tensor) -> tuple[PromptLogprobs, ...]:

@@ -16,6 +16,9 @@ class SchedulerConfig:
     enable_prefix_caching: bool = True
     eos_token_ids: tuple[int, ...] = ()
     seed: int | None = None  # seeds the draw of sampling seeds for unseeded requests
+    # False for an encoder (bidirectional attention): a prompt runs whole in one step,
+    # from position 0, and only pooling requests are served.
+    causal: bool = True
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -28,6 +31,11 @@ class SchedulerConfig:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if self.policy not in ("fcfs", "priority"):
             raise ValueError(f"policy must be 'fcfs' or 'priority', got {self.policy!r}")
+        if not self.causal and self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(
+                f"an encoder runs each prompt in one step: max_num_batched_tokens "
+                f"({self.max_num_batched_tokens}) must be >= max_model_len ({self.max_model_len})"
+            )
         if not isinstance(self.eos_token_ids, tuple):
             object.__setattr__(self, "eos_token_ids", tuple(self.eos_token_ids))
 

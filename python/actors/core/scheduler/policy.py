@@ -120,8 +120,12 @@ class Scheduler(RequestBook):
                 break
             # A prompt still owing logprobs is computed from position 0 for its logits; its
             # blocks are still published for others.
-            hit = 0 if seq.wants_prompt_logprobs else self.kv.match_prefix(seq)
+            causal = self.config.causal
+            hit = 0 if seq.needs_every_row(causal) else self.kv.match_prefix(seq)
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if not causal and num_new < seq.num_tokens:
+                self.kv.free(seq)
+                break  # an encoder's prompt runs whole: it waits for a step with room
             if not self.kv.can_allocate(seq, num_new):
                 self.kv.free(seq)  # give the hits back; retry next step
                 break
@@ -153,9 +157,11 @@ class Scheduler(RequestBook):
                     token_ids=tuple(seq.token_slice(start, end)),
                     start_pos=start,
                     block_table=tuple(seq.block_ids),
-                    sample=sampling_row_of(seq) if end == seq.num_tokens else None,
+                    sample=(sampling_row_of(seq)
+                            if end == seq.num_tokens and seq.pooling is None else None),
                     prompt_logprobs=(seq.params.prompt_logprobs
                                      if seq.wants_prompt_logprobs else None),
+                    pool=seq.pooling,
                 )
             )
         if not scheduled:  # never reaches the runner: its releases wait for the next plan

@@ -59,7 +59,15 @@ class RequestBook:
         n_prompt = len(admit.prompt_token_ids)
         if n_prompt == 0:
             raise ValueError("the prompt must hold at least one token")
-        if n_prompt >= self.config.max_model_len:
+        if admit.pooling is None and not self.config.causal:
+            raise ValueError("this model serves pooling requests only (embeddings)")
+        if admit.pooling is not None:
+            if n_prompt > self.config.max_model_len:  # no output token: the whole context
+                raise ValueError(f"the prompt has {n_prompt} tokens; max_model_len is "
+                                 f"{self.config.max_model_len}")
+            if params.n != 1:
+                raise ValueError("a pooling request has exactly one choice (n=1)")
+        elif n_prompt >= self.config.max_model_len:
             raise ValueError(
                 f"the prompt has {n_prompt} tokens; max_model_len={self.config.max_model_len} "
                 "leaves no room for an output token"
@@ -68,6 +76,7 @@ class RequestBook:
             raise ValueError(f"n={params.n} exceeds max_num_seqs={self.config.max_num_seqs}")
         seq = self._new_sequence(admit.request_id, admit.prompt_token_ids, admit, index=0,
                                  rng_seed=request_seed(params.seed, self._rng))
+        seq.pooling = admit.pooling
         seq.pending_children = params.n - 1
         self._requests[admit.request_id] = [seq]
         self.waiting.push(seq)
@@ -148,6 +157,7 @@ class RequestBook:
             raise RuntimeError(f"unexpected StepResult for step {result.step_id}")
         in_flight, self._in_flight = self._in_flight, None
         sampled: dict[int, SampledToken] = {t.seq_id: t for t in result.sampled}
+        pooled = {p.seq_id: p.data for p in result.pooled}
         for pl in result.prompt_logprobs:
             seq = in_flight[pl.seq_id][0]
             got = seq.prompt_logprobs
@@ -168,6 +178,15 @@ class RequestBook:
             self.kv.commit(seq)
             if seq.num_computed_tokens < seq.num_tokens:
                 continue  # a mid-prompt chunk: nothing drawn
+            if seq.pooling is not None:  # its vector: done, blocks back at once
+                data = pooled.get(seq.seq_id)
+                if data is None:
+                    raise RuntimeError(f"step {result.step_id} pooled nothing for seq "
+                                       f"{seq.seq_id}")
+                seq.finish(FinishReason.STOP)
+                self._retire(seq)
+                outputs.append(replace(output_of(seq), pooled=data))
+                continue
             tok = sampled.get(seq.seq_id)
             if tok is None:
                 raise RuntimeError(f"step {result.step_id} drew no token for seq {seq.seq_id}")
@@ -178,8 +197,14 @@ class RequestBook:
                 seq.finish(FinishReason.STOP)
                 new: tuple[int, ...] = ()
             else:
-                seq.append_token(tok.token_id)
-                new = (tok.token_id,)
+                appended = [tok.token_id]
+                done = seq.append_token(tok.token_id)
+                for t in tok.forced:  # fast-forward: the rest of a forced run
+                    if done:
+                        break  # what follows a stop or the length limit is dropped
+                    appended.append(t)
+                    done = seq.append_token(t)
+                new = tuple(appended)
             # Fork before a finished parent gives its blocks back. True: choice 0 itself
             # was aborted before the fork (and reported then).
             if seq.pending_children and self._fork_children(seq):

@@ -1,0 +1,151 @@
+"""BertModel: the BERT encoder family (sentence-transformers' MiniLM, BGE, E5 ...) for
+pooling, over the same flattened batch as the decoders.
+
+Every scheduled token of every sequence is one row: input_ids [T], positions [T] ->
+hidden [T, hidden_size], the last layer's output (what sentence-transformers pools).
+Attention is bidirectional within a sequence, so it goes through the runner's encoder
+seam (``is_causal`` False: every prompt runs whole in one step and no KV is kept); there
+is no LM head, only ``hidden_states``.
+
+Post-LayerNorm blocks as in the original: x = LN(x + attn(x)); x = LN(x + FFN(x)), with
+exact (erf) GELU; token type 0 for every row (one text per sequence). q/k/v are stored
+fused as one [3 * hidden, hidden] matrix; ``load_weights`` takes Hugging Face names
+(with or without a ``bert.`` prefix; the pooler head and MLM heads are skipped).
+
+Weights stay float32 on the CPU whatever ``--dtype`` says: an encoder of this size is
+bound by arithmetic, not by reading its weights, and the parity with sentence-
+transformers (cosine >= 0.9999) is asserted in float32. On the CPU the projections run
+through the core's packed kernels (``pack_weights``), as the decoders' do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from actors.models.attention import AttentionBackend
+from actors.models.config import ModelConfig
+from actors.models.llama import Linear, _param
+
+__all__ = ["BertModel"]
+
+
+class _LayerNorm(nn.Module):
+    def __init__(self, size: int, eps: float, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = _param(size, dtype=dtype)
+        self.bias = _param(size, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
+
+
+class _Layer(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        h, eps = cfg.hidden_size, cfg.rms_norm_eps
+        self.qkv = Linear(h, 3 * h, True, dtype)
+        self.attn_out = Linear(h, h, True, dtype)
+        self.attn_norm = _LayerNorm(h, eps, dtype)
+        self.up = Linear(h, cfg.intermediate_size, True, dtype)
+        self.down = Linear(cfg.intermediate_size, h, True, dtype)
+        self.out_norm = _LayerNorm(h, eps, dtype)
+
+
+class BertModel(nn.Module):
+    is_causal = False
+
+    # HF name fragment inside "encoder.layer.{i}." -> (our name, q/k/v shard or None)
+    _NAMES = {
+        "attention.self.query.": ("qkv.", 0),
+        "attention.self.key.": ("qkv.", 1),
+        "attention.self.value.": ("qkv.", 2),
+        "attention.output.dense.": ("attn_out.", None),
+        "attention.output.LayerNorm.": ("attn_norm.", None),
+        "intermediate.dense.": ("up.", None),
+        "output.dense.": ("down.", None),
+        "output.LayerNorm.": ("out_norm.", None),
+    }
+
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype = torch.float32,
+                 max_positions: int | None = None) -> None:
+        super().__init__()
+        del max_positions  # the position table is the checkpoint's
+        dtype = torch.float32 if dtype == torch.bfloat16 else dtype  # see the module doc
+        self.config = cfg
+        self.dtype = self.compute_dtype = dtype
+        h = cfg.hidden_size
+        self.word = _param(cfg.vocab_size, h, dtype=dtype)
+        self.position = _param(int(cfg.extra["position_table"]), h, dtype=dtype)
+        self.token_type = _param(int(cfg.extra["type_vocab_size"]), h, dtype=dtype)
+        self.embed_norm = _LayerNorm(h, cfg.rms_norm_eps, dtype)
+        self.layers = nn.ModuleList(_Layer(cfg, dtype) for _ in range(cfg.num_layers))
+
+    def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                      attn: AttentionBackend) -> torch.Tensor:
+        """The last layer's hidden states [T, hidden_size] for the flattened batch."""
+        c = self.config
+        t, heads, hd = input_ids.shape[0], c.num_heads, c.head_dim
+        x = (F.embedding(input_ids, self.word) + F.embedding(positions, self.position)
+             + self.token_type[0])
+        x = self.embed_norm(x)
+        for i, layer in enumerate(self.layers):
+            q, k, v = layer.qkv(x).view(t, 3, heads, hd).unbind(1)
+            o = attn.attn(i, q.contiguous(), k.contiguous(), v.contiguous()).reshape(t, -1)
+            x = layer.attn_norm(x + layer.attn_out(o))
+            x = layer.out_norm(x + layer.down(F.gelu(layer.up(x))))
+        return x
+
+    def pack_weights(self) -> None:
+        """The projections into the core's packed layout (CPU, fp32, not the scalar ISA)."""
+        import llmcore
+
+        if self.word.is_cuda or llmcore.linear_isa() == "scalar":
+            return
+        for mod in self.modules():
+            if isinstance(mod, Linear) and mod.packed is None:
+                mod.pack()
+
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copies HF-named tensors in; raises on a tensor with no home, a shape that
+        does not fit, or a parameter never written."""
+        params = dict(self.named_parameters())
+        h = self.config.hidden_size
+        top = {"embeddings.word_embeddings.weight": "word",
+               "embeddings.position_embeddings.weight": "position",
+               "embeddings.token_type_embeddings.weight": "token_type",
+               "embeddings.LayerNorm.weight": "embed_norm.weight",
+               "embeddings.LayerNorm.bias": "embed_norm.bias"}
+        written: set[str] = set()
+        for hf_name, tensor in weights:
+            name = hf_name.removeprefix("bert.")
+            name = name.replace(".gamma", ".weight").replace(".beta", ".bias")
+            if name.startswith(("pooler.", "cls.")) or name.endswith("position_ids"):
+                continue  # heads sentence embeddings do not use; a buffer
+            ours, shard = top.get(name), None
+            if ours is None and name.startswith("encoder.layer."):
+                index, _, rest = name.removeprefix("encoder.layer.").partition(".")
+                for frag, (dst, sh) in self._NAMES.items():
+                    if rest.startswith(frag):
+                        ours, shard = f"layers.{index}.{dst}{rest[len(frag):]}", sh
+                        break
+            if ours is None or ours not in params:
+                raise KeyError(f"checkpoint tensor {hf_name!r} has no matching parameter")
+            dst_t = params[ours] if shard is None else params[ours].narrow(0, shard * h, h)
+            if tuple(dst_t.shape) != tuple(tensor.shape):
+                raise ValueError(f"{hf_name}: checkpoint shape {tuple(tensor.shape)} != "
+                                 f"expected {tuple(dst_t.shape)}")
+            dst_t.copy_(tensor)
+            written.add(ours if shard is None else f"{ours}#{shard}")
+        missing = []
+        for name, _ in self.named_parameters():
+            parts = [f"{name}#{i}" for i in range(3)] if ".qkv." in name else [name]
+            missing += [p for p in parts if p not in written]
+        if missing:
+            shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
+            raise ValueError(f"checkpoint lacks {len(missing)} tensors: {shown}")
