@@ -3,7 +3,8 @@
 The path is taken from the ASGI scope's raw_path (the bytes on the request line), not from
 a URL rebuilt with the Host header, then normalised: percent-decoding, repeated slashes and
 dot segments cannot make a guarded route look public. Everything is guarded except an
-explicit public list; CORS preflights (OPTIONS) pass so browsers can ask first.
+explicit public list; CORS preflights (OPTIONS) pass so browsers can ask first. The key
+comes as `Authorization: Bearer` (OpenAI's clients) or `x-api-key` (Anthropic's).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 from urllib.parse import unquote
 
+from server.api.anthropic import errors as anthropic_errors
 from server.errors import envelope_bytes
 
 PUBLIC_PATHS = frozenset({"/health", "/ping"})
@@ -79,7 +81,11 @@ class APIKeyMiddleware:
         if scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1008})
             return
-        body = envelope_bytes(401, "Invalid or missing API key.")
+        message = "Invalid or missing API key."
+        # Anthropic's clients send the key as x-api-key and read their own envelope.
+        body = (anthropic_errors.envelope_bytes(401, message)
+                if anthropic_errors.is_anthropic_path(normalise_path(scope))
+                else envelope_bytes(401, message))
         await send(
             {
                 "type": "http.response.start",

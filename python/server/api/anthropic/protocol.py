@@ -1,0 +1,95 @@
+"""The bodies of POST /v1/messages and POST /v1/messages/count_tokens.
+
+Unknown fields are ignored, as vLLM 0.33's Anthropic models ignore them (clients send
+`cache_control`, `anthropic-beta` features and the like freely). Types are strict, as on the
+OpenAI routes: a JSON string is not silently a number. Value ranges (max_tokens,
+temperature, top_p, top_k, how many stop sequences) are SamplingParams.validate's, so the
+messages match chat's.
+
+Content blocks are a union on `type`: text, tool_use, tool_result, and image, which is
+parsed only to be refused by name (the served models read text).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class AnthropicModel(BaseModel):
+    model_config = ConfigDict(extra="ignore", protected_namespaces=(), strict=True)
+
+
+class TextBlock(AnthropicModel):
+    type: Literal["text"]
+    text: str
+
+
+class ImageBlock(AnthropicModel):
+    type: Literal["image"]
+    source: dict[str, Any] | None = None
+
+
+class ToolUseBlock(AnthropicModel):
+    type: Literal["tool_use"]
+    id: str
+    name: str
+    input: dict[str, Any]
+
+
+class ToolResultBlock(AnthropicModel):
+    type: Literal["tool_result"]
+    tool_use_id: str
+    content: str | list[Annotated[TextBlock | ImageBlock, Field(discriminator="type")]] | None = None
+    is_error: bool | None = None
+
+
+ContentBlock = Annotated[TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock,
+                         Field(discriminator="type")]
+
+
+class Message(AnthropicModel):
+    # "system" as vLLM accepts it: an instruction in the middle of a conversation.
+    role: Literal["user", "assistant", "system"]
+    content: str | list[ContentBlock]
+
+
+class Tool(AnthropicModel):
+    name: str = Field(min_length=1)
+    description: str | None = None
+    input_schema: dict[str, Any]
+
+
+class ToolChoice(AnthropicModel):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool | None = None
+
+
+class PromptFields(AnthropicModel):
+    """What both routes render: the conversation, its system prompt and its tools."""
+
+    model: str = Field(min_length=1)
+    messages: list[Message] = Field(min_length=1)
+    system: str | list[TextBlock] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    # vLLM's extension: extra variables for the chat template.
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class MessagesRequest(PromptFields):
+    max_tokens: int  # required, as Anthropic's API has it
+    stop_sequences: list[str] | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    stream: bool | None = False
+    metadata: dict[str, Any] | None = None
+    # vLLM's extension: the prefix-cache namespace.
+    cache_salt: str | None = None
+
+
+class CountTokensRequest(PromptFields):
+    pass

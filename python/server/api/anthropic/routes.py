@@ -1,0 +1,76 @@
+"""POST /v1/messages and POST /v1/messages/count_tokens.
+
+A request is translated into the chat request it amounts to (`translate`), then runs
+exactly as /v1/chat/completions runs one: the same template render, tool plan,
+SamplingParams, admission, request id and generation service; only the response shape
+(`render`) and the error envelope (`errors`, chosen by the app for these paths) are
+Anthropic's. count_tokens renders and tokenizes the prompt a generation would receive, so
+it equals that generation's `usage.input_tokens`.
+"""
+
+from __future__ import annotations
+
+from actors.runtime.request import PromptInput
+from quart import Quart, Response, request
+
+from server.api.anthropic.protocol import CountTokensRequest, MessagesRequest
+from server.api.anthropic.render import MessageStream, message_body, sse_body
+from server.api.anthropic.translate import chat_request
+from server.api.http_io import accepts, check_model, json_response, parse, read_json
+from server.api.openai.chat import render_call, sampling_params
+from server.api.openai.tokenize import _in_tokenizer_thread
+from server.api.openai.tool_calls import choice_factory
+from server.api.openai.tools import apply_plan, plan_tools
+from server.errors import bad_request
+from server.frontend import service
+from server.generation import new_request_id
+from server.sse import sse_response
+from server.state import ServerState
+
+
+async def create_message(srv: ServerState, req: MessagesRequest) -> Response:
+    model = check_model(srv, req.model)
+    chat = chat_request(req)
+    plan = plan_tools(chat, srv.config)
+    params = apply_plan(sampling_params(srv, chat), plan)
+    # As on chat: the template renders special tokens itself, none are added.
+    prompts = [PromptInput(render=render_call(srv, chat, plan.tools),
+                           add_special_tokens=chat.add_special_tokens)]
+    rid = new_request_id(request.headers.get("X-Request-Id"), None)
+    gen = await service.start(srv, rid, prompts, params)
+    choice = choice_factory(plan)()
+    if req.stream:
+        return sse_response(sse_body(gen, MessageStream(gen, model=model, choice=choice)))
+    result = await gen.collect()
+    return json_response(message_body(gen, result, model=model, choice=choice))
+
+
+async def count_tokens(srv: ServerState, req: CountTokensRequest) -> Response:
+    check_model(srv, req.model)
+    chat = chat_request(req)
+    # The tool plan's checks too: a request create would refuse is not counted.
+    plan = plan_tools(chat, srv.config)
+    render = render_call(srv, chat, plan.tools)
+    add_special = chat.add_special_tokens
+
+    def work() -> int:
+        text = render()
+        too_long = srv.prompt_bound.error(text, srv.limits.max_model_len)
+        if too_long is not None:
+            raise bad_request(too_long, "messages")
+        return len(srv.tokenizer.backend_tokenizer.encode(
+            text, add_special_tokens=add_special).ids)
+
+    return json_response({"input_tokens": await _in_tokenizer_thread(work)})
+
+
+def register(app: Quart, srv: ServerState) -> None:
+    @app.post("/v1/messages")
+    @accepts(MessagesRequest)
+    async def v1_messages() -> Response:
+        return await create_message(srv, parse(MessagesRequest, await read_json()))
+
+    @app.post("/v1/messages/count_tokens")
+    @accepts(CountTokensRequest)
+    async def v1_count_tokens() -> Response:
+        return await count_tokens(srv, parse(CountTokensRequest, await read_json()))

@@ -1,0 +1,131 @@
+"""From an Anthropic request to the chat request our chat route runs, so that the chat
+template, tool planning (`tools.plan_tools`: vLLM's checks, the constraint of a forced
+choice, the `--tool-call-parser` of "auto") and the SamplingParams are the chat route's
+own, not a second copy of them.
+
+- `system` (a string or text blocks) becomes the first message, a `system` message
+  in `messages` stays where it is;
+- text blocks become text parts (the template sees them as chat's parts);
+- an assistant's `tool_use` blocks become its `tool_calls` (arguments as JSON text, which
+  `tools.history_messages` hands to the template as an object);
+- a user's `tool_result` blocks become `tool` messages before the user's own text, in
+  order, each with its `tool_use_id`; text blocks of a result are joined with newlines, and
+  `is_error` puts "Error: " before the text (the template has no other way to say it);
+- image blocks are refused (400): the served models read text only.
+- tool_choice: auto -> "auto", any -> "required", tool -> the named function, none ->
+  "none"; `disable_parallel_tool_use` -> `parallel_tool_calls: false`. Tools without a
+  tool_choice are "auto", as vLLM has it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from server.api.anthropic.protocol import (
+    ImageBlock,
+    Message,
+    MessagesRequest,
+    PromptFields,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+from server.api.http_io import parse
+from server.api.openai.protocol.chat import ChatCompletionRequest
+from server.errors import bad_request
+
+_NO_IMAGES = "image content blocks are not supported: the served model reads text only"
+
+
+def chat_request(req: PromptFields) -> ChatCompletionRequest:
+    """The chat request that renders and generates what `req` asks for."""
+    body: dict[str, Any] = {"model": req.model, "messages": chat_messages(req)}
+    if req.chat_template_kwargs is not None:
+        body["chat_template_kwargs"] = req.chat_template_kwargs
+    if req.tools is not None:
+        body["tools"] = [{"type": "function", "function": _function(t.name, t.description,
+                                                                    t.input_schema)}
+                         for t in req.tools]
+    choice = req.tool_choice
+    if choice is not None:
+        if choice.type == "tool" and not choice.name:
+            raise bad_request("tool_choice.name is required when type is 'tool'",
+                              "tool_choice.name")
+        body["tool_choice"] = {
+            "auto": "auto", "any": "required", "none": "none",
+            "tool": {"type": "function", "function": {"name": choice.name}},
+        }[choice.type]
+        body["parallel_tool_calls"] = not choice.disable_parallel_tool_use
+    if isinstance(req, MessagesRequest):
+        body.update(max_tokens=req.max_tokens, stream=bool(req.stream),
+                    stop=req.stop_sequences, temperature=req.temperature, top_p=req.top_p,
+                    top_k=req.top_k, cache_salt=req.cache_salt)
+    return parse(ChatCompletionRequest, body)
+
+
+def _function(name: str, description: str | None, schema: dict[str, Any]) -> dict[str, Any]:
+    function: dict[str, Any] = {"name": name, "parameters": {"type": "object", **schema}}
+    if description is not None:
+        function["description"] = description
+    return function
+
+
+def chat_messages(req: PromptFields) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    if req.system:
+        system = req.system
+        out.append({"role": "system", "content": system if isinstance(system, str)
+                    else [_text_part(b) for b in system]})
+    for i, message in enumerate(req.messages):
+        out.extend(_converted(message, i))
+    return out
+
+
+def _text_part(block: TextBlock) -> dict[str, Any]:
+    return {"type": "text", "text": block.text}
+
+
+def _converted(message: Message, index: int) -> list[dict[str, Any]]:
+    if isinstance(message.content, str):
+        return [{"role": message.role, "content": message.content}]
+    where = f"messages.{index}.content"
+    out: list[dict[str, Any]] = []
+    parts: list[dict[str, Any]] = []
+    calls: list[dict[str, Any]] = []
+    for block in message.content:
+        if isinstance(block, ImageBlock):
+            raise bad_request(_NO_IMAGES, where)
+        if isinstance(block, TextBlock):
+            parts.append(_text_part(block))
+        elif isinstance(block, ToolUseBlock):
+            if message.role != "assistant":
+                raise bad_request("tool_use blocks may only appear in assistant messages",
+                                  where)
+            calls.append({"id": block.id, "type": "function", "function": {
+                "name": block.name, "arguments": json.dumps(block.input)}})
+        elif isinstance(block, ToolResultBlock):
+            if message.role != "user":
+                raise bad_request("tool_result blocks may only appear in user messages",
+                                  where)
+            out.append({"role": "tool", "tool_call_id": block.tool_use_id,
+                        "content": _result_text(block, where)})
+    if message.role == "assistant":
+        converted: dict[str, Any] = {"role": "assistant", "content": parts or ""}
+        if calls:
+            converted["tool_calls"] = calls
+        return [*out, converted]
+    if parts or not out:
+        out.append({"role": message.role, "content": parts})
+    return out
+
+
+def _result_text(block: ToolResultBlock, where: str) -> str:
+    content = block.content
+    if content is None or isinstance(content, str):
+        text = content or ""
+    else:
+        if any(isinstance(b, ImageBlock) for b in content):
+            raise bad_request(_NO_IMAGES, where)
+        text = "\n".join(b.text for b in content if isinstance(b, TextBlock))
+    return "Error: " + text if block.is_error else text
