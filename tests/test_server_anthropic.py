@@ -240,6 +240,17 @@ def test_count_tokens_equals_create_usage(client):
     assert plain.input_tokens == create(client, max_tokens=2).usage.input_tokens
 
 
+def test_output_config_format_constrains_the_text(client):
+    fmt = {"format": {"type": "json_schema", "schema": WEATHER}}
+    r = create(client, messages=ASK, max_tokens=60, output_config=fmt,
+               thinking={"type": "disabled"})
+    assert r.stop_reason == "end_turn", r
+    jsonschema.validate(json.loads(text_of(r)), WEATHER)
+    with client.messages.stream(model=MODEL, messages=ASK, max_tokens=60, output_config=fmt,
+                                extra_body=GREEDY) as stream:
+        assert "".join(stream.text_stream) == text_of(r)
+
+
 def test_api_key_headers(url):
     body = {"model": MODEL, "max_tokens": 3, "messages": HELLO}
     with anthropic.Anthropic(base_url=url, auth_token=KEY, api_key=None, max_retries=0) as c:
@@ -293,6 +304,12 @@ BAD = [
     ({"tools": TOOLS, "tool_choice": {"type": "tool", "name": "nope"}},
      "invalid_request_error"),
     ({"tools": TOOLS, "tool_choice": {"type": "sometimes"}}, "invalid_request_error"),
+    ({"output_config": {"format": {"type": "json_schema", "schema": {"type": "nope"}}}},
+     "invalid_request_error"),
+    ({"output_config": {"format": {"type": "regex"}}}, "invalid_request_error"),
+    ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "invalid_request_error"),
+    ({"thinking": {"type": "enabled", "budget_tokens": 10}, "max_tokens": 2000},
+     "invalid_request_error"),
     ({"model": "gpt-9"}, "not_found_error"),
 ]
 

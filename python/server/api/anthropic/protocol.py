@@ -8,13 +8,19 @@ messages match chat's.
 
 Content blocks are a union on `type`: text, tool_use, tool_result, and image, which is
 parsed only to be refused by name (the served models read text).
+
+`output_config.format` (a JSON schema) constrains the output as chat's `response_format`
+does; `output_config.effort` and `thinking: {"type": "disabled"}` reach the chat template
+as `reasoning_effort` (the latter as "none"), as vLLM passes them. This server has no
+reasoning parser, so `thinking` enabled or adaptive is accepted (with vLLM's budget
+checks) and changes nothing: no thinking blocks are returned.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class AnthropicModel(BaseModel):
@@ -67,6 +73,26 @@ class ToolChoice(AnthropicModel):
     disable_parallel_tool_use: bool | None = None
 
 
+class JsonOutputFormat(AnthropicModel):
+    type: Literal["json_schema"]
+    json_schema: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(AnthropicModel):
+    # The efforts vLLM accepts; the chat template receives them as reasoning_effort.
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
+    format: JsonOutputFormat | None = None
+
+
+class ThinkingEnabled(AnthropicModel):
+    type: Literal["enabled"]
+    budget_tokens: int = Field(ge=1024)
+
+
+class ThinkingOther(AnthropicModel):
+    type: Literal["disabled", "adaptive"]
+
+
 class PromptFields(AnthropicModel):
     """What both routes render: the conversation, its system prompt and its tools."""
 
@@ -75,6 +101,8 @@ class PromptFields(AnthropicModel):
     system: str | list[TextBlock] | None = None
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
+    output_config: OutputConfig | None = None
+    thinking: Annotated[ThinkingEnabled | ThinkingOther, Field(discriminator="type")] | None = None
     # vLLM's extension: extra variables for the chat template.
     chat_template_kwargs: dict[str, Any] | None = None
 
@@ -89,6 +117,14 @@ class MessagesRequest(PromptFields):
     metadata: dict[str, Any] | None = None
     # vLLM's extension: the prefix-cache namespace.
     cache_salt: str | None = None
+
+    @model_validator(mode="after")
+    def _budget_below_max_tokens(self) -> MessagesRequest:
+        # As vLLM: a thinking budget must leave room for the answer.
+        if isinstance(self.thinking, ThinkingEnabled) and \
+                self.thinking.budget_tokens >= self.max_tokens:
+            raise ValueError("thinking.budget_tokens must be less than max_tokens")
+        return self
 
 
 class CountTokensRequest(PromptFields):

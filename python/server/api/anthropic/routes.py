@@ -32,6 +32,9 @@ async def create_message(srv: ServerState, req: MessagesRequest) -> Response:
     model = check_model(srv, req.model)
     chat = chat_request(req)
     plan = plan_tools(chat, srv.config)
+    if plan.forced:
+        # As on chat (and vLLM): the tool-call schema is the output's one constraint.
+        chat.response_format = None
     params = apply_plan(sampling_params(srv, chat), plan)
     # As on chat: the template renders special tokens itself, none are added.
     prompts = [PromptInput(render=render_call(srv, chat, plan.tools),

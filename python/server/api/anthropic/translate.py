@@ -12,6 +12,8 @@ own, not a second copy of them.
   order, each with its `tool_use_id`; text blocks of a result are joined with newlines, and
   `is_error` puts "Error: " before the text (the template has no other way to say it);
 - image blocks are refused (400): the served models read text only.
+- `output_config.format` -> `response_format` json_schema; `output_config.effort`, else
+  "none" for `thinking: {"type": "disabled"}` -> `reasoning_effort`;
 - tool_choice: auto -> "auto", any -> "required", tool -> the named function, none ->
   "none"; `disable_parallel_tool_use` -> `parallel_tool_calls: false`. Tools without a
   tool_choice are "auto", as vLLM has it.
@@ -57,6 +59,17 @@ def chat_request(req: PromptFields) -> ChatCompletionRequest:
             "tool": {"type": "function", "function": {"name": choice.name}},
         }[choice.type]
         body["parallel_tool_calls"] = not choice.disable_parallel_tool_use
+    effort = None
+    if req.thinking is not None and req.thinking.type == "disabled":
+        effort = "none"
+    config = req.output_config
+    if config is not None:
+        effort = config.effort or effort
+        if config.format is not None:
+            body["response_format"] = {"type": "json_schema", "json_schema": {
+                "name": "json_schema", "schema": config.format.json_schema}}
+    if effort is not None:
+        body["reasoning_effort"] = effort
     if isinstance(req, MessagesRequest):
         body.update(max_tokens=req.max_tokens, stream=bool(req.stream),
                     stop=req.stop_sequences, temperature=req.temperature, top_p=req.top_p,
