@@ -35,4 +35,8 @@ class EngineConfig:
     # Grammar backend of structured outputs: auto (= guidance, llguidance) | guidance |
     # xgrammar; vLLM's --structured-outputs-config backend=...
     structured_outputs_backend: str = "auto"
+    # Constrained choices take the tokens their grammar forces without a model step each
+    # (exact: the masked sampler could draw nothing else); --structured-outputs-config
+    # fast_forward=false turns it off.
+    structured_fast_forward: bool = True
     extra: dict[str, Any] = field(default_factory=dict)

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from actors.config import EngineConfig
+from actors.params.pooling import PoolerConfig
 
 from server import flag_checks as check
 from server.api.openai.tool_parsers import (
@@ -22,6 +23,7 @@ from server.responses_store import STATE_DIR_ENV
 from server.responses_store import default_path as default_store_path
 
 KEY_ENV_VARS = ("LLMSERVE_API_KEY", "VLLM_API_KEY")
+DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
 
 
 def _size(text: str) -> int:
@@ -52,15 +54,51 @@ def _structured_config(text: str) -> dict[str, str]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"not key=value pairs nor a JSON object: {text!r}")
     doc = {str(k).strip().replace("-", "_"): v for k, v in doc.items()}
-    unknown = sorted(set(doc) - {"backend"})
+    unknown = sorted(set(doc) - {"backend", "fast_forward"})
     if unknown:
         raise argparse.ArgumentTypeError(f"unknown structured outputs setting(s): "
-                                         f"{', '.join(unknown)} (known: backend)")
+                                         f"{', '.join(unknown)} (known: backend, fast_forward)")
     backend = str(doc.get("backend", "auto")).strip()
     if backend not in _STRUCTURED_BACKENDS:
         raise argparse.ArgumentTypeError(f"backend must be one of "
                                          f"{', '.join(_STRUCTURED_BACKENDS)}, got {backend!r}")
-    return {"backend": backend}
+    ff = doc.get("fast_forward", True)
+    if isinstance(ff, str):
+        if ff.strip().lower() not in ("true", "false", "1", "0"):
+            raise argparse.ArgumentTypeError(f"fast_forward must be true or false, got {ff!r}")
+        ff = ff.strip().lower() in ("true", "1")
+    elif not isinstance(ff, bool):
+        raise argparse.ArgumentTypeError(f"fast_forward must be true or false, got {ff!r}")
+    return {"backend": backend, "fast_forward": ff}
+
+
+_PROFILER_FLAGS = ("torch_profiler_with_stack", "torch_profiler_record_shapes",
+                   "torch_profiler_with_memory", "torch_profiler_with_flops",
+                   "torch_profiler_use_gzip")
+
+
+def _profiler_config(text: str) -> dict[str, object]:
+    """--profiler-config: vLLM's ProfilerConfig as JSON, the torch profiler only."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError:
+        doc = None
+    if not isinstance(doc, dict):
+        raise argparse.ArgumentTypeError(f"not a JSON object: {text!r}")
+    unknown = sorted(set(doc) - {"profiler", "torch_profiler_dir", *_PROFILER_FLAGS})
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown profiler setting(s): {', '.join(unknown)}")
+    if doc.get("profiler") != "torch":
+        raise argparse.ArgumentTypeError(
+            f"profiler must be 'torch' (the one profiler served), got {doc.get('profiler')!r}")
+    directory = doc.get("torch_profiler_dir")
+    if not isinstance(directory, str) or not directory.strip():
+        raise argparse.ArgumentTypeError("torch_profiler_dir must be set when profiler is "
+                                         "'torch'")
+    for flag in _PROFILER_FLAGS:
+        if not isinstance(doc.get(flag, False), bool):
+            raise argparse.ArgumentTypeError(f"{flag} must be true or false")
+    return {**doc, "torch_profiler_dir": os.path.abspath(os.path.expanduser(directory))}
 
 
 def _positive(text: str) -> int:
@@ -119,6 +157,14 @@ def build_parser() -> argparse.ArgumentParser:
     a("--served-model-name", nargs="+", type=check.non_empty, default=None, help="names "
       "clients use for the model (aliases); the first is reported in responses and metrics. "
       "Default: the model's name")
+    a("--runner", choices=("auto", "generate", "pooling"), default="auto", help="what the "
+      "model serves: 'pooling' the pooling routes only (/v1/embeddings, /pooling, /v2/embed, "
+      "score and rerank), 'generate' the generation routes; 'auto' is pooling for an encoder "
+      "(BERT) and generate otherwise")
+    a("--pooler-config", default=None, metavar="JSON", help="pooling as vLLM spells it: "
+      '\'{"pooling_type": "LAST"|"MEAN"|"CLS", "use_activation" (or "normalize"): true}\'; '
+      "on a generative model it also serves the pooling routes beside generation. Default: "
+      "the model's sentence-transformers pooling, else LAST, normalized")
     a("--host", type=check.non_empty, default="127.0.0.1", help="interface to bind")
     a("--port", type=check.in_range(check.integer, 0, 65535), default=8000,
       help="port to bind (0 picks a free one)")
@@ -168,10 +214,18 @@ def build_parser() -> argparse.ArgumentParser:
     a("--tool-call-parser", default=None, metavar="NAME", help="how the model writes tool "
       f"calls: one of {', '.join(tool_parser_names())}; with --enable-auto-tool-choice it "
       "also serves tool_choice 'required' and named functions. Default: none")
+    a("--enable-scale-out", action="store_true", help="serve the scale-out routes: "
+      "/v1/chat/completions/render, /v1/completions/render, their /derender, "
+      "/inference/v1/generate and /inference/v1/abort_requests (403 otherwise)")
+    a("--tokens-only", action="store_true", help="serve the tokens-in/tokens-out routes "
+      "(as --enable-scale-out, plus /abort_requests without an API key); generate then "
+      "returns token ids only and refuses stop strings")
     a("--structured-outputs-config", type=_structured_config, default={},
       metavar="backend=auto|guidance|xgrammar", help="structured outputs, as vLLM spells "
       "it (key=value pairs or a JSON object): 'backend' compiles constraints; auto = "
-      f"guidance (llguidance). Default: backend={ENGINE.structured_outputs_backend}")
+      "guidance (llguidance); 'fast_forward' (ours, default true) takes the tokens a "
+      "grammar forces without a model step each. Default: "
+      f"backend={ENGINE.structured_outputs_backend}")
     a("--responses-store", type=Path, default=None, metavar="PATH", help="SQLite file that "
       "keeps the Responses API's responses (GET, previous_response_id, background). "
       f"Default: ${STATE_DIR_ENV}/responses.sqlite, else "
@@ -209,6 +263,16 @@ def build_parser() -> argparse.ArgumentParser:
     a("--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"],
       help="log level")
     a("--log-json", action="store_true", help="log as JSON lines")
+    a("--enable-dev-endpoints", action="store_true", help="serve the operator routes "
+      "(/pause, /resume, /sleep, /wake_up, /abort_requests, /reset_prefix_cache, "
+      "/update_weights, /weight_info, /server_info, /collective_rpc ...); also on with "
+      f"{DEV_MODE_ENV}=1. Behind the API key when one is set")
+    a("--profiler-config", type=_profiler_config, default=None, metavar="JSON",
+      help='serve /start_profile and /stop_profile, as vLLM spells it: {"profiler": '
+      '"torch", "torch_profiler_dir": DIR} (optional torch_profiler_with_stack, '
+      "_record_shapes, _with_memory, _with_flops, _use_gzip). Default: none")
+    a("--enable-offline-docs", action="store_true", help="serve /docs as Swagger UI from "
+      "assets shipped in the package (no CDN); otherwise /docs is a plain operation list")
     return p
 
 
@@ -219,6 +283,11 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         check_tool_parser_flags(args.enable_auto_tool_choice, args.tool_call_parser)
     except UnknownToolParserError as exc:
         parser.error(str(exc))
+    if args.pooler_config is not None:
+        try:
+            PoolerConfig.parse(args.pooler_config)
+        except ValueError as exc:
+            parser.error(str(exc))
     keys = args.api_key or [v for v in (os.environ.get(k) for k in KEY_ENV_VARS) if v][:1]
     engine = EngineConfig(
         model=args.model,
@@ -236,6 +305,8 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         max_logprobs=args.max_logprobs,
         structured_outputs_backend=args.structured_outputs_config.get(
             "backend", ENGINE.structured_outputs_backend),
+        structured_fast_forward=args.structured_outputs_config.get(
+            "fast_forward", ENGINE.structured_fast_forward),
     )
     return ServerConfig(
         engine=engine,
@@ -248,6 +319,8 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         trust_request_chat_template=args.trust_request_chat_template,
         enable_auto_tool_choice=args.enable_auto_tool_choice,
         tool_call_parser=args.tool_call_parser,
+        enable_scale_out=args.enable_scale_out,
+        tokens_only=args.tokens_only,
         responses_store=None if args.no_responses_store else (
             args.responses_store or default_store_path()),
         responses_store_max_count=args.responses_store_max_count,
@@ -264,6 +337,12 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         enable_log_requests=args.enable_log_requests,
         log_level=args.log_level,
         log_json=args.log_json,
+        enable_dev_endpoints=args.enable_dev_endpoints
+        or os.environ.get(DEV_MODE_ENV, "").strip() in ("1", "true", "True"),
+        profiler_config=args.profiler_config,
+        enable_offline_docs=args.enable_offline_docs,
+        runner=args.runner,
+        pooler_config=args.pooler_config,
     )
 
 

@@ -19,6 +19,11 @@ The seam for constrained decoding (structured outputs plug in here): a sequence 
   it forbids or overwrites it), ``accept(token_id)`` after each draw, and
   ``rollback(num_tokens)`` when a sequence comes back (after preemption) holding fewer
   output tokens than the mask accepted. The mask is ANDed with ``allowed_token_ids``.
+  Optionally ``fast_forward(limit, allowed)``: after a draw, accept and return the tokens
+  the constraint now forces (each the only token the mask would allow, and ``allowed``);
+  the sampler appends them to the draw (``SampledToken.forced``), so the choice skips the
+  model steps that could only have drawn them. Rows that want logprobs or carry logits
+  processors never fast-forward (both must see every position).
 
 A step in which no sequence has hooks takes none of these paths (one boolean test).
 """
@@ -57,6 +62,10 @@ class TokenMask(Protocol):
     def rollback(self, num_tokens: int) -> None: ...
 
 
+# Most tokens one draw may bring along by fast-forward (a bound on one step's growth).
+FAST_FORWARD_LIMIT = 64
+
+
 @dataclass(slots=True)
 class SamplingHooks:
     """What constrains one choice's sampling beyond its SamplingParams. Stateful: each
@@ -93,9 +102,10 @@ def allowed_mask_of(token_ids: Sequence[int], vocab_size: int) -> np.ndarray:
 
 
 class Sampler:
-    def __init__(self, vocab_size: int) -> None:
+    def __init__(self, vocab_size: int, fast_forward: bool = True) -> None:
         self.vocab_size = vocab_size
         self._bitmask_words = (vocab_size + 31) // 32
+        self.fast_forward = fast_forward
 
     def sample(self, logits: torch.Tensor, rows: list[SamplingRow], seq_ids: list[int],
                states: list[SeqState], hooked: bool = False) -> list[SampledToken]:
@@ -110,16 +120,42 @@ class Sampler:
             drawn = [self._draw_one(logits, j, rows, states, seq_ids, hook_mask)
                      for j in range(len(rows))]
         sampled = []
-        for sid, st, d in zip(seq_ids, states, drawn):
+        for sid, row, st, d in zip(seq_ids, rows, states, drawn):
             if d is None:
                 sampled.append(SampledToken(seq_id=sid, token_id=llmcore.NO_TOKEN, refused=True))
                 continue
             st.outputs.append(d[0])
-            if st.hooks is not None and st.hooks.token_mask is not None and d[0] >= 0:
-                st.hooks.token_mask.accept(d[0])
-                st.hooks.accepted += 1
-            sampled.append(SampledToken(seq_id=sid, token_id=d[0], logprobs=d[1]))
+            forced: tuple[int, ...] = ()
+            h = st.hooks
+            if h is not None and h.token_mask is not None and d[0] >= 0:
+                h.token_mask.accept(d[0])
+                h.accepted += 1
+                if self.fast_forward and not row.want_logprobs and not h.logits_processors:
+                    forced = self._forced(row, st, h.token_mask)
+            sampled.append(SampledToken(seq_id=sid, token_id=d[0], logprobs=d[1],
+                                        forced=forced))
         return sampled
+
+    @staticmethod
+    def _forced(row: SamplingRow, st: SeqState, mask: TokenMask) -> tuple[int, ...]:
+        ff = getattr(mask, "fast_forward", None)
+        if ff is None:
+            return ()
+        banned = row.banned_token_ids
+        allowed_words = None if st.allowed_mask is None else st.allowed_mask.view(np.uint32)
+
+        def allowed(t: int) -> bool:
+            # what the core would refuse to draw at this position stops the jump
+            if t in banned:
+                return False
+            return allowed_words is None or bool((int(allowed_words[t // 32]) >> (t % 32)) & 1)
+
+        forced = tuple(ff(FAST_FORWARD_LIMIT, allowed))
+        if forced:
+            st.outputs.extend(forced)
+            assert st.hooks is not None
+            st.hooks.accepted += len(forced)
+        return forced
 
     def _apply_hooks(self, logits: torch.Tensor, states: list[SeqState]
                      ) -> tuple[np.ndarray, np.ndarray] | None:

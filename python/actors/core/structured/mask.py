@@ -8,6 +8,14 @@ backend built over a larger tokenizer writes into a scratch row cut to that widt
 A matcher that cannot be built (a refusal in a core that compiles for itself, in another
 process) or that stops following its tokens allows only the end-of-sequence tokens: the
 choice then ends, instead of the step failing.
+
+Fast-forward (``MatcherMask.fast_forward``): right after a draw the mask computes the next
+position's allowed set; while that set is a single token (not an end-of-sequence token),
+the sampler could only draw that token, whatever the logits, the temperature or the seed,
+so it is taken at once and the choice skips that model step. The tokens forced this way
+are exactly those the masked sampler would have drawn: the step that follows feeds them to
+the model as one chunk. The last set computed (not a single token) is kept and serves the
+next step's ``fill_bitmask``, so the look-ahead costs no extra mask fill.
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ class MatcherMask:
     """``sampler.TokenMask`` over one choice's matcher. ``_taken`` records, per token the
     sampler reported, whether the matcher took it, so a rollback undoes exactly that."""
 
-    __slots__ = ("_eos", "_m", "_scratch", "_taken")
+    __slots__ = ("_eos", "_m", "_next", "_next_valid", "_scratch", "_taken")
 
     def __init__(self, matcher: Matcher, backend_vocab: int, vocab_size: int,
                  eos_token_ids: Iterable[int]) -> None:
@@ -37,8 +45,17 @@ class MatcherMask:
         words, own = bitmask_words(vocab_size), bitmask_words(backend_vocab)
         self._scratch = None if own == words else np.zeros(own, np.int32)
         self._eos = tuple(eos_token_ids)
+        self._next = np.zeros(words, np.int32)  # the look-ahead row of fast_forward
+        self._next_valid = False
 
     def fill_bitmask(self, row: np.ndarray) -> None:
+        if self._next_valid:
+            row[:] = self._next
+            self._next_valid = False
+            return
+        self._fill(row)
+
+    def _fill(self, row: np.ndarray) -> None:
         if self._scratch is None:
             self._m.fill_bitmask(row)
         else:
@@ -50,7 +67,23 @@ class MatcherMask:
             for t in self._eos:
                 words[t // 32] |= np.uint32(1 << (t % 32))
 
+    def fast_forward(self, limit: int, allowed: Callable[[int], bool]) -> list[int]:
+        """Accepts the tokens the grammar now forces, at most ``limit``, stopping at one
+        that ``allowed`` refuses (the sampler would not draw it there); returns them."""
+        forced: list[int] = []
+        row = self._next
+        while len(forced) < limit:
+            self._fill(row)
+            token = _single_token(row)
+            if token is None or token in self._eos or not allowed(token):
+                self._next_valid = True
+                break
+            self.accept(token)
+            forced.append(token)
+        return forced
+
     def accept(self, token_id: int) -> None:
+        self._next_valid = False
         taken = self._m.accept(token_id)
         if not taken and token_id not in self._eos:
             log.warning("the grammar refused token %d; ending the choice", token_id)
@@ -59,6 +92,7 @@ class MatcherMask:
     def rollback(self, num_tokens: int) -> None:
         if num_tokens <= 0:
             return
+        self._next_valid = False
         undone = sum(self._taken[-num_tokens:])
         del self._taken[-num_tokens:]
         if undone:
@@ -84,11 +118,27 @@ class EosOnlyMask:
     def fill_bitmask(self, row: np.ndarray) -> None:
         row[:] = self._row
 
+    def fast_forward(self, limit: int, allowed: Callable[[int], bool]) -> list[int]:
+        return []
+
     def accept(self, token_id: int) -> None:
         pass
 
     def rollback(self, num_tokens: int) -> None:
         pass
+
+
+def _single_token(row: np.ndarray) -> int | None:
+    """The one token a bitmask row allows, or None when it allows none or several."""
+    words = row.view(np.uint32)
+    nonzero = np.flatnonzero(words)
+    if len(nonzero) != 1:
+        return None
+    w = int(nonzero[0])
+    bits = int(words[w])
+    if bits & (bits - 1):
+        return None
+    return w * 32 + bits.bit_length() - 1
 
 
 def mask_for(get_matcher: Callable[[], tuple[Matcher, int]], vocab_size: int,
