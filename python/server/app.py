@@ -13,7 +13,9 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from server.api import ops
-from server.api.openai import chat, completions, invocations, models, responses, tokenize
+from server.api.openai import (
+    batch, chat, completions, invocations, models, responses, tokenize,
+)
 from server.auth import APIKeyMiddleware
 from server.errors import APIError, envelope_bytes
 from server.generation import RetireAtRequestEnd
@@ -23,7 +25,7 @@ from server.write_watchdog import WriteWatchdog
 log = logging.getLogger("server.http")
 
 # Every module that registers routes, each through its `register(app, srv)`.
-API_MODULES = (ops, completions, chat, models, tokenize, invocations, responses)
+API_MODULES = (ops, completions, chat, batch, models, tokenize, invocations, responses)
 
 # Routes that answer before the model is loaded (and after an engine failure).
 ALWAYS_OPEN = frozenset({"/health", "/ping", "/version", "/metrics"})

@@ -162,6 +162,13 @@ class EngineActor:
         async with self._admit_recv:
             async for req in self._admit_recv:
                 self._admitted.append(req)
+                # What else is queued, with no checkpoint between: a request's prompts,
+                # sent together, reach the core before the same step.
+                while True:
+                    try:
+                        self._admitted.append(self._admit_recv.receive_nowait())
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break  # the loop itself ends at the end of the channel
                 self._wakeup.set()
         self._admit_closed = True
         self._wakeup.set()

@@ -106,7 +106,9 @@ class TokenizerActor:
                 for choice in req.choices:
                     choice.retired = True
                 continue
-            await self._admit_send.send(req)  # never blocks: see the bound above
+            # Never blocks (see the bound above), and no checkpoint between a request's
+            # prompts: the engine actor takes them all into the same step.
+            self._admit_send.send_nowait(req)
         state.note_retired()
 
     def _prepare(self, state: RequestState) -> list[PromptResult]:

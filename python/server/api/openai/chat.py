@@ -16,7 +16,7 @@ from server.api.openai.params import build_params, check_stream_options
 from server.api.openai.protocol.chat import ChatCompletionRequest
 from server.api.openai.render import ChatCompletionRenderer, sse_body
 from server.api.openai.tool_calls import choice_factory
-from server.api.openai.tools import apply_plan, history_messages, plan_tools
+from server.api.openai.tools import ToolPlan, apply_plan, history_messages, plan_tools
 from server.api.openai.unsupported import check_unsupported
 from server.errors import bad_request
 from server.frontend import service
@@ -100,7 +100,10 @@ def sampling_params(srv: ServerState, req: ChatCompletionRequest) -> SamplingPar
                         aliases=aliases)
 
 
-async def handle(srv: ServerState, req: ChatCompletionRequest) -> Response:
+def checked(srv: ServerState,
+            req: ChatCompletionRequest) -> tuple[str, ToolPlan, SamplingParams]:
+    """Every check of a chat body that needs no rendering, in vLLM's order: the served name
+    to report, the tool plan and the request's SamplingParams (shared by the batch route)."""
     model = check_model(srv, req.model)
     check_stream_options(req)
     plan = plan_tools(req, srv.config)
@@ -108,7 +111,11 @@ async def handle(srv: ServerState, req: ChatCompletionRequest) -> Response:
         # As vLLM: the tool-call schema is the output's one constraint.
         req.response_format = None
     check_unsupported(req)
-    params = apply_plan(sampling_params(srv, req), plan)
+    return model, plan, apply_plan(sampling_params(srv, req), plan)
+
+
+async def handle(srv: ServerState, req: ChatCompletionRequest) -> Response:
+    model, plan, params = checked(srv, req)
     prompts = [PromptInput(render=render_call(srv, req, plan.tools),
                            add_special_tokens=req.add_special_tokens)]
     rid = new_request_id(request.headers.get("X-Request-Id"), req.request_id)

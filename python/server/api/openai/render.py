@@ -236,13 +236,16 @@ class ChatCompletionRenderer(_Renderer):
     def __init__(self, gen: TextGeneration, *, model: str, fingerprint: str, role: str,
                  echoed: str, logprobs: bool, top_logprobs: int, include_usage: bool = False,
                  continuous_usage: bool = False,
-                 new_choice: Callable[[], ChatChoice] = ChatChoice) -> None:
+                 new_choice: Callable[[], ChatChoice] = ChatChoice,
+                 per_prompt: Sequence[tuple[str, str]] | None = None) -> None:
         self.gen = gen
         self.model = model
         self.fingerprint = fingerprint
         self.response_id = f"chatcmpl-{gen.request_id}"
         self.role = role
         self.echoed = echoed  # the last message's text, in front of each choice's
+        # (role, echoed) of each prompt, where prompts are conversations of their own (batch)
+        self.per_prompt = per_prompt
         self.logprobs = logprobs
         self.top_logprobs = top_logprobs
         self.options = _StreamOptions(include_usage, continuous_usage)
@@ -293,8 +296,10 @@ class ChatCompletionRenderer(_Renderer):
     def response(self, result: Collected) -> dict[str, Any]:
         choices = []
         for r in result.choices:
+            role, echoed = (self.role, self.echoed) if self.per_prompt is None else \
+                self.per_prompt[r.index // self.gen.n]
             message, reason = self.choices[r.index].message(
-                self.role, self.echoed, r.text, r.finish_reason, r.stop_reason)
+                role, echoed, r.text, r.finish_reason, r.stop_reason)
             choices.append({"index": r.index, "message": message,
                             "logprobs": self._logprobs_json(r.logprobs),
                             "finish_reason": reason, "stop_reason": r.stop_reason})
