@@ -194,7 +194,15 @@ def load_tokenizer(model_dir: str) -> Any:
     """The tokenizer (and chat template) of the model the core loaded, from its directory."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(model_dir)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    # The routes and the tokenizer actor encode with the Rust tokenizer directly; a
+    # tokenizer.json may carry fixed padding and truncation (sentence-transformers' do: pad
+    # and cut to 128), which would add pad tokens to every prompt or cut it silently.
+    # transformers turns both off for a call that does not ask for them; so do we.
+    backend = tok.backend_tokenizer
+    backend.no_padding()
+    backend.no_truncation()
+    return tok
 
 
 class _JSONFormatter(logging.Formatter):

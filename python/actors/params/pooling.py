@@ -12,9 +12,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["POOLING_TYPES", "PoolerConfig", "PoolingSpec", "matryoshka_of", "pooler_from_dir"]
+if TYPE_CHECKING:
+    from actors.params.limits import RequestLimits
+    from actors.params.sampling import SamplingParams
+
+__all__ = ["POOLING_TYPES", "PoolerConfig", "PoolingSpec", "check_pooling_prompt",
+           "matryoshka_of", "pooler_from_dir"]
 
 POOLING_TYPES = ("LAST", "MEAN", "CLS")
 
@@ -116,3 +121,27 @@ def matryoshka_of(hf_config: dict[str, Any]) -> tuple[bool, tuple[int, ...] | No
     dims = hf_config.get("matryoshka_dimensions")
     allowed = tuple(int(x) for x in dims) if isinstance(dims, list) else None
     return bool(hf_config.get("is_matryoshka")) or allowed is not None, allowed
+
+
+def check_pooling_prompt(token_ids: list[int], params: SamplingParams,
+                         limits: RequestLimits) -> list[int]:
+    """check_prompt for a pooling request: no output token, so the prompt may fill the
+    whole context (vLLM's rule and message for embeddings); the refusal names ``input``."""
+    from actors.errors import PromptTooLong, RequestRefused, TokenOutOfVocab
+
+    for t in token_ids:
+        if not 0 <= t < limits.vocab_size:
+            raise TokenOutOfVocab(f"Token id {t} is out of vocabulary", param="input")
+    if not token_ids:
+        raise RequestRefused("The input is empty after tokenization.", param="input")
+    limit = limits.max_model_len
+    if limit is None:
+        raise ValueError("check_pooling_prompt needs limits.max_model_len")
+    # One more than the context: truncate_prompt_tokens=-1 keeps all of it (no output).
+    ids = params.truncate_prompt(token_ids, limit + 1)
+    if len(ids) > limit:
+        raise PromptTooLong(
+            f"This model's maximum context length is {limit} tokens. However, your prompt "
+            f"contains {len(ids)} input tokens, which exceeds this limit even without any "
+            "output tokens. Please reduce the length of the input prompt.", param="input")
+    return ids

@@ -41,6 +41,8 @@ class ChoiceUpdate:
     # The prompt's logprobs (first entry None), once, on the first update of the first
     # choice of each prompt when the request asked for them.
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    # A pooling request's vector (little-endian float32), with its finish.
+    pooled: bytes | None = None
 
     def size(self) -> int:
         """About how much memory this update takes, erring high (measured with tracemalloc:
@@ -51,6 +53,8 @@ class ChoiceUpdate:
     def merge(self, other: ChoiceUpdate) -> None:
         if other.prompt_logprobs is not None:
             self.prompt_logprobs = other.prompt_logprobs
+        if other.pooled is not None:
+            self.pooled = other.pooled
         self.text += other.text
         self.token_ids.extend(other.token_ids)
         self.logprobs.extend(other.logprobs)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import trio
 
 from actors.errors import DuplicateRequest
+from actors.params.pooling import PoolingSpec
 from actors.params.sampling import SamplingParams
 from actors.runtime.failures import Outcome, ServerFailed
 from actors.runtime.outbox import Outbox
@@ -76,6 +77,7 @@ class EngineRequest:
     prompt_token_ids: list[int]
     admitted_at: float
     choices: list[Choice] = field(default_factory=list)
+    pooling: PoolingSpec | None = None  # a pooling request: one vector, no tokens
     abort_requested: bool = False  # every choice
     in_engine: bool = False
     prompt_counted: bool = False  # its prompt tokens count once, with its first token
@@ -96,12 +98,14 @@ class RequestState:
         *,
         max_model_len: int,
         outbox: Outbox | None = None,
+        pooling: PoolingSpec | None = None,
     ) -> None:
         """`outbox`: the front end's own (a subclass), else a plain one for n x prompts."""
         self.request_id = request_id
         self.prompts = prompts
         self.params = params
         self.max_model_len = max_model_len
+        self.pooling = pooling
         self.arrival = time.monotonic()
         self.outbox = Outbox(len(prompts) * params.n) if outbox is None else outbox
         self.engine_requests: list[EngineRequest] = []

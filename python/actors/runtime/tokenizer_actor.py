@@ -27,6 +27,7 @@ from actors.messages import RequestOutput
 from actors.runtime.failures import ClientGone, PrepareFailed, RowRefused
 from actors.errors import PromptTooLong, RequestRefused
 from actors.params.limits import RequestLimits
+from actors.params.pooling import check_pooling_prompt
 from actors.params.prompt import check_prompt
 from actors.runtime import faults
 from actors.text.detokenizer import IncrementalDetokenizer, TokenTexts
@@ -129,7 +130,8 @@ class TokenizerActor:
                 ids = self._backend.encode(
                     text, add_special_tokens=prompt.add_special_tokens
                 ).ids
-            checked = check_prompt(ids, state.params, limits)
+            checked = (check_prompt(ids, state.params, limits) if state.pooling is None
+                       else check_pooling_prompt(ids, state.params, limits))
             if text is None or checked is not ids:  # decoded only once its ids are known good
                 text = self._backend.decode(checked, skip_special_tokens=False)
             results.append(PromptResult(checked, text))
@@ -149,6 +151,7 @@ class TokenizerActor:
                 params=replace(params, max_tokens=max_tokens),
                 prompt_token_ids=result.token_ids,
                 admitted_at=state.arrival,
+                pooling=state.pooling,
             )
             for i in range(n):
                 req.choices.append(Choice(
@@ -214,6 +217,10 @@ class TokenizerActor:
                 # The sampler refused this request's row; only this request fails (vLLM
                 # answers an "error" finish with a 500).
                 state.outbox.fail(RowRefused())
+                continue
+            if out.pooled is not None:
+                state.outbox.push(ChoiceUpdate(index=choice.outbox_index, finish_reason="stop",
+                                               pooled=out.pooled))
                 continue
             new_ids = list(out.new_token_ids)
             step = choice.detokenizer.add(new_ids, ends_on_stop_token=out.stopped_on_token)

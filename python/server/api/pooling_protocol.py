@@ -1,0 +1,75 @@
+"""Request bodies of the pooling routes, as vLLM 0.33 (and Cohere's and Jina's APIs for
+/v2/embed and rerank) name their fields. Types are checked here (strict JSON types, unknown
+fields ignored); ranges and the model's limits in server.api.pooling."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from server.api.openai.protocol.common import APIModel
+
+TokenIds = list[int]
+EmbedInput = str | list[str] | TokenIds | list[TokenIds]
+ScoreInput = str | list[str]
+
+
+class PoolingFields(APIModel):
+    model: str | None = None
+    user: str | None = None
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
+    truncation_side: Literal["left", "right"] | None = None
+    priority: int = 0
+    request_id: str | None = Field(default=None, max_length=256)
+    add_special_tokens: bool = True
+    # vLLM 0.33's name for normalization (None: the model's pooler decides)
+    use_activation: bool | None = None
+
+
+class EmbeddingRequest(PoolingFields):
+    """POST /v1/embeddings and /pooling (the completion form: text or token ids)."""
+
+    input: EmbedInput
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+
+
+class CohereEmbedRequest(APIModel):
+    """POST /v2/embed: Cohere's embed v2 (texts only)."""
+
+    model: str | None = None
+    texts: list[str] | None = None
+    images: list[str] | None = None
+    inputs: list[Any] | None = None
+    input_type: str | None = None
+    embedding_types: list[Literal["float", "binary", "ubinary", "base64"]] | None = None
+    truncate: Literal["NONE", "START", "END"] = "END"
+    output_dimension: int | None = None
+    max_tokens: int | None = None
+    priority: int = 0
+
+
+class ScoreRequest(PoolingFields):
+    """POST /score, /v1/score: one of the pairs queries/documents, text_1/text_2,
+    data_1/data_2 (vLLM's three spellings), 1:1, 1:N or N:N."""
+
+    queries: ScoreInput | None = None
+    documents: ScoreInput | None = None
+    text_1: ScoreInput | None = None
+    text_2: ScoreInput | None = None
+    data_1: ScoreInput | None = None
+    data_2: ScoreInput | None = None
+
+
+class RerankDocument(APIModel):
+    text: str
+
+
+class RerankRequest(PoolingFields):
+    """POST /rerank, /v1/rerank, /v2/rerank: vLLM's, Jina's and Cohere's shape."""
+
+    query: str
+    documents: list[str | RerankDocument]
+    top_n: int | None = Field(default=None, ge=0)
+    return_documents: bool = True
