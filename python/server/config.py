@@ -30,6 +30,9 @@ class ServerConfig:
     # tool calling: tool_choice "auto" and the parser that reads every tool choice's output
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None
+    # scale-out: /render, /derender, /inference/v1/generate and abort (403 when off)
+    enable_scale_out: bool = False
+    tokens_only: bool = False  # the generate routes on, stop strings and text output off
     # the Responses API's store (server.responses_store): None keeps no responses (the
     # CLI's default is a file in the state directory); bounded by count and age (0: none)
     responses_store: Path | None = None
