@@ -52,6 +52,15 @@ class ServerConfig:
     enable_log_requests: bool = False
     log_level: str = "info"
     log_json: bool = False
+    # operator routes (server/api/dev.py, profile.py) and the vendored Swagger UI at /docs
+    enable_dev_endpoints: bool = False  # --enable-dev-endpoints or VLLM_SERVER_DEV_MODE=1
+    profiler_config: dict[str, object] | None = None  # --profiler-config: /start_profile
+    enable_offline_docs: bool = False
+    # pooling (server/api/pooling.py): --runner pooling serves the pooling routes only;
+    # --pooler-config (vLLM's JSON) sets the pooling and, on a generative model, adds the
+    # pooling routes beside generation
+    runner: str = "auto"  # auto | generate | pooling
+    pooler_config: str | None = None
 
     # A read-only view for the wiring that names the model; it holds nothing, so it
     # cannot drift from ``engine``.
