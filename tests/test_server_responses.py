@@ -96,6 +96,27 @@ def test_max_output_tokens_cut_is_incomplete(client):
     assert r.max_output_tokens == 3
 
 
+def test_output_logprobs_and_truncation(client):
+    kw = dict(input="Say hello.", max_output_tokens=5, include=["message.output_text.logprobs"],
+              top_logprobs=2)
+    whole = create(client, **kw)
+    lps = whole.output[0].content[0].logprobs
+    assert len(lps) == whole.usage.output_tokens == 5
+    assert "".join(lp.token for lp in lps) == whole.output_text
+    assert all(len(lp.top_logprobs) == 2 and lp.top_logprobs[0].logprob >= lp.logprob - 1e-4
+               for lp in lps)  # temperature 0: the sampled token is the most likely
+    with client.responses.stream(model=MODEL, temperature=0, **kw) as stream:
+        deltas = [e for e in stream if e.type == "response.output_text.delta"]
+    assert [lp.token for e in deltas for lp in e.logprobs] == [lp.token for lp in lps]
+    # A prompt longer than the context: a 400 naming input, unless truncation is "auto".
+    long = "word " * 1500
+    with pytest.raises(openai.BadRequestError) as err:
+        create(client, input=long, max_output_tokens=2)
+    assert err.value.body["param"] == "input"
+    cut = create(client, input=long, max_output_tokens=1, truncation="auto")
+    assert cut.usage.input_tokens == 1023 and cut.truncation == "auto"
+
+
 def test_stream_helper_matches_whole_response(server, client):
     kw = dict(input="Say hello.", max_output_tokens=200)
     whole = create(client, **kw)
@@ -338,10 +359,22 @@ def test_store_survives_restart_and_is_bounded(tmp_path):
             kept = {r.id: c.responses.retrieve(r.id).model_dump() for r in made[1:]}
     finally:
         assert srv.stop() == 0
+    # A background response still running at SIGTERM outlasts the drain: aborted, it is
+    # stored failed (or, cut off before that, marked failed when the store is reopened),
+    # never left in progress.
+    srv = run("--responses-store-max-count", "10", "--drain-timeout", "2")
+    try:
+        with openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0) as c:
+            running = create(c, input="Write a long story.", background=True,
+                             max_output_tokens=900)
+    finally:
+        assert srv.stop() == 0
     srv = run()
     try:
         with openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0) as c:
             assert {i: c.responses.retrieve(i).model_dump() for i in kept} == kept
+            lost = c.responses.retrieve(running.id)
+            assert lost.status == "failed" and lost.error.code == "server_error"
             with pytest.raises(openai.NotFoundError):
                 c.responses.retrieve(made[0].id)
             later = create(c, input="And then?", previous_response_id=made[3].id,

@@ -75,9 +75,6 @@ class ResponseStore:
         """Replace the body of a stored response; False when it is gone (evicted)."""
         return bool(await self._run(self._update, body))
 
-    async def close(self) -> None:
-        await self._run(self._close)
-
     async def _run(self, fn: Any, *args: Any) -> Any:
         return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
 
@@ -134,8 +131,3 @@ class ResponseStore:
     def _evict_old(self, db: sqlite3.Connection) -> None:
         if self.max_age > 0:
             db.execute("DELETE FROM responses WHERE created < ?", (time.time() - self.max_age,))
-
-    def _close(self) -> None:
-        if self._db is not None:
-            self._db.close()
-            self._db = None

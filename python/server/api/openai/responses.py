@@ -195,6 +195,10 @@ def _echo(req: ResponsesRequest, params: SamplingParams, stored: bool) -> dict[s
 
 def _final(shape: ResponseShape, builder: OutputBuilder, usage: Usage,
            finish_reason: str | None) -> dict[str, Any]:
+    if finish_reason == "abort":  # the server aborted it (a drain, /pause): not an answer
+        return shape.body("failed", builder.output, usage,
+                          error={"code": "server_error",
+                                 "message": "The server aborted this response."})
     return shape.body("incomplete" if finish_reason == "length" else "completed",
                       builder.output, usage)
 
@@ -236,7 +240,7 @@ class ResponsesAPI:
         try:
             params = _sampling_params(srv, req, plan)
         except APIError as exc:
-            raise _named_for_text(exc) from None
+            raise _named_for_responses(exc) from None
         assert srv.renderer is not None
         render = srv.renderer.prepare(
             history_messages(conversation(req.instructions, history, messages)),
@@ -256,7 +260,7 @@ class ResponsesAPI:
         try:
             gen = await service.start(srv, rid, [PromptInput(render=render)], params)
         except APIError as exc:
-            raise _named_for_text(exc) from None
+            raise _named_for_responses(exc) from None
         if req.background:
             return await self._start_background(gen, shape, builder, turn)
         if req.stream:
@@ -374,10 +378,13 @@ class ResponsesAPI:
         return stored
 
 
-def _named_for_text(exc: APIError) -> APIError:
-    """A refusal of the constraint names `text.format`, the field the client sent."""
+def _named_for_responses(exc: APIError) -> APIError:
+    """A refusal names the field the client sent: `text.format` for the constraint chat
+    calls response_format, `input` for the prompt."""
     if exc.param is not None and exc.param.startswith("response_format"):
         exc.param = "text.format" + exc.param[len("response_format"):]
+    elif exc.param == "prompt":
+        exc.param = "input"
     return exc
 
 
