@@ -23,7 +23,8 @@ LONG_PROMPT = ("A parcel left the depot on Monday, crossed two borders, waited a
 
 @pytest.fixture(scope="module")
 def server():
-    srv = ServerProcess("--scheduling-policy", "priority", "--max-num-seqs", "1").wait_ready()
+    srv = ServerProcess("--scheduling-policy", "priority", "--max-num-seqs", "1",
+                        "--enable-dev-endpoints").wait_ready()  # /server_info
     yield srv.url
     assert srv.stop() == 0, srv.log()
 

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from actors.errors import RequestRefused
-from actors.runtime.failures import ClientGone, RequestFailed
+from actors.runtime.failures import ClientGone, GenerationPaused, RequestFailed
 
 # OpenAI-style error types by status.
 _TYPES = {
@@ -90,11 +90,14 @@ CLIENT_GONE = 499
 
 def status_of(error: BaseException) -> int:
     """The HTTP status of a typed reason a request ended: a refusal is the request's fault
-    (400), a client that left is 499, anything else is the server's (500)."""
+    (400), a client that left is 499, a paused engine 503 (retry later, as vLLM), anything
+    else is the server's (500)."""
     if isinstance(error, RequestRefused):
         return 400
     if isinstance(error, ClientGone):
         return CLIENT_GONE
+    if isinstance(error, GenerationPaused):
+        return 503
     return 500
 
 

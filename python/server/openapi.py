@@ -7,6 +7,8 @@ could not follow them).
 
 from __future__ import annotations
 
+from functools import cache
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
@@ -49,7 +51,7 @@ def openapi_document(app: Quart) -> dict[str, Any]:
     paths: dict[str, Any] = {}
     components: dict[str, Any] = {}
     for rule in app.url_map.iter_rules():
-        if rule.endpoint == "static":
+        if rule.endpoint in UNDOCUMENTED:
             continue
         for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
             op: dict[str, Any] = {
@@ -108,3 +110,30 @@ fetch("openapi.json").then(r => r.json()).then(doc => {
 });
 </script></body></html>
 """
+
+
+# --enable-offline-docs: Swagger UI 5 (Apache-2.0, vendored from the swagger-ui-py wheel
+# into server/docs_assets/swagger-ui with its LICENSE), served by this server: no CDN, so
+# the page works where the network stops at the host. No validator badge (it calls out).
+# (Not a folder named "static": Quart would serve that at /static whatever the flags.)
+SWAGGER_DIR = Path(__file__).parent / "docs_assets" / "swagger-ui"
+# Routes that serve the documentation's own files, left out of the document.
+UNDOCUMENTED = frozenset({"static", "swagger_asset"})
+SWAGGER_HTML = """<!doctype html>
+<html><head><meta charset="utf-8"><title>llmserve API</title>
+<link rel="stylesheet" href="static/swagger-ui/swagger-ui.css"></head>
+<body><div id="swagger-ui"></div>
+<script src="static/swagger-ui/swagger-ui-bundle.js"></script>
+<script>
+window.ui = SwaggerUIBundle({url: "openapi.json", dom_id: "#swagger-ui", validatorUrl: null,
+                             deepLinking: true});
+</script></body></html>
+"""
+_MIMETYPES = {".js": "text/javascript", ".css": "text/css"}
+
+
+@cache
+def swagger_asset_bytes(name: str) -> tuple[bytes, str]:
+    """One vendored asset and its media type (read once)."""
+    path = SWAGGER_DIR / name
+    return path.read_bytes(), _MIMETYPES[path.suffix]

@@ -4,6 +4,15 @@
     HTTP / tokenizer --abort_nowait()--> engine actor (a list, never blocks)
     admin --await control(Control)--> engine actor --ControlResult (one-shot reply)
 
+Operator commands that decide whether it steps are the actor's own (vLLM's pause and
+sleep): ``pause`` with mode ``abort`` (every in-flight request ends with finish_reason
+"abort", as a client sees it), ``wait`` (the reply comes once the core has drained) or
+``keep`` (nothing steps; new requests queue); in abort and wait modes new requests are
+refused (GenerationPaused, a 503) until ``resume``. ``sleep`` pauses the same way but queues
+new requests, then frees the core's memory (actors.core.operator); ``wake_up`` restores it
+and steps again. ``abort_requests`` ends requests by id, or all of them. Commands that load
+or free memory run in the worker thread, under the same limiter as a step.
+
 The core is touched only here: ``add``, ``abort`` and ``control`` between steps on the Trio
 thread, ``step`` in a worker thread under a limiter of one (the core is not re-entrant, and
 its native code releases the GIL, so the Trio thread keeps serving HTTP meanwhile). A step
@@ -35,7 +44,7 @@ from actors.core.protocol import EngineCore
 from actors.errors import RequestRefused
 from actors.messages import Abort, Admit, Control, ControlResult, RequestOutput, TokenBatch
 from actors.runtime import faults
-from actors.runtime.failures import EngineFailed
+from actors.runtime.failures import EngineFailed, GenerationPaused
 from actors.runtime.faults import InjectedFault
 from actors.runtime.metric_events import (
     EngineStats,
@@ -44,11 +53,17 @@ from actors.runtime.metric_events import (
     SequenceFinished,
     StepTokens,
 )
-from actors.runtime.request import Choice, EngineRequest, Registry
+from actors.runtime.outbox import ChoiceUpdate
+from actors.runtime.request import Choice, EngineRequest, Registry, RequestState
 
 log = logging.getLogger("actors.runtime.engine")
 
 FAULT_ENV = "LLMSERVE_FAULT_AFTER_STEPS"
+
+PAUSE_MODES = ("abort", "wait", "keep")
+# Core commands that allocate, free or load memory: run in the worker thread.
+_HEAVY_CONTROLS = frozenset({"sleep", "wake_up", "update_weights", "start_profile",
+                             "stop_profile"})
 
 # Engine steps whose outputs may wait for detokenization at once: one being detokenized
 # while the next runs keeps the core busy without letting the tokenizer fall behind.
@@ -98,6 +113,12 @@ class EngineActor:
         self._aborts: list[tuple[EngineRequest, int | None]] = []
         # Operator commands and their one-shot replies; one per awaiting caller.
         self._controls: list[tuple[Control, trio.MemorySendChannel[ControlResult]]] = []
+        # Pauses and sleeps of mode "wait", answered once the core has drained.
+        self._draining: list[tuple[Control, trio.MemorySendChannel[ControlResult]]] = []
+        self._pause_mode: str | None = None  # the operator's /pause, until /resume
+        self.refusing_new = False  # admits fail with GenerationPaused (pause abort|wait)
+        self._holding = False  # nothing steps and admits wait (pause keep, drained pause)
+        self._sleep_level: int | None = None  # asleep at that level until wake_up
         self._wakeup = trio.Event()
         self._admit_closed = False
         self._stepping = True  # False once the loop has ended (finished or failed)
@@ -155,7 +176,7 @@ class EngineActor:
                 await trio.sleep_forever()  # the supervisor decides when the process ends
             finally:
                 self._stepping = False
-                self._answer_controls()
+                self._answer_stopped()
             nursery.cancel_scope.cancel()
 
     async def _receive_admits(self) -> None:
@@ -178,10 +199,12 @@ class EngineActor:
         while True:
             self._apply_aborts()
             self._apply_admits()
-            self._answer_controls()
+            await self._answer_controls()
             self._publish_stats()
-            if not core.has_unfinished():
-                if self._admit_closed and not self._admitted:
+            if self._admit_closed and (self._holding or self._sleep_level is not None):
+                self._release_for_shutdown()
+            if not self.stepping_allowed or not core.has_unfinished():
+                if self._admit_closed and not self._admitted and not core.has_unfinished():
                     return
                 await self._wakeup.wait()
                 self._wakeup = trio.Event()
@@ -215,8 +238,18 @@ class EngineActor:
             if req.abort_requested or req.done:
                 self._retire_all(req, "abort")
                 continue
+            if self.refusing_new:
+                found = self._registry.engine_requests.get(req.engine_id)
+                if found is not None:
+                    found[0].outbox.fail(GenerationPaused())
+                self._retire_all(req, "abort")
+                continue
+            if not self.admits_flow:  # held until resume or wake_up
+                self._admitted.append(req)
+                continue
             try:
                 self._core.add(Admit(req.engine_id, tuple(req.prompt_token_ids), req.params,
+                                     pooling=req.pooling,
                                      arrival_time=req.admitted_at,
                                      priority=req.params.priority))
             except RequestRefused as exc:  # the core's own checks; the edge should catch these
@@ -246,13 +279,163 @@ class EngineActor:
             log.exception("control %s failed", command.command)
             return ControlResult(False, error=f"{command.command} failed: {type(exc).__name__}")
 
-    def _answer_controls(self) -> None:
+    async def _apply_heavy(self, command: Control) -> ControlResult:
+        if command.command not in _HEAVY_CONTROLS:
+            return self._apply_control(command)
+        return await trio.to_thread.run_sync(self._apply_control, command,
+                                             limiter=self._limiter)
+
+    async def _answer_controls(self) -> None:
         controls, self._controls = self._controls, []
         for command, reply in controls:
-            result = (ControlResult(False, error="the engine has failed") if self._failed
-                      else self._apply_control(command))
-            reply.send_nowait(result)  # its own channel of size one, never full
-            reply.close()
+            if self._failed:
+                result: ControlResult | None = ControlResult(False,
+                                                             error="the engine has failed")
+            else:
+                result = await self._operate(command)
+            if result is None:  # mode "wait": answered once the core has drained
+                self._draining.append((command, reply))
+                continue
+            _reply(reply, result)
+        if self._draining and not self._core.has_unfinished():
+            draining, self._draining = self._draining, []
+            for command, reply in draining:
+                _reply(reply, await self._drained(command))
+
+    def _answer_stopped(self) -> None:
+        """The loop has ended: core commands still apply; the actor's own cannot."""
+        pending = self._controls + self._draining
+        self._controls, self._draining = [], []
+        for command, reply in pending:
+            if self._failed:
+                result = ControlResult(False, error="the engine has failed")
+            elif command.command in _ACTOR_CONTROLS:
+                result = ControlResult(False, error="the engine has stopped", reason="conflict")
+            else:
+                result = self._apply_control(command)
+            _reply(reply, result)
+
+    # -- pause, sleep, abort ---------------------------------------------------------------
+    @property
+    def stepping_allowed(self) -> bool:
+        return not self._holding and self._sleep_level is None
+
+    @property
+    def admits_flow(self) -> bool:
+        """New requests reach the core (else they wait in the actor): not while paused in
+        keep mode, draining for a wait, or asleep."""
+        return self.stepping_allowed and not self._draining
+
+    async def _operate(self, command: Control) -> ControlResult | None:
+        """Applies one command; None defers the answer until the core has drained."""
+        args = dict(command.args)
+        match command.command:
+            case "pause":
+                return self._pause(str(args.get("mode", "abort")),
+                                   bool(args.get("clear_cache", True)))
+            case "resume":
+                self._pause_mode = None
+                self.refusing_new = False
+                self._holding = False
+                self._wakeup.set()
+                return ControlResult(True)
+            case "is_paused":
+                return ControlResult(True, self._pause_mode is not None)
+            case "is_sleeping":  # vLLM's: any pause of the scheduler counts as asleep
+                return ControlResult(True, self._sleep_level is not None
+                                     or self._pause_mode is not None)
+            case "abort_requests":
+                return ControlResult(True, self._abort_requests(args.get("request_ids")))
+            case "sleep":
+                return await self._sleep(command, str(args.get("mode", "abort")))
+            case "wake_up":
+                return await self._wake_up(command)
+        return await self._apply_heavy(command)
+
+    def _pause(self, mode: str, clear_cache: bool) -> ControlResult | None:
+        if mode not in PAUSE_MODES:
+            return ControlResult(False, error=f"Invalid pause mode: {mode}", reason="invalid")
+        self._pause_mode = mode
+        self.refusing_new = mode != "keep"
+        if mode == "abort":
+            self._abort_requests(None)
+        if mode == "keep" or not self._core.has_unfinished():
+            return self._paused(mode, clear_cache)
+        return None  # wait: answered by _drained
+
+    def _paused(self, mode: str, clear_cache: bool) -> ControlResult:
+        self._holding = True
+        if clear_cache and mode != "keep":
+            self._apply_control(Control("reset_prefix_cache"))
+        return ControlResult(True)
+
+    async def _sleep(self, command: Control, mode: str) -> ControlResult | None:
+        level = int(dict(command.args).get("level", 1))
+        if mode not in PAUSE_MODES:
+            return ControlResult(False, error=f"Invalid pause mode: {mode}", reason="invalid")
+        if level >= 1 and mode == "keep" and self._core.has_unfinished():
+            return ControlResult(False, reason="conflict", error=(
+                f"sleep level {level} frees the KV cache, so mode=keep cannot keep the "
+                "running requests; use mode=abort or mode=wait"))
+        if mode == "abort":
+            self._abort_requests(None)
+        if mode == "wait" and self._core.has_unfinished():
+            return None
+        return await self._asleep(command)
+
+    async def _asleep(self, command: Control) -> ControlResult:
+        level = int(dict(command.args).get("level", 1))
+        result = await self._apply_heavy(command)
+        if result.ok:
+            self._sleep_level = max(level, self._sleep_level or 0)
+        return result
+
+    async def _wake_up(self, command: Control) -> ControlResult:
+        result = await self._apply_heavy(command)
+        if result.ok and not result.value["asleep"]:
+            self._sleep_level = None
+            self._wakeup.set()
+        return result
+
+    async def _drained(self, command: Control) -> ControlResult:
+        args = dict(command.args)
+        if command.command == "sleep":
+            return await self._asleep(command)
+        return self._paused(str(args.get("mode", "wait")), bool(args.get("clear_cache", True)))
+
+    def _abort_requests(self, request_ids: list[str] | None) -> int:
+        """Ends every tokenized request (all, or those whose id, response id or internal id
+        is named) with finish_reason "abort"; returns how many."""
+        wanted = set(request_ids or ())
+        count = 0
+        for state in list(self._registry.requests.values()):
+            if not state.ready.is_set() or state.retired.is_set():
+                continue
+            if wanted and not wanted & _names_of(state.request_id):
+                continue
+            self.abort_state(state)
+            count += 1
+        self._apply_aborts()
+        return count
+
+    def abort_state(self, state: RequestState) -> None:
+        """Ends every unfinished choice of `state` with finish_reason "abort" (a consumer
+        still reading sees it; a closed Outbox drops it) and stops it in the engine."""
+        state.cancelled = True  # a request still being tokenized is never admitted
+        for req in state.engine_requests:
+            for choice in req.choices:
+                if not state.outbox.is_finished(choice.outbox_index):
+                    state.outbox.push(ChoiceUpdate(choice.outbox_index, finish_reason="abort"))
+                if choice.finish_reason is None and not choice.retired:
+                    choice.finish_reason = "abort"
+            self.abort_nowait(req)
+
+    def _release_for_shutdown(self) -> None:
+        """Shutting down while paused or asleep: what cannot run any more ends now."""
+        self._abort_requests(None)
+        for req in self._admitted:
+            self._retire_all(req, "abort")
+        self._admitted.clear()
 
     def _publish_stats(self) -> None:
         stats = self._core.stats()
@@ -349,6 +532,22 @@ class EngineActor:
             self.metrics_dropped += 1
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             pass
+
+
+_ACTOR_CONTROLS = frozenset({"pause", "resume", "is_paused", "is_sleeping",
+                             "abort_requests", "sleep", "wake_up"})
+
+
+def _reply(reply: trio.MemorySendChannel[ControlResult], result: ControlResult) -> None:
+    reply.send_nowait(result)  # its own channel of size one, never full
+    reply.close()
+
+
+def _names_of(internal_id: str) -> set[str]:
+    """The ids an operator may name a request by: ours, the client's (X-Request-Id or the
+    body's request_id) and the response ids built from it."""
+    public = internal_id.rsplit(".", 1)[0]
+    return {internal_id, public, f"cmpl-{public}", f"chatcmpl-{public}"}
 
 
 def _finished(req: EngineRequest, choice: Choice, now: float) -> SequenceFinished:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from actors.errors import RequestRefused
 
-__all__ = ["ClientGone", "EngineFailed", "PrepareFailed", "RequestFailed", "RowRefused",
-           "ServerFailed", "Outcome"]
+__all__ = ["ClientGone", "EngineFailed", "GenerationPaused", "PrepareFailed", "RequestFailed",
+           "RowRefused", "ServerFailed", "Outcome"]
 
 
 class RequestFailed(Exception):
@@ -47,6 +47,14 @@ class EngineFailed(RequestFailed):
     """An engine step raised: every request in flight is lost."""
 
     def __init__(self, message: str = "the engine failed while serving this request") -> None:
+        super().__init__(message)
+
+
+class GenerationPaused(RequestFailed):
+    """The operator paused generation (/pause in abort or wait mode): retry after resume."""
+
+    def __init__(self, message: str = "Generation is paused. Please retry after it "
+                                      "resumes.") -> None:
         super().__init__(message)
 
 

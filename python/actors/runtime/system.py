@@ -35,7 +35,6 @@ from actors.runtime.engine_actor import BATCH_CREDITS, EngineActor
 from actors.runtime.failures import ServerFailed
 from actors.runtime.metric_events import MetricEvent
 from actors.runtime.metrics_actor import METRICS_CHANNEL_SIZE, MetricsActor, cache_config_info
-from actors.runtime.outbox import ChoiceUpdate
 from actors.runtime.request import EngineRequest, Registry, RequestState
 from actors.runtime.tokenizer_actor import TokenizerActor
 from actors.text.detokenizer import TokenTexts
@@ -82,14 +81,7 @@ class ActorSystem:
     def abort(self, state: RequestState) -> None:
         """Ends every unfinished choice with finish_reason "abort" (a consumer still reading
         sees it; a closed Outbox drops it) and stops the request in the engine."""
-        state.cancelled = True  # a request still being tokenized is never admitted
-        for req in state.engine_requests:
-            for choice in req.choices:
-                if not state.outbox.is_finished(choice.outbox_index):
-                    state.outbox.push(ChoiceUpdate(choice.outbox_index, finish_reason="abort"))
-                if choice.finish_reason is None and not choice.retired:
-                    choice.finish_reason = "abort"
-            self.engine.abort_nowait(req)
+        self.engine.abort_state(state)
 
     async def control(self, command: Control) -> ControlResult:
         """An operator command, applied by the engine between two steps."""

@@ -1,16 +1,16 @@
-"""The operational routes, outside any model API: health and ping, version, load, server
-info, Prometheus metrics, and the API's own description (/openapi.json, /docs)."""
+"""The operational routes, outside any model API: health and ping, version, load,
+Prometheus metrics, and the API's own description (/openapi.json, /docs: a plain list of
+operations, or with --enable-offline-docs Swagger UI from assets in the package).
+/server_info is an operator route (server/api/dev.py)."""
 
 from __future__ import annotations
-
-import dataclasses
 
 from quart import Quart, Response
 
 from server import __version__
 from server.api.http_io import json_response
 from server.errors import APIError
-from server.openapi import DOCS_HTML, openapi_document
+from server.openapi import DOCS_HTML, SWAGGER_HTML, openapi_document, swagger_asset_bytes
 from server.state import ServerState
 
 # Until the model is loaded the metrics actor does not exist; scrapers still get a 200.
@@ -39,12 +39,6 @@ def register(app: Quart, srv: ServerState) -> None:
     async def load() -> Response:
         return json_response({"server_load": len(srv.registry or ())})
 
-    @app.get("/server_info")
-    async def server_info() -> Response:
-        cfg = dataclasses.asdict(srv.config)
-        cfg.pop("api_keys", None)  # never disclosed
-        return json_response({"config": cfg, "version": __version__})
-
     @app.get("/metrics")
     async def metrics() -> Response:
         body = LOADING_METRICS if srv.metrics is None else srv.metrics.exposition()
@@ -54,6 +48,18 @@ def register(app: Quart, srv: ServerState) -> None:
     async def openapi() -> Response:
         return json_response(openapi_document(app))
 
-    @app.get("/docs")
-    async def docs() -> Response:
-        return Response(DOCS_HTML, mimetype="text/html")
+    if srv.config.enable_offline_docs:
+        @app.get("/docs")
+        async def docs() -> Response:
+            return Response(SWAGGER_HTML, mimetype="text/html")
+
+        @app.get("/static/swagger-ui/<any('swagger-ui-bundle.js', 'swagger-ui.css'):name>")
+        async def swagger_asset(name: str) -> Response:
+            body, mimetype = swagger_asset_bytes(name)
+            response = Response(body, mimetype=mimetype)
+            response.headers["Cache-Control"] = "public, max-age=86400"
+            return response
+    else:
+        @app.get("/docs")
+        async def docs() -> Response:
+            return Response(DOCS_HTML, mimetype="text/html")
