@@ -32,7 +32,7 @@ import trio
 
 from actors.errors import RequestRefused
 from actors.params.sampling import SamplingParams
-from actors.runtime.failures import Outcome
+from actors.runtime.failures import GenerationPaused, Outcome
 from actors.runtime.outbox import Outbox, OutboxFailed
 from actors.runtime.request import PromptInput, RequestState
 from server.errors import APIError, api_error_of, bad_request, overloaded, status_of
@@ -91,6 +91,10 @@ class Generation:
         if not srv.health.serving:
             raise APIError(503, "The server is not accepting requests now.",
                            headers={"Retry-After": "5"})
+        if srv.actors.engine.refusing_new:  # type: ignore[union-attr]
+            # /pause (abort or wait): refused before any response starts, as the engine
+            # refuses an admit that was already on its way.
+            raise api_error_of(GenerationPaused())
         capacity = srv.admission.capacity  # type: ignore[union-attr]
         if self.slots > capacity:
             # Waiting cannot help: the server could not hold this request even when idle.
