@@ -19,8 +19,7 @@ from server.api.openai.tool_parsers import (
     tool_parser_names,
 )
 from server.config import ServerConfig
-from server.responses_store import STATE_DIR_ENV
-from server.responses_store import default_path as default_store_path
+from server.state_dir import STATE_DIR_ENV, default_responses_store
 
 KEY_ENV_VARS = ("LLMSERVE_API_KEY", "VLLM_API_KEY")
 DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
@@ -322,7 +321,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         enable_scale_out=args.enable_scale_out,
         tokens_only=args.tokens_only,
         responses_store=None if args.no_responses_store else (
-            args.responses_store or default_store_path()),
+            args.responses_store or default_responses_store()),
         responses_store_max_count=args.responses_store_max_count,
         responses_store_max_age=float(args.responses_store_max_age),
         max_queued_requests=args.max_queued_requests,

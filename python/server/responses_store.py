@@ -17,7 +17,6 @@ owns a store file at a time.
 from __future__ import annotations
 
 import logging
-import os
 import sqlite3
 import time
 from dataclasses import dataclass
@@ -29,20 +28,9 @@ import trio
 
 log = logging.getLogger("server.responses_store")
 
-STATE_DIR_ENV = "LLMSERVE_STATE_DIR"
 UNFINISHED = ("queued", "in_progress")
 _LOST = {"code": "server_error",
          "message": "The server stopped before this background response finished."}
-
-
-def default_path(environ: dict[str, str] | None = None) -> Path:
-    """$LLMSERVE_STATE_DIR/responses.sqlite, else the XDG state directory's llmserve/."""
-    env = os.environ if environ is None else environ
-    state = env.get(STATE_DIR_ENV)
-    if state:
-        return Path(state) / "responses.sqlite"
-    xdg = env.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(xdg) / "llmserve" / "responses.sqlite"
 
 
 @dataclass(frozen=True, slots=True)

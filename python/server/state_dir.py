@@ -1,0 +1,23 @@
+"""Where the server keeps what outlives a process (the Responses API's store): standard
+library only, since the command line reads it before anything heavy is imported."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+STATE_DIR_ENV = "LLMSERVE_STATE_DIR"
+
+
+def state_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """$LLMSERVE_STATE_DIR, else $XDG_STATE_HOME/llmserve (~/.local/state/llmserve)."""
+    env = os.environ if environ is None else environ
+    if env.get(STATE_DIR_ENV):
+        return Path(env[STATE_DIR_ENV])
+    xdg = env.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(xdg) / "llmserve"
+
+
+def default_responses_store(environ: Mapping[str, str] | None = None) -> Path:
+    return state_dir(environ) / "responses.sqlite"
