@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "linear.h"
+#include "linear_quant.h"
 
 namespace lc::linear {
 
@@ -118,6 +119,7 @@ void run(Job& job, const lc_tensor* bias, std::vector<float>& bias32) {
             job.bias = bias32.data();
         }
     }
+    if (job.packed && job.packed->qtype) return run_quant(job);
     const Isa isa = current_isa();
     const bool avx2 = isa >= Isa::kAvx2;
     if (job.packed && isa == Isa::kAvx512 && job.packed->dtype == LC_DTYPE_BF16)

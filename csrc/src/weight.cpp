@@ -1,6 +1,10 @@
 // lc_weight: packing, unpacking, row gathers and the huge-page allocation.
 #include "weight.h"
 
+#include <vector>
+
+#include "weight_quant.h"
+
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -13,7 +17,9 @@ namespace {
 
 constexpr size_t kHugePage = size_t(2) << 20;
 
-void* alloc_weight_memory(size_t bytes) {
+}  // namespace
+
+void* lc::weight::alloc_memory(size_t bytes) {
     // Large matrices: 2 MiB aligned so that whole huge pages cover them.
     const size_t align = bytes >= kHugePage ? kHugePage : 64;
     const size_t rounded = (bytes + align - 1) / align * align;
@@ -24,6 +30,8 @@ void* alloc_weight_memory(size_t bytes) {
 #endif
     return p;
 }
+
+namespace {
 
 void check_matrix(const lc_tensor* t, const char* what) {
     lc::check_tensor(t, what, 2);
@@ -51,7 +59,7 @@ extern "C" lc_status lc_weight_pack(const lc_tensor* w, lc_weight** out) {
         const size_t elem = lc::dtype_size(w->dtype);
         pw->bytes = size_t(pw->panels) * size_t(K) * kPanel * elem;
         try {
-            pw->data = alloc_weight_memory(std::max<size_t>(pw->bytes, 64));
+            pw->data = lc::weight::alloc_memory(std::max<size_t>(pw->bytes, 64));
         } catch (...) {
             delete pw;
             throw;
@@ -115,6 +123,24 @@ extern "C" lc_status lc_weight_rows(const lc_weight* w, const int64_t* rows, int
                                                       " is out of range [0, " +
                                                       std::to_string(w->n) + ")");
         const int64_t K = w->k;
+        if (w->qtype) {  // dequantized into fp32 (exact), then rounded to out's dtype
+            lc::parallel_for(count, std::max<int64_t>(1, 8192 / std::max<int64_t>(1, K)),
+                             [&](int64_t b, int64_t e) {
+                std::vector<float> row(static_cast<size_t>(K));
+                for (int64_t i = b; i < e; ++i) {
+                    lc::quant::dequant_row(*w, rows[i], row.data());
+                    char* o = static_cast<char*>(out->data) +
+                              i * out->strides[0] * int64_t(lc::dtype_size(out->dtype));
+                    for (int64_t k = 0; k < K; ++k) {
+                        if (out->dtype == LC_DTYPE_F32)
+                            reinterpret_cast<float*>(o)[k] = row[size_t(k)];
+                        else
+                            reinterpret_cast<uint16_t*>(o)[k] = lc::f32_to_bf16(row[size_t(k)]);
+                    }
+                }
+            });
+            return;
+        }
         lc::parallel_for(count, std::max<int64_t>(1, 8192 / std::max<int64_t>(1, K)),
                          [&](int64_t b, int64_t e) {
             for (int64_t i = b; i < e; ++i) {

@@ -4,6 +4,8 @@
 // Layout: panels of kPanel = 16 output columns; panel p holds columns
 // 16p .. 16p+15 for every k, k-major: [K][16]. Columns past N are zero.
 //
+// (A quantized weight keeps the panels but stores blocks: weight_quant.h.)
+//
 //   panel p, row k:  W[16p + 0][k] ... W[16p + 15][k]      (one 64-byte fp32
 //                                                           or 32-byte bf16 row)
 //
@@ -27,6 +29,7 @@
 struct lc_weight {
     int64_t n = 0, k = 0;
     int32_t dtype = LC_DTYPE_F32;  // storage: LC_DTYPE_F32 or LC_DTYPE_BF16
+    int32_t qtype = 0;             // an lc_quant_type: GGUF blocks (weight_quant.h); 0: float
     int64_t panels = 0;
     void* data = nullptr;  // panels * k * 16 elements
     size_t bytes = 0;      // allocated
@@ -35,6 +38,9 @@ struct lc_weight {
 namespace lc::weight {
 
 constexpr int kPanel = 16;
+
+// Weight memory: 2 MiB aligned and marked for huge pages when large; std::free it.
+void* alloc_memory(size_t bytes);
 
 // Slot of column c (0..15) within a stored panel row.
 inline int slot(int32_t dtype, int c) {

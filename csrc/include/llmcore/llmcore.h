@@ -414,6 +414,31 @@ LC_API lc_status lc_weight_rows(const lc_weight* weight, const int64_t* rows, in
 LC_API lc_status lc_linear_packed(const lc_tensor* x, const lc_weight* weight,
                                   const lc_tensor* bias, const lc_tensor* out, void* stream);
 
+/*
+ * Quantized packed weights: a GGUF matrix kept in its own block format, so a
+ * decode step reads 4.5-8.5 bits per weight instead of 16.
+ *
+ * lc_weight_pack_quant: blocks holds W [N, K] as GGUF stores it: N rows, each
+ * K/32 consecutive blocks of `type` (ggml's block_q8_0, block_q4_0,
+ * block_q4_1; K a multiple of 32), nbytes = N * K/32 * block size (34, 18,
+ * 20). The blocks are copied (repacked into the kernels' layout; the caller
+ * may free them at once) into a new lc_weight, destroyed with
+ * lc_weight_destroy like any other. lc_weight_info reports dtype F32 for it
+ * (the type of what lc_weight_rows writes) and nbytes of the packed copy.
+ * lc_weight_quant_type: the weight's lc_quant_type, 0 for a float weight.
+ *
+ * lc_linear_packed with a quantized weight: each row of x is quantized per
+ * block of 32 to int8 (scale max|x| / 127, round to nearest), the products
+ * are exact integer dot products per block, scaled into fp32 sums: the result
+ * is W (dequantized exactly) times x as rounded, within fp32 rounding, on
+ * every instruction set (AVX512_VNNI, AVX2, scalar). lc_weight_rows
+ * dequantizes the rows it gathers. CPU only, as every lc_weight. */
+typedef enum { LC_QUANT_Q4_0 = 2, LC_QUANT_Q4_1 = 3, LC_QUANT_Q8_0 = 8 } lc_quant_type;
+
+LC_API lc_status lc_weight_pack_quant(int32_t type, const void* blocks, int64_t nbytes, int64_t n,
+                                      int64_t k, lc_weight** out);
+LC_API lc_status lc_weight_quant_type(const lc_weight* weight, int32_t* type);
+
 /* ------------------------------------------------------------------ */
 /* Elementwise operations of a decoder layer                           */
 /* ------------------------------------------------------------------ */

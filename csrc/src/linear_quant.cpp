@@ -1,0 +1,114 @@
+// Quantized packed linear: the activation quantizer, the run-time choice of
+// variant, and the scalar reference microkernel (linear_quant.h).
+#include "linear_quant.h"
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+namespace lc::linear {
+
+bool cpu_has_avx512_vnni() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw");
+#else
+    return false;
+#endif
+}
+
+namespace {
+
+struct QuantXBuf {
+    std::vector<int8_t> q;
+    std::vector<float> scale, ssum;
+    std::vector<int32_t> isum;
+};
+
+QuantX quantize(const Job& job, QuantXBuf& buf) {
+    const int64_t nb = job.K / quant::kBlock, M = job.M;
+    buf.q.resize(size_t(M * job.K));
+    buf.scale.resize(size_t(M * nb));
+    buf.ssum.resize(size_t(M * nb));
+    buf.isum.resize(size_t(M * nb));
+    parallel_for(M * nb, std::max<int64_t>(1, 256), [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i) {
+            const float* x = job.x + (i / nb) * job.ldx + (i % nb) * quant::kBlock;
+            float amax = 0.0f;
+            for (int e = 0; e < quant::kBlock; ++e) amax = std::max(amax, std::fabs(x[e]));
+            const float s = amax / 127.0f, inv = s != 0.0f ? 1.0f / s : 0.0f;
+            int8_t* q = buf.q.data() + i * quant::kBlock;
+            int32_t sum = 0;
+            for (int e = 0; e < quant::kBlock; ++e) {
+                const long v = std::lrint(x[e] * inv);  // |v| <= 127: x[e] * inv <= 127 (+1 ulp)
+                q[e] = int8_t(std::max<long>(-127, std::min<long>(127, v)));
+                sum += q[e];
+            }
+            buf.scale[size_t(i)] = s;
+            buf.isum[size_t(i)] = sum;
+            buf.ssum[size_t(i)] = s * float(sum);
+        }
+    });
+    return QuantX{buf.q.data(), buf.scale.data(), buf.ssum.data(), buf.isum.data(), nb};
+}
+
+constexpr int kScalarMR = 4;
+
+// The reference: a block is unpacked once, then every row's terms are added in
+// the order and with the roundings every variant uses.
+template <int32_t T, int R>
+struct ScalarMicro {
+    static void run(const Job& job, const QuantX& qx, int64_t p, int64_t m0, int nvalid) {
+        constexpr int kP = weight::kPanel;
+        const lc_weight& w = *job.packed;
+        const int64_t qb = quant::quant_bytes(T);
+        float acc[R][kP] = {};
+        for (int64_t b = 0; b < qx.nb; ++b) {
+            const uint8_t* blk = quant::block_at(w, p, b);
+            int u[kP][quant::kBlock];
+            float d[kP], m[kP];
+            for (int c = 0; c < kP; ++c) {
+                for (int e = 0; e < quant::kBlock; ++e) u[c][e] = quant::quant_of(T, blk, c, e);
+                uint16_t h;
+                std::memcpy(&h, blk + qb + 2 * c, 2);
+                d[c] = quant::f16_to_f32(h);
+                std::memcpy(&h, blk + qb + 32 + 2 * c, 2);
+                m[c] = T == quant::kQ4_1 ? quant::f16_to_f32(h) : 0.0f;
+            }
+            for (int r = 0; r < R; ++r) {
+                const int64_t i = (m0 + r) * qx.nb + b;
+                const int8_t* q = qx.q + i * quant::kBlock;
+                for (int c = 0; c < kP; ++c) {
+                    int32_t dot = -quant::offset(T) * qx.isum[i];
+                    for (int e = 0; e < quant::kBlock; ++e) dot += u[c][e] * q[e];
+                    acc[r][c] = std::fma(float(dot), d[c] * qx.scale[i], acc[r][c]);
+                    if (T == quant::kQ4_1) acc[r][c] = std::fma(m[c], qx.ssum[i], acc[r][c]);
+                }
+            }
+        }
+        for (int r = 0; r < R; ++r) store_row(job, m0 + r, p * kP, acc[r], nvalid);
+    }
+};
+
+}  // namespace
+
+void run_quant_scalar(const Job& job, const QuantX& qx) {
+    drive_quant<kScalarMR>(job, [&](int64_t p, int64_t m0, int rows, int nvalid) {
+        dispatch_rows<kScalarMR, ScalarMicro>(job.packed->qtype, rows, job, qx, p, m0, nvalid);
+    });
+}
+
+void run_quant(const Job& job) {
+    thread_local QuantXBuf buf;
+    const QuantX qx = quantize(job, buf);  // the workers read this thread's buffer
+    const Isa isa = current_isa();
+    static const bool vnni = cpu_has_avx512_vnni();
+    if (isa == Isa::kAvx512 && vnni)
+        run_quant_avx512(job, qx);
+    else if (isa >= Isa::kAvx2)
+        run_quant_avx2(job, qx);
+    else
+        run_quant_scalar(job, qx);
+}
+
+}  // namespace lc::linear

@@ -1,0 +1,81 @@
+// The packed linear on quantized weights (weight_quant.h): one driver and one
+// per-block formula, each instruction set supplying only its microkernel.
+//
+// Activations are quantized per row and block of 32 to int8 (q = round(x / s),
+// s = max|x| / 127) with the block's integer sum kept, so that per block
+//   sum_e w_e x_e = d * s * (sum_e u_e q_e - off * sum_e q_e)   (Q8_0, Q4_0)
+//                 = d * s * sum_e u_e q_e + m * (s * sum_e q_e)  (Q4_1)
+// with the bracket an exact integer (vpdpbusd: u8 x s8 -> s32). Every variant
+// accumulates the block terms in the same order with the same fp32 roundings
+// (d * s, then one fused multiply-add per term), so they agree with the scalar
+// one to the last bit unless the compiler reorders nothing it may not.
+//
+// The work is split as in the float packed kernels: each thread takes a range
+// of panels, visits them in L2-sized groups, and each block of MR x rows passes
+// over a group (a decode step streams the weight once).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "linear.h"
+#include "weight_quant.h"
+
+namespace lc::linear {
+
+// The activations of one call, quantized: row m, block b at index m * nb + b.
+struct QuantX {
+    const int8_t* q;      // [M][K]
+    const float* scale;   // s
+    const float* ssum;    // s * sum(q), for the Q4_1 min term
+    const int32_t* isum;  // sum(q)
+    int64_t nb;           // blocks per row (K / 32)
+};
+
+void run_quant_scalar(const Job& job, const QuantX& qx);
+void run_quant_avx2(const Job& job, const QuantX& qx);
+void run_quant_avx512(const Job& job, const QuantX& qx);  // AVX512_VNNI
+// Quantizes job.x, picks the variant (current_isa(); avx512 needs AVX512_VNNI) and runs it.
+void run_quant(const Job& job);
+// Whether this CPU has AVX512_VNNI (the avx512 variant; else avx2 runs in its place).
+bool cpu_has_avx512_vnni();
+
+namespace {  // internal linkage: each ISA's translation unit gets its own copy
+
+// Calls micro(panel, m0, rows, valid columns) over the job's panels and rows
+// in cache-friendly order, spread over the worker pool.
+template <int MR, class Micro>
+void drive_quant(const Job& job, Micro&& micro) {
+    const lc_weight& w = *job.packed;
+    const int64_t panel_bytes = (job.K / quant::kBlock) * quant::block_bytes(w.qtype);
+    const int64_t group = std::max<int64_t>(1, (int64_t(192) << 10) / panel_bytes);
+    for_tiles(job, w.panels, job.M * job.K * weight::kPanel, [&](int64_t p0, int64_t p1) {
+        for (int64_t g0 = p0; g0 < p1; g0 += group) {
+            const int64_t g1 = std::min(p1, g0 + group);
+            for (int64_t m0 = 0; m0 < job.M; m0 += MR) {
+                const int rows = int(std::min<int64_t>(MR, job.M - m0));
+                for (int64_t p = g0; p < g1; ++p)
+                    micro(p, m0, rows,
+                          int(std::min<int64_t>(weight::kPanel, job.N - p * weight::kPanel)));
+            }
+        }
+    });
+}
+
+// micro<T, R>(args...) for the weight's type T and R = rows (1..MR), chosen at run time.
+template <int MR, template <int32_t, int> class Micro, int R = 1, class... A>
+void dispatch_rows(int32_t t, int rows, A&&... args) {
+    if constexpr (R < MR) {
+        if (rows != R) return dispatch_rows<MR, Micro, R + 1>(t, rows, args...);
+    }
+    if (t == quant::kQ8_0)
+        Micro<quant::kQ8_0, R>::run(args...);
+    else if (t == quant::kQ4_0)
+        Micro<quant::kQ4_0, R>::run(args...);
+    else
+        Micro<quant::kQ4_1, R>::run(args...);
+}
+
+}  // namespace
+
+}  // namespace lc::linear

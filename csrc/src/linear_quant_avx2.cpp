@@ -1,0 +1,99 @@
+// Quantized packed linear with AVX2 (linear_quant.h): the AVX-512 kernel's
+// shape on 32-byte halves of a panel (columns 0-7, 8-15). Without VNNI the
+// u8 x s8 dot of four quants is vpmaddubsw (pairs into s16) then vpmaddwd by
+// ones (into s32). Q4 products fit s16; a Q8 pair could not (255 * 127 * 2),
+// so Q8 quants are taken back to signed q = u - 128 and multiplied as
+// |q| x sign(x, q), which fits, with no offset term.
+#include "linear_quant.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#endif
+
+namespace lc::linear {
+namespace {
+
+constexpr int kMR = 4;
+
+template <int32_t T, int R>
+struct Micro {
+    static void run(const Job& job, const QuantX& qx, int64_t p, int64_t m0, int nvalid) {
+        const int64_t bb = quant::block_bytes(T), qb = quant::quant_bytes(T);
+        const uint8_t* base = quant::block_at(*job.packed, p, 0);
+        const __m256i lo4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1),
+                      flip = _mm256_set1_epi8(char(0x80));
+        alignas(32) float out[R][weight::kPanel];
+        for (int h = 0; h < 2; ++h) {  // columns 8h .. 8h + 7
+            __m256 acc[R];
+            for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+            const uint8_t* blk = base + 32 * h;
+            for (int64_t b = 0; b < qx.nb; ++b, blk += bb) {
+                __m256i wq[8];
+                if (T == quant::kQ8_0) {
+                    for (int g = 0; g < 8; ++g)
+                        wq[g] = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * g)), flip);
+                } else {
+                    for (int t = 0; t < 4; ++t) {
+                        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * t));
+                        wq[t] = _mm256_and_si256(v, lo4);
+                        wq[t + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
+                    }
+                }
+                const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk - 32 * h + qb + 16 * h)));
+                const __m256 m = T == quant::kQ4_1
+                    ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk - 32 * h + qb + 32 + 16 * h)))
+                    : _mm256_setzero_ps();
+                for (int r = 0; r < R; ++r) {
+                    const int64_t i = (m0 + r) * qx.nb + b;
+                    const int32_t* q = reinterpret_cast<const int32_t*>(qx.q + i * quant::kBlock);
+                    const int32_t off = T == quant::kQ8_0 ? 0 : quant::offset(T);
+                    __m256i dot = _mm256_set1_epi32(-off * qx.isum[i]);
+                    for (int g = 0; g < 8; ++g) {
+                        const __m256i x = _mm256_set1_epi32(q[g]);
+                        const __m256i pr = T == quant::kQ8_0
+                            ? _mm256_maddubs_epi16(_mm256_sign_epi8(wq[g], wq[g]), _mm256_sign_epi8(x, wq[g]))
+                            : _mm256_maddubs_epi16(wq[g], x);
+                        dot = _mm256_add_epi32(dot, _mm256_madd_epi16(pr, ones));
+                    }
+                    const __m256 s = _mm256_mul_ps(d, _mm256_set1_ps(qx.scale[i]));
+                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), s, acc[r]);
+                    if (T == quant::kQ4_1) acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(qx.ssum[i]), acc[r]);
+                }
+            }
+            for (int r = 0; r < R; ++r) _mm256_store_ps(out[r] + 8 * h, acc[r]);
+        }
+        for (int r = 0; r < R; ++r) store_row(job, m0 + r, p * weight::kPanel, out[r], nvalid);
+    }
+};
+
+}  // namespace
+
+void run_quant_avx2(const Job& job, const QuantX& qx) {
+    drive_quant<kMR>(job, [&](int64_t p, int64_t m0, int rows, int nvalid) {
+        dispatch_rows<kMR, Micro>(job.packed->qtype, rows, job, qx, p, m0, nvalid);
+    });
+}
+
+}  // namespace lc::linear
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+#else  // not x86-64: never selected
+
+namespace lc::linear {
+void run_quant_avx2(const Job&, const QuantX&) {
+    fail(LC_ERR_INTERNAL, "AVX2 quantized linear kernel called on a non-x86 build");
+}
+}  // namespace lc::linear
+
+#endif

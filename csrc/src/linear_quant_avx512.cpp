@@ -1,0 +1,103 @@
+// Quantized packed linear with AVX512_VNNI (linear_quant.h): per block, the
+// 16 columns' quants come as 4 (Q4) or 8 (Q8) 64-byte loads, each lane four
+// consecutive quants of one column, and vpdpbusd adds four u8 x s8 products
+// per lane against four activations broadcast to all lanes.
+#include "linear_quant.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+
+#if defined(__clang__)
+#pragma clang attribute push(                                                              \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c"))), \
+    apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
+namespace lc::linear {
+namespace {
+
+constexpr int kMR = 8;
+constexpr int64_t kPrefetchBytes = 1024;
+
+template <int32_t T, int R>
+struct Micro {
+    static void run(const Job& job, const QuantX& qx, int64_t p, int64_t m0, int nvalid) {
+        const int64_t bb = quant::block_bytes(T), qb = quant::quant_bytes(T);
+        const uint8_t* blk = quant::block_at(*job.packed, p, 0);
+        const __m512i lo4 = _mm512_set1_epi8(0x0f);
+        __m512 acc[R];
+        for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+        for (int64_t b = 0; b < qx.nb; ++b, blk += bb) {
+            if (m0 == 0) _mm_prefetch(reinterpret_cast<const char*>(blk) + kPrefetchBytes, _MM_HINT_T0);
+            __m512i wq[8];
+            if (T == quant::kQ8_0) {
+                for (int g = 0; g < 8; ++g) wq[g] = _mm512_loadu_si512(blk + 64 * g);
+            } else {
+                for (int t = 0; t < 4; ++t) {
+                    const __m512i v = _mm512_loadu_si512(blk + 64 * t);
+                    wq[t] = _mm512_and_si512(v, lo4);
+                    wq[t + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
+                }
+            }
+            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + qb)));
+            const __m512 m = T == quant::kQ4_1
+                ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + qb + 32)))
+                : _mm512_setzero_ps();
+            for (int r = 0; r < R; ++r) {
+                const int64_t i = (m0 + r) * qx.nb + b;
+                const int32_t* q = reinterpret_cast<const int32_t*>(qx.q + i * quant::kBlock);
+                __m512i dot = _mm512_set1_epi32(-quant::offset(T) * qx.isum[i]);
+                for (int g = 0; g < 8; ++g)
+                    dot = _mm512_dpbusd_epi32(dot, wq[g], _mm512_set1_epi32(q[g]));
+                const __m512 s = _mm512_mul_ps(d, _mm512_set1_ps(qx.scale[i]));
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), s, acc[r]);
+                if (T == quant::kQ4_1) acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(qx.ssum[i]), acc[r]);
+            }
+        }
+        const int64_t c0 = p * weight::kPanel;
+        for (int r = 0; r < R; ++r) {
+            if (job.out_dtype == LC_DTYPE_F32 && nvalid == weight::kPanel) {
+                const __m512 bias = job.bias ? _mm512_loadu_ps(job.bias + c0) : _mm512_setzero_ps();
+                _mm512_storeu_ps(static_cast<float*>(job.out) + (m0 + r) * job.ldo + c0,
+                                 _mm512_add_ps(acc[r], bias));
+                continue;
+            }
+            alignas(64) float v[weight::kPanel];
+            _mm512_store_ps(v, acc[r]);
+            store_row(job, m0 + r, c0, v, nvalid);
+        }
+    }
+};
+
+}  // namespace
+
+void run_quant_avx512(const Job& job, const QuantX& qx) {
+    drive_quant<kMR>(job, [&](int64_t p, int64_t m0, int rows, int nvalid) {
+        dispatch_rows<kMR, Micro>(job.packed->qtype, rows, job, qx, p, m0, nvalid);
+    });
+}
+
+}  // namespace lc::linear
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+#endif
+
+#else  // not x86-64: never selected
+
+namespace lc::linear {
+void run_quant_avx512(const Job&, const QuantX&) {
+    fail(LC_ERR_INTERNAL, "AVX512_VNNI quantized linear kernel called on a non-x86 build");
+}
+}  // namespace lc::linear
+
+#endif

@@ -1,0 +1,100 @@
+// lc_weight_pack_quant: GGUF blocks repacked into weight_quant.h's layout.
+#include "weight_quant.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+namespace {
+
+using lc::quant::kBlock;
+
+// The 32 unsigned quants, d and m (fp16 bits) of one GGUF block.
+void read_gguf_block(int32_t t, const uint8_t* src, uint8_t u[kBlock], uint16_t* d, uint16_t* m) {
+    std::memcpy(d, src, 2);
+    *m = 0;
+    if (t == lc::quant::kQ8_0) {
+        for (int e = 0; e < kBlock; ++e) u[e] = uint8_t(int(int8_t(src[2 + e])) + 128);
+        return;
+    }
+    const uint8_t* qs = src + 2;
+    if (t == lc::quant::kQ4_1) {
+        std::memcpy(m, src + 2, 2);
+        qs = src + 4;
+    }
+    for (int j = 0; j < kBlock / 2; ++j) {  // element j: low nibble, j + 16: high nibble
+        u[j] = qs[j] & 0x0f;
+        u[j + kBlock / 2] = qs[j] >> 4;
+    }
+}
+
+}  // namespace
+
+extern "C" lc_status lc_weight_pack_quant(int32_t type, const void* blocks, int64_t nbytes,
+                                          int64_t n, int64_t k, lc_weight** out) {
+    return lc::guard([&] {
+        using namespace lc::quant;
+        lc::require(out != nullptr, "out is NULL");
+        *out = nullptr;
+        lc::require(known(type), "unsupported quantization type " + std::to_string(type) +
+                                     " (supported: q8_0 = 8, q4_0 = 2, q4_1 = 3)");
+        lc::require(n > 0 && k > 0 && k % kBlock == 0,
+                    "a quantized weight needs N > 0 and K a positive multiple of 32, got [" +
+                        std::to_string(n) + ", " + std::to_string(k) + "]");
+        const int64_t nb = k / kBlock, src_row = nb * gguf_block_bytes(type);
+        lc::require(nbytes == n * src_row,
+                    std::string(name(type)) + " [" + std::to_string(n) + ", " + std::to_string(k) +
+                        "] is " + std::to_string(n * src_row) + " bytes, got " +
+                        std::to_string(nbytes));
+        lc::require(blocks != nullptr, "blocks is NULL");
+        auto* pw = new lc_weight;
+        pw->n = n;
+        pw->k = k;
+        pw->dtype = LC_DTYPE_F32;
+        pw->qtype = type;
+        pw->panels = (n + lc::weight::kPanel - 1) / lc::weight::kPanel;
+        const int64_t bb = block_bytes(type), qb = quant_bytes(type);
+        pw->bytes = size_t(pw->panels * nb * bb);
+        try {
+            pw->data = lc::weight::alloc_memory(pw->bytes);
+        } catch (...) {
+            delete pw;
+            throw;
+        }
+        const uint8_t* src = static_cast<const uint8_t*>(blocks);
+        lc::parallel_for(pw->panels, 4, [&](int64_t p0, int64_t p1) {
+            for (int64_t p = p0; p < p1; ++p) {
+                for (int64_t b = 0; b < nb; ++b) {
+                    uint8_t* dst = static_cast<uint8_t*>(pw->data) + (p * nb + b) * bb;
+                    std::memset(dst, 0, size_t(bb));
+                    for (int c = 0; c < lc::weight::kPanel; ++c) {
+                        const int64_t row = p * lc::weight::kPanel + c;
+                        if (row >= n) break;  // columns past N: zero quants and scales
+                        uint8_t u[kBlock];
+                        uint16_t d, m;
+                        read_gguf_block(type, src + row * src_row + b * gguf_block_bytes(type), u,
+                                        &d, &m);
+                        for (int e = 0; e < kBlock; ++e) {
+                            const int g = e / 4, i = e % 4;
+                            if (type == kQ8_0)
+                                dst[g * 64 + c * 4 + i] = u[e];
+                            else
+                                dst[(g % 4) * 64 + c * 4 + i] |= uint8_t(u[e] << (g < 4 ? 0 : 4));
+                        }
+                        std::memcpy(dst + qb + 2 * c, &d, 2);
+                        if (type == kQ4_1) std::memcpy(dst + qb + 32 + 2 * c, &m, 2);
+                    }
+                }
+            }
+        });
+        *out = pw;
+    });
+}
+
+extern "C" lc_status lc_weight_quant_type(const lc_weight* w, int32_t* type) {
+    return lc::guard([&] {
+        lc::require(w != nullptr, "weight is NULL");
+        lc::require(type != nullptr, "type is NULL");
+        *type = w->qtype;
+    });
+}
