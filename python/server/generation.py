@@ -31,6 +31,7 @@ from typing import Any
 import trio
 
 from actors.errors import RequestRefused
+from actors.params.pooling import PoolingSpec
 from actors.params.sampling import SamplingParams
 from actors.runtime.failures import GenerationPaused, Outcome
 from actors.runtime.outbox import Outbox, OutboxFailed
@@ -67,7 +68,9 @@ class Generation:
     """Context manager around one admitted request."""
 
     def __init__(self, srv: ServerState, request_id: str, prompts: list[PromptInput],
-                 params: SamplingParams) -> None:
+                 params: SamplingParams, pooling: PoolingSpec | None = None) -> None:
+        """``pooling``: a pooling request (embeddings), answered by one vector per prompt
+        (ChoiceUpdate.pooled) instead of tokens."""
         self.srv = srv
         self.slots = len(prompts) * params.n
         # Internal ids are ours: a client-chosen X-Request-Id never keys shared state.
@@ -77,6 +80,7 @@ class Generation:
             params,
             max_model_len=srv.limits.max_model_len,  # type: ignore[union-attr]
             outbox=HTTPOutbox(len(prompts) * params.n),
+            pooling=pooling,
         )
         track_output(self.state.outbox)  # what a slow reader leaves unread counts against it
         self.public_id = request_id
