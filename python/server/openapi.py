@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from functools import cache
 from pathlib import Path
+import re
 from typing import Any
 
 from pydantic import BaseModel
@@ -47,6 +48,12 @@ def body_schema(models: tuple[type[BaseModel], ...],
     return refs[0] if len(refs) == 1 else {"anyOf": refs}
 
 
+def _openapi_path(rule: str) -> str:
+    """A route's path as OpenAPI writes it: /v1/responses/<response_id> ->
+    /v1/responses/{response_id} (a converter prefix such as <int:n> dropped)."""
+    return re.sub(r"<(?:[^<>:]+:)?([^<>:]+)>", r"{\1}", rule)
+
+
 def openapi_document(app: Quart) -> dict[str, Any]:
     paths: dict[str, Any] = {}
     components: dict[str, Any] = {}
@@ -71,7 +78,11 @@ def openapi_document(app: Quart) -> dict[str, Any]:
                     "required": True,
                     "content": {"application/json": {"schema": body_schema(models, components)}},
                 }
-            paths.setdefault(rule.rule, {})[method.lower()] = op
+            if rule.arguments:
+                op["parameters"] = [{"name": name, "in": "path", "required": True,
+                                     "schema": {"type": "string"}}
+                                    for name in sorted(rule.arguments)]
+            paths.setdefault(_openapi_path(rule.rule), {})[method.lower()] = op
     return {
         "openapi": "3.1.0",
         "info": {"title": "llmserve", "version": __version__},
