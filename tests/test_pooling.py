@@ -239,3 +239,29 @@ def test_bert_cls_matches_transformers(minilm_engine: LLMEngine) -> None:
 def test_encoder_refuses_generation(minilm_engine: LLMEngine) -> None:
     with pytest.raises(Exception, match="pooling requests only"):
         minilm_engine.add(Admit("gen", (101, 102), SamplingParams(), 0.0))
+
+
+def test_encoder_prompts_run_whole_when_the_budget_is_short() -> None:
+    st = pytest.importorskip("sentence_transformers", reason="sentence-transformers")
+    # A budget of one context: 12 prompts of ~100 tokens take several steps, and none may
+    # be cut into chunks (bidirectional attention needs the whole prompt at once).
+    engine = LLMEngine(EngineConfig(model=str(minilm_dir()), kv_cache_memory=64 * MiB,
+                                    max_num_batched_tokens=256))
+    texts = [f"{i} " + TEXTS[i % len(TEXTS)] * 6 for i in range(12)]
+    tok = engine.tokenizer
+    prompts = [tok(t, truncation=True, max_length=256)["input_ids"] for t in texts]
+    assert sum(map(len, prompts)) > 3 * 256
+    seen: list[tuple[int, int]] = []
+    execute = engine.runner.execute
+
+    def spy(plan):
+        seen.extend((s.start_pos, len(s.token_ids)) for s in plan.seqs)
+        return execute(plan)
+
+    engine.runner.execute = spy  # type: ignore[method-assign]
+    got, _ = run(engine, prompts, PoolingSpec("MEAN", True))
+    assert sorted(n for _, n in seen) == sorted(map(len, prompts))
+    assert all(start == 0 for start, _ in seen)
+    want = st.SentenceTransformer(str(minilm_dir()), device="cpu").encode(texts)
+    for g, w in zip(got, want):
+        assert float(g @ w) >= 0.9999
