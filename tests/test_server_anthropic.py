@@ -9,16 +9,33 @@ a canary after the errors."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import random
 import signal
 import threading
 import time
+from collections.abc import Iterator
 
 import anthropic
 import httpx
 import jsonschema
 import orjson
 import pytest
+from server.api.anthropic.protocol import MessagesRequest
+from server.api.anthropic.render import MessageStream, message_body, stop_reason_of
+from server.api.anthropic.translate import chat_request
+from server.api.openai.tool_calls import choice_factory
+from server.api.openai.tools import plan_tools
+from server.config import ServerConfig
+from server.frontend.service import (
+    ChoiceDelta,
+    ChoiceResult,
+    Collected,
+    Logprobs,
+    Prompt,
+    Usage,
+)
 from server_helpers import ROOT, ServerProcess, metric
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -42,8 +59,10 @@ STORY = {"model": MODEL, "max_tokens": 300, "temperature": 0, "stream": True,
 
 @pytest.fixture(scope="module")
 def server():
+    # Two sequences at most, none queued: a third request is refused as overloaded.
     proc = ServerProcess("--api-key", KEY, "--enable-auto-tool-choice", "--tool-call-parser",
-                         "hermes", "--chat-template", TEMPLATE).wait_ready()
+                         "hermes", "--chat-template", TEMPLATE, "--max-num-seqs", "2",
+                         "--max-queued-requests", "0").wait_ready()
     yield proc
     proc.stop()
 
@@ -366,6 +385,9 @@ def test_transport_errors_on_anthropic_routes(url):
                    "not_found_error")
     check_envelope(httpx.get(url + "/v1/messages", headers=HEADERS), 405,
                    "invalid_request_error")
+    big = b'{"model": "%s", "messages": [], "x": "%s"}' % (MODEL.encode(), b"a" * (5 << 20))
+    check_envelope(httpx.post(url + "/v1/messages", content=big, headers=dict(
+        HEADERS, **{"Content-Type": "application/json"})), 413, "request_too_large")
     # Other routes keep OpenAI's envelope.
     r = httpx.post(url + "/v1/nope", json={}, headers=HEADERS)
     assert r.status_code == 404 and set(r.json()) == {"error"}
@@ -388,20 +410,59 @@ def aborted(url: str) -> float:
                   finished_reason="abort") or 0.0
 
 
+def wait_idle(url: str, before: dict[str, float | None], within: float = 2.0) -> None:
+    deadline = time.monotonic() + within
+    while idle_state(url) != before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert idle_state(url) == before
+
+
+def read_until_text(r: httpx.Response) -> Iterator[str]:
+    """Reads up to the first text; the caller keeps the lines (a dropped iterator would
+    close the response)."""
+    lines = r.iter_lines()
+    for line in lines:
+        if line.startswith("data: ") and "text_delta" in line:
+            return lines
+    raise AssertionError("the stream ended before any text")
+
+
 def test_leaving_a_stream_aborts_it_and_frees_its_kv(url, client):
     before, aborts = idle_state(url), aborted(url)
     for _ in range(3):
         with httpx.stream("POST", url + "/v1/messages", json=STORY, headers=HEADERS,
                           timeout=60) as r:
-            for line in r.iter_lines():
-                if line.startswith("data: ") and "text_delta" in line:
-                    break  # leave after the first text, hundreds of tokens early
-    deadline = time.monotonic() + 2
-    while idle_state(url) != before and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert idle_state(url) == before
+            read_until_text(r)  # then leave, hundreds of tokens early
+    wait_idle(url, before)
     assert aborted(url) - aborts == 3
     assert create(client, max_tokens=3).usage.output_tokens == 3  # canary
+    text = httpx.get(url + "/metrics", headers=HEADERS).text
+    assert metric(text, "http_requests_total", handler="/v1/messages", method="POST",
+                  status="2xx") >= 4
+
+
+def test_full_server_answers_overloaded(url, client):
+    before = idle_state(url)
+    with contextlib.ExitStack() as stack:
+        held = [read_until_text(stack.enter_context(httpx.stream(
+            "POST", url + "/v1/messages", json=STORY, headers=HEADERS, timeout=60)))
+            for _ in range(2)]  # every seat taken
+        assert idle_state(url)["vllm:num_requests_running"] == 2
+        r = httpx.post(url + "/v1/messages", json=dict(STORY, stream=False), headers=HEADERS)
+        check_envelope(r, 503, "overloaded_error")
+        assert int(r.headers["retry-after"]) >= 1
+        with pytest.raises(anthropic.ServiceUnavailableError) as err:
+            create(client, max_tokens=2)
+        assert err.value.body["error"]["type"] == "overloaded_error"
+    del held
+    wait_idle(url, before)
+    assert create(client, max_tokens=2).usage.output_tokens == 2
+
+
+def test_request_id_header_names_the_message(url):
+    r = httpx.post(url + "/v1/messages", headers=dict(HEADERS, **{"X-Request-Id": "abc-1"}),
+                   json={"model": MODEL, "max_tokens": 2, "messages": HELLO})
+    assert r.status_code == 200 and r.json()["id"] == "msg_abc-1"
 
 
 def test_mid_stream_failure_is_an_error_event():
@@ -437,3 +498,97 @@ class _Lines:
 
     def iter_lines(self):
         return iter(self._lines)
+
+
+# -- the auto path, which the small model does not take on its own: scripted Hermes output
+# through the real translation, tool plan and renderer, streamed in random splits and whole.
+HERMES_CALLS = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": '
+                '{"city": "Paris"}}\n</tool_call>\n<tool_call>\n'
+                '{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_call>')
+
+
+class _Gen:
+    """The part of a TextGeneration the renderer reads."""
+
+    request_id = "test"
+    prompts = (Prompt("p", [1, 2, 3], "p"),)
+
+
+def _choice(**body):
+    req = MessagesRequest.model_validate({"model": MODEL, "max_tokens": 50, "messages": ASK,
+                                          "tools": TOOLS, **body})
+    config = ServerConfig(enable_auto_tool_choice=True, tool_call_parser="hermes")
+    return choice_factory(plan_tools(chat_request(req), config))()
+
+
+def _streamed(pieces: list[str], **body) -> list[tuple[str, dict]]:
+    s = MessageStream(_Gen(), model=MODEL, choice=_choice(**body))
+    out = s.start()
+    for i, piece in enumerate(pieces):
+        last = i == len(pieces) - 1
+        out += s.delta(ChoiceDelta(0, piece, [7], Logprobs([]), "stop" if last else None,
+                                   None, i + 1))
+    out += s.finish(Usage(3, len(pieces)))
+    records = []
+    for raw in out:
+        head, data = raw.decode().strip().split("\n")
+        records.append((head.removeprefix("event: "), orjson.loads(data.removeprefix("data: "))))
+    return records
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_auto_tool_calls_streamed_and_whole_agree(seed):
+    rng = random.Random(seed)
+    cuts = sorted(rng.sample(range(1, len(HERMES_CALLS)), rng.randint(1, 30)))
+    pieces = [HERMES_CALLS[a:b] for a, b in zip([0, *cuts], [*cuts, len(HERMES_CALLS)])]
+    records = _streamed(pieces)
+    assert all(name == data["type"] for name, data in records)
+    blocks: list[dict] = []
+    for name, data in records:
+        if name == "content_block_start":
+            assert data["index"] == len(blocks)
+            blocks.append(dict(data["content_block"], json=""))
+        elif name == "content_block_delta":
+            assert data["index"] == len(blocks) - 1
+            delta = data["delta"]
+            if delta["type"] == "text_delta":
+                blocks[-1]["text"] += delta["text"]
+            else:
+                blocks[-1]["json"] += delta["partial_json"]
+    assert [b["type"] for b in blocks] == ["text", "tool_use", "tool_use"]
+    assert blocks[0]["text"].strip() == "Let me check."
+    assert [(b["name"], json.loads(b["json"])) for b in blocks[1:]] == [
+        ("get_weather", {"city": "Paris"}), ("get_time", {"zone": "CET"})]
+    assert all(b["id"].startswith("toolu_") for b in blocks[1:])
+    assert records[-2][1]["delta"] == {"stop_reason": "tool_use", "stop_sequence": None}
+    whole = message_body(_Gen(), Collected([ChoiceResult(0, HERMES_CALLS, [7], Logprobs([]),
+                                                         "stop", None)], [None], Usage(3, 1)),
+                         model=MODEL, choice=_choice())
+    assert [(b["type"], b.get("name"), b.get("input")) for b in whole["content"]] == [
+        ("text", None, None), ("tool_use", "get_weather", {"city": "Paris"}),
+        ("tool_use", "get_time", {"zone": "CET"})]
+    assert whole["content"][0]["text"].strip() == "Let me check."
+    assert whole["stop_reason"] == "tool_use"
+    # disable_parallel_tool_use keeps the first call, streamed and whole.
+    one = {"tool_choice": {"type": "auto", "disable_parallel_tool_use": True}}
+    starts = [d["content_block"] for n, d in _streamed(pieces, **one)
+              if n == "content_block_start"]
+    assert [b["type"] for b in starts] == ["text", "tool_use"]
+    whole = message_body(_Gen(), Collected([ChoiceResult(0, HERMES_CALLS, [7], Logprobs([]),
+                                                         "stop", None)], [None], Usage(3, 1)),
+                         model=MODEL, choice=_choice(**one))
+    assert [b["type"] for b in whole["content"]] == ["text", "tool_use"]
+
+
+def test_stop_reason_mapping():
+    assert stop_reason_of("length", None, tool_used=True, tool_complete=False) == (
+        "max_tokens", None)
+    assert stop_reason_of("stop", "END", tool_used=False, tool_complete=False) == (
+        "stop_sequence", "END")
+    assert stop_reason_of("stop", 2, tool_used=False, tool_complete=False) == ("end_turn", None)
+    assert stop_reason_of("stop", None, tool_used=False, tool_complete=False) == (
+        "end_turn", None)
+    assert stop_reason_of("stop", "END", tool_used=True, tool_complete=True) == (
+        "tool_use", None)
+    assert stop_reason_of("stop", "END", tool_used=True, tool_complete=False) == (
+        "stop_sequence", "END")

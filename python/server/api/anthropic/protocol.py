@@ -44,10 +44,13 @@ class ToolUseBlock(AnthropicModel):
     input: dict[str, Any]
 
 
+ResultBlock = Annotated[TextBlock | ImageBlock, Field(discriminator="type")]
+
+
 class ToolResultBlock(AnthropicModel):
     type: Literal["tool_result"]
     tool_use_id: str
-    content: str | list[Annotated[TextBlock | ImageBlock, Field(discriminator="type")]] | None = None
+    content: str | list[ResultBlock] | None = None
     is_error: bool | None = None
 
 
