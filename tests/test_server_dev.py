@@ -202,8 +202,9 @@ def test_pause_abort_ends_streams_cleanly_and_refuses_new(server, c):
 def test_pause_wait_drains_then_refuses(server, c):
     stream = start_stream(server.url, max_tokens=24)
     assert c.post("/pause", params={"mode": "wait"}).json() == {"status": "paused"}
-    # The reply came once the in-flight request had finished on its own.
-    assert stream.done.wait(10)
+    # The reply came once the in-flight request had finished on its own (its last chunk
+    # may still be on its way to the client).
+    assert stream.done.wait(2)
     assert stream.finish_reason == "length" and stream.saw_done
     assert_refused_while_paused(c)
     c.post("/resume")
