@@ -120,3 +120,14 @@ def test_chaos_smoke_settles_and_canary_unchanged() -> None:
     assert out["sigterm"]["exit_code"] == 0 and not out["sigterm"]["untold"], out["sigterm"]
     assert out["server_log_errors"] == [], out["server_log_errors"]
     assert out["ok"] and rc == 0
+
+
+@pytest.mark.slow
+def test_bench_fast_forward_smoke() -> None:
+    out = run_json(str(SCRIPTS / "bench_fast_forward.py"), "--batch", "1", "--rounds", "1",
+                   "--max-tokens", "24", "--dtype", "float32")
+    b1 = out["results"]["batch_1"]
+    assert b1["outputs_equal"] is True
+    assert b1["on"]["output_tokens"] == b1["off"]["output_tokens"] == 24
+    assert b1["on"]["model_steps"] < b1["off"]["model_steps"] == 24
+    assert b1["tokens_per_s_ratio_on_off"] > 0
