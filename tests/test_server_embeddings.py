@@ -305,6 +305,19 @@ def test_generative_model_with_pooler_config_serves_both() -> None:
         np.testing.assert_allclose(a, b, atol=1e-6)
         n_ids = len(default_tokenizer().encode("Hello there"))
         assert emb.json()["usage"]["prompt_tokens"] == 2 * n_ids
+        # The chat form: one conversation through the chat template, no generation prompt.
+        convo = [{"role": "user", "content": "Hello there"}]
+        ids = post(proc, "/tokenize", {"messages": convo, "add_generation_prompt": False},
+                   headers={}).json()["tokens"]
+        by_ids = post(proc, "/v1/embeddings", {"input": ids}, headers={}).json()
+        for body in ({"messages": convo}, {"input": convo}):
+            chat = post(proc, "/v1/embeddings", body, headers={})
+            assert chat.status_code == 200, chat.text
+            assert chat.json()["usage"]["prompt_tokens"] == len(ids)
+            np.testing.assert_allclose(chat.json()["data"][0]["embedding"],
+                                       by_ids["data"][0]["embedding"], atol=1e-5)
+        both = post(proc, "/v1/embeddings", {"input": "x", "messages": convo}, headers={})
+        assert both.status_code == 400
         gen = post(proc, "/v1/completions", {"prompt": "Hello", "max_tokens": 4}, headers={})
         assert gen.status_code == 200 and gen.json()["choices"][0]["text"]
         assert post(proc, "/classify", {"input": "x"}, headers={}).status_code == 404

@@ -32,6 +32,7 @@ from actors.params.sampling import SamplingParams
 from actors.runtime.outbox import OutboxFailed
 from actors.runtime.request import PromptInput
 from server.api.http_io import accepts, check_model, json_response, parse, read_json
+from server.api.openai.chat import render_call
 from server.api.pooling_protocol import (CohereEmbedRequest, EmbeddingRequest, PoolingFields,
                                          RerankDocument, RerankRequest, ScoreRequest)
 from server.config import ServerConfig
@@ -175,14 +176,24 @@ def register(app: Quart, srv: ServerState) -> None:
         name = check_model(srv, req.model)
         spec = _spec(srv, name, req.use_activation, req.dimensions)
         params = _params(srv, req)
-        vecs, tokens = await embed(srv, _prompts(req.input, req.add_special_tokens), params,
-                                   spec, req.request_id)
+        if (req.input is None) == (req.messages is None):
+            raise bad_request("give exactly one of input or messages", "input")
+        if req.messages is not None:
+            prompts = [PromptInput(render=render_call(srv, req),
+                                   add_special_tokens=bool(req.add_special_tokens))]
+        else:
+            prompts = _prompts(req.input, req.add_special_tokens is not False)
+        vecs, tokens = await embed(srv, prompts, params, spec, req.request_id)
         return name, vecs, tokens
 
     def embedding_request(body: dict[str, Any]) -> EmbeddingRequest:
         if "normalize" in body:  # vLLM 0.33 removed it, with this message
             raise bad_request("Parameter `normalize` was removed; use `use_activation` "
                               "instead.", "normalize")
+        given = body.get("input")
+        if "messages" not in body and isinstance(given, list) and given and all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) for m in given):
+            body = {**body, "messages": given, "input": None}  # a conversation as input
         return parse(EmbeddingRequest, body)
 
     @app.post("/v1/embeddings")
@@ -255,6 +266,7 @@ def register(app: Quart, srv: ServerState) -> None:
             raise bad_request("give one pair of inputs: queries and documents (or text_1 and "
                               "text_2, or data_1 and data_2)", given[0][2] if given else None)
         left, right, param = given[0]
+        add_special = req.add_special_tokens is not False
         lhs = [left] if isinstance(left, str) else list(left)  # type: ignore[arg-type]
         rhs = [right] if isinstance(right, str) else list(right)  # type: ignore[arg-type]
         if not lhs:
@@ -264,7 +276,7 @@ def register(app: Quart, srv: ServerState) -> None:
         if len(lhs) != 1 and len(lhs) != len(rhs):
             raise bad_request("Input lengths must be either 1:1, 1:N or N:N", param)
         spec = _spec(srv, name, True, None)
-        vecs, tokens = await embed(srv, _prompts(lhs + rhs, req.add_special_tokens),
+        vecs, tokens = await embed(srv, _prompts(lhs + rhs, add_special),
                                    _params(srv, req), spec, req.request_id)
         qs, ds = vecs[:len(lhs)], vecs[len(lhs):]
         scores = (_cosines(qs[0], ds) if len(qs) == 1
@@ -282,7 +294,8 @@ def register(app: Quart, srv: ServerState) -> None:
         if not docs:
             raise bad_request("documents must not be empty", "documents")
         spec = _spec(srv, name, True, None)
-        vecs, tokens = await embed(srv, _prompts([req.query, *docs], req.add_special_tokens),
+        vecs, tokens = await embed(srv, _prompts([req.query, *docs],
+                                                 req.add_special_tokens is not False),
                                    _params(srv, req), spec, req.request_id)
         scores = _cosines(vecs[0], vecs[1:])
         order = sorted(range(len(docs)), key=lambda i: -scores[i])

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from server.api.openai.protocol.chat import ChatMessage
 from server.api.openai.protocol.common import APIModel
 
 TokenIds = list[int]
@@ -22,15 +23,22 @@ class PoolingFields(APIModel):
     truncation_side: Literal["left", "right"] | None = None
     priority: int = 0
     request_id: str | None = Field(default=None, max_length=256)
-    add_special_tokens: bool = True
+    add_special_tokens: bool | None = None  # None: true for input, false for messages
     # vLLM 0.33's name for normalization (None: the model's pooler decides)
     use_activation: bool | None = None
 
 
 class EmbeddingRequest(PoolingFields):
-    """POST /v1/embeddings and /pooling (the completion form: text or token ids)."""
+    """POST /v1/embeddings and /pooling: ``input`` (text or token ids), or ``messages``
+    (one conversation through the chat template; vLLM's chat form, where
+    ``add_generation_prompt`` defaults to false)."""
 
-    input: EmbedInput
+    input: EmbedInput | None = None
+    messages: list[ChatMessage] | None = None
+    add_generation_prompt: bool = False
+    continue_final_message: bool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None
 
