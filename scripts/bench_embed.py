@@ -9,7 +9,8 @@ requests in flight), and all inputs through ``SentenceTransformer.encode`` in th
 (``--batch`` a batch) while the server idles. Both run on ``--threads`` torch threads. The
 inputs are distinct sentences of about ``--tokens`` tokens each (the model's tokenizer
 counts them). Prints one JSON document: median inputs/s and tokens/s of each side and
-their ratio (ours / sentence-transformers), with every round's seconds.
+their ratio (ours / sentence-transformers), with every round's seconds, and the load
+average around the run (on a shared machine, read the ratio rather than the rates).
 """
 
 from __future__ import annotations
@@ -116,6 +117,7 @@ def main() -> int:
             time.sleep(0.2)
         trio.run(served_round, url, texts[:args.batch], args.batch, 1)  # warm both up
         ref.encode(texts[:args.batch], batch_size=args.batch)
+        load_before = os.getloadavg()[0]
         ours, theirs = [], []
         for _ in range(args.rounds):
             ours.append(trio.run(served_round, url, texts, args.batch, args.concurrency))
@@ -133,11 +135,14 @@ def main() -> int:
                 "median_s": round(med, 3), "rounds_s": [round(s, 3) for s in seconds]}
 
     result = {
-        "bench": "embeddings", "model": Path(args.model).name, "inputs": args.inputs,
+        "bench": "embeddings", "model": "/".join(Path(args.model).parts[-2:]),
+        "inputs": args.inputs,
         "tokens": n_tokens, "tokens_per_input": round(n_tokens / args.inputs, 1),
         "batch": args.batch, "concurrency": args.concurrency, "threads": args.threads,
         "ours": side(ours), "sentence_transformers": side(theirs),
         "ratio": round(statistics.median(theirs) / statistics.median(ours), 3),
+        "load_average_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        "cpus": os.cpu_count(),
     }
     print(json.dumps(result, indent=2))
     return 0
