@@ -38,7 +38,10 @@ class ServerProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._log = tempfile.TemporaryFile()
-        full_env = child_env(**(env or {}))
+        # Its own state directory (the Responses API's store): never the user's, and never
+        # one that another test server opens at the same time.
+        self._state = tempfile.TemporaryDirectory(prefix="llmserve-state-")
+        full_env = child_env(**{"LLMSERVE_STATE_DIR": self._state.name, **(env or {})})
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "server", "--port", str(self.port), *BASE_ARGS, *args],
             env=full_env, stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log,
@@ -86,6 +89,7 @@ class ServerProcess:
                 return self.proc.wait(10)
         finally:
             self._log.close()
+            self._state.cleanup()
 
 
 def metric(text: str, name: str, **labels: str) -> float | None:

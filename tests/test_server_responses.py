@@ -344,11 +344,10 @@ def test_error_envelopes_then_canary(server, client):
 
 
 def test_store_survives_restart_and_is_bounded(tmp_path):
-    store = str(tmp_path / "store.sqlite")
-    args = ("--responses-store", store, "--responses-store-max-count", "3")
-
+    # The default store: responses.sqlite in $LLMSERVE_STATE_DIR.
     def run(*extra: str) -> ServerProcess:
-        return ServerProcess(*args, *extra).wait_ready()
+        return ServerProcess("--responses-store-max-count", "3", *extra,
+                             env={"LLMSERVE_STATE_DIR": str(tmp_path)}).wait_ready()
 
     srv = run()
     try:
@@ -359,6 +358,7 @@ def test_store_survives_restart_and_is_bounded(tmp_path):
             kept = {r.id: c.responses.retrieve(r.id).model_dump() for r in made[1:]}
     finally:
         assert srv.stop() == 0
+    assert (tmp_path / "responses.sqlite").is_file()
     # A background response still running at SIGTERM outlasts the drain: aborted, it is
     # stored failed (or, cut off before that, marked failed when the store is reopened),
     # never left in progress.
