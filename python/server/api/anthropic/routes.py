@@ -17,10 +17,10 @@ from server.api.anthropic.protocol import CountTokensRequest, MessagesRequest
 from server.api.anthropic.render import MessageStream, message_body, sse_body
 from server.api.anthropic.translate import chat_request
 from server.api.http_io import accepts, check_model, json_response, parse, read_json
-from server.api.openai.chat import render_call, sampling_params
+from server.api.openai.chat import checked, render_call
 from server.api.openai.tokenize import _in_tokenizer_thread
 from server.api.openai.tool_calls import choice_factory
-from server.api.openai.tools import apply_plan, plan_tools
+from server.api.openai.tools import plan_tools
 from server.errors import bad_request
 from server.frontend import service
 from server.generation import new_request_id
@@ -29,13 +29,8 @@ from server.state import ServerState
 
 
 async def create_message(srv: ServerState, req: MessagesRequest) -> Response:
-    model = check_model(srv, req.model)
     chat = chat_request(req)
-    plan = plan_tools(chat, srv.config)
-    if plan.forced:
-        # As on chat (and vLLM): the tool-call schema is the output's one constraint.
-        chat.response_format = None
-    params = apply_plan(sampling_params(srv, chat), plan)
+    model, plan, params = checked(srv, chat)  # every check chat makes, in its order
     # As on chat: the template renders special tokens itself, none are added.
     prompts = [PromptInput(render=render_call(srv, chat, plan.tools),
                            add_special_tokens=chat.add_special_tokens)]
