@@ -248,6 +248,19 @@ def test_tool_result_turn_renders_as_chat(url, client):
     assert without.input_tokens < counted
 
 
+def test_a_last_assistant_turn_is_continued(url, client):
+    prefill = [HELLO[0], {"role": "assistant", "content": "The sea is"}]
+    r = create(client, messages=prefill, max_tokens=8)
+    assert r.stop_reason in ("end_turn", "max_tokens") and text_of(r)
+    chat = httpx.post(url + "/v1/chat/completions", headers=HEADERS, json={
+        "model": MODEL, "messages": prefill, "max_tokens": 8, "temperature": 0,
+        "add_generation_prompt": False, "continue_final_message": True}).json()
+    assert chat["choices"][0]["message"]["content"] == text_of(r)
+    assert chat["usage"]["prompt_tokens"] == r.usage.input_tokens
+    assert client.messages.count_tokens(model=MODEL, messages=prefill).input_tokens == \
+        r.usage.input_tokens
+
+
 def test_count_tokens_equals_create_usage(client):
     kw = {"messages": ASK, "system": [{"type": "text", "text": "Be brief."}], "tools": TOOLS,
           "tool_choice": {"type": "tool", "name": "get_time"}}

@@ -11,7 +11,9 @@ own, not a second copy of them.
 - a user's `tool_result` blocks become `tool` messages before the user's own text, in
   order, each with its `tool_use_id`; text blocks of a result are joined with newlines, and
   `is_error` puts "Error: " before the text (the template has no other way to say it);
-- image blocks are refused (400): the served models read text only.
+- image blocks are refused (400): the served models read text only;
+- a last message from the assistant is continued (Anthropic's prefill), where vLLM 0.33
+  renders a new assistant turn after it;
 - `output_config.format` -> `response_format` json_schema; `output_config.effort`, else
   "none" for `thinking: {"type": "disabled"}` -> `reasoning_effort`;
 - tool_choice: auto -> "auto", any -> "required", tool -> the named function, none ->
@@ -43,6 +45,9 @@ _NO_IMAGES = "image content blocks are not supported: the served model reads tex
 def chat_request(req: PromptFields) -> ChatCompletionRequest:
     """The chat request that renders and generates what `req` asks for."""
     body: dict[str, Any] = {"model": req.model, "messages": chat_messages(req)}
+    if req.messages[-1].role == "assistant":
+        # Anthropic's prefill: the answer continues the last assistant turn.
+        body.update(add_generation_prompt=False, continue_final_message=True)
     if req.chat_template_kwargs is not None:
         body["chat_template_kwargs"] = req.chat_template_kwargs
     if req.tools is not None:
