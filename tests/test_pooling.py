@@ -265,3 +265,24 @@ def test_encoder_prompts_run_whole_when_the_budget_is_short() -> None:
     want = st.SentenceTransformer(str(minilm_dir()), device="cpu").encode(texts)
     for g, w in zip(got, want):
         assert float(g @ w) >= 0.9999
+
+
+def test_pooling_crosses_the_process_boundary(minilm_engine: LLMEngine) -> None:
+    """A pooling Admit and its vector are plain data: the core in a child process gives
+    the in-process core's bytes."""
+    from actors.core.process import ProcessEngineCore
+
+    tok = minilm_engine.tokenizer
+    prompts = [tok(t)["input_ids"] for t in TEXTS[:3]]
+    want, _ = run(minilm_engine, prompts, PoolingSpec("CLS", True, dimensions=32))
+    config = EngineConfig(model=str(minilm_dir()), kv_cache_memory=64 * MiB, num_threads=1)
+    with ProcessEngineCore(config) as core:
+        for i, p in enumerate(prompts):
+            core.add(Admit(f"p{i}", tuple(p), SamplingParams(max_tokens=1), 0.0,
+                           pooling=PoolingSpec("CLS", True, dimensions=32)))
+        got: dict[str, bytes] = {}
+        while core.has_unfinished():
+            for out in core.step().outputs:
+                got[out.request_id] = out.pooled
+    for i, w in enumerate(want):
+        np.testing.assert_allclose(np.frombuffer(got[f"p{i}"], "<f4"), w, atol=1e-5)
