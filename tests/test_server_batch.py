@@ -166,3 +166,15 @@ def test_invocations_dispatch_every_kind(server):
     message = r.json()["error"]["message"]
     assert message.startswith("Cannot find suitable handler for request. Expected one of: [")
     assert "BatchChatCompletionRequest, ChatCompletionRequest" in message
+
+
+@pytest.mark.parametrize("path", [
+    "/v1/chat/completions/render", "/v1/completions/render", "/v1/chat/completions/derender",
+    "/v1/completions/derender", "/inference/v1/generate", "/inference/v1/abort_requests"])
+def test_scale_out_routes_are_refused_without_the_flag(server, path):
+    # As vLLM: 403 before the body is even parsed; the legacy /abort_requests is not there.
+    r = httpx.post(server + path, content=b"not JSON", timeout=30)
+    assert r.status_code == 403, r.text
+    err = r.json()["error"]
+    assert err["type"] == "PermissionDeniedError" and "--enable-scale-out" in err["message"]
+    assert httpx.post(server + "/abort_requests", json={"request_ids": []}).status_code == 404

@@ -12,7 +12,7 @@ from quart import Response, g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from server.api import dev, ops, profile
+from server.api import dev, ops, profile, scale_out
 from server.api.openai import (
     batch, chat, completions, invocations, models, responses, tokenize,
 )
@@ -26,7 +26,7 @@ log = logging.getLogger("server.http")
 
 # Every module that registers routes, each through its `register(app, srv)`.
 API_MODULES = (ops, completions, chat, batch, models, tokenize, invocations, responses,
-               dev, profile)
+               dev, profile, scale_out)
 
 # Routes that answer before the model is loaded (and after an engine failure).
 ALWAYS_OPEN = frozenset({"/health", "/ping", "/version", "/metrics"})

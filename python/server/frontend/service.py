@@ -258,6 +258,13 @@ class TextGeneration:
         """Abort whatever still runs; idempotent, never waits."""
         self._gen.retire()
 
+    def abort(self) -> None:
+        """End every unfinished choice now with finish_reason "abort". Unlike retire, the
+        reader still gets those ends: stream and collect finish as for any other reason."""
+        actors = self._gen.srv.actors
+        if actors is not None:
+            actors.abort(self._gen.state)
+
     async def stream(self, idle_after: float | None = None) -> AsyncIterator[StreamEvent]:
         """Deltas as they come; Idle after `idle_after` seconds without news; then Finished
         or Failed. Retires the request when it ends (run it under contextlib.aclosing, so

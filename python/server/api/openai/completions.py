@@ -67,7 +67,10 @@ def sampling_params(srv: ServerState, req: CompletionRequest) -> SamplingParams:
     )
 
 
-async def handle(srv: ServerState, req: CompletionRequest) -> Response:
+def checked(srv: ServerState, req: CompletionRequest
+            ) -> tuple[str, list[PromptInput], SamplingParams]:
+    """Every check of a completions body that needs no tokenizing, in vLLM's order: the
+    served name to report, the prompts and the request's SamplingParams."""
     model = check_model(srv, req.model)
     if req.suffix is not None:
         raise bad_request("suffix is not supported by this model", "suffix")
@@ -77,9 +80,11 @@ async def handle(srv: ServerState, req: CompletionRequest) -> Response:
         # vLLM streams the prompt's logprobs in front of the first chunk; not done here yet.
         raise bad_request("echo with logprobs is not supported with stream=true by this "
                           "server yet", "echo")
-    assert srv.limits is not None
-    prompts = prompts_of(req)
-    params = sampling_params(srv, req)
+    return model, prompts_of(req), sampling_params(srv, req)
+
+
+async def handle(srv: ServerState, req: CompletionRequest) -> Response:
+    model, prompts, params = checked(srv, req)
     rid = new_request_id(request.headers.get("X-Request-Id"), req.request_id)
     gen = await service.start(srv, rid, prompts, params)
     opts = req.stream_options

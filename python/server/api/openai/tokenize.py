@@ -8,6 +8,7 @@ waiting request holds its body, up to --max-body-bytes).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -31,13 +32,29 @@ async def _in_tokenizer_thread(fn: Any) -> Any:
     return await trio.to_thread.run_sync(fn, limiter=_TOKENIZE_LIMITER)
 
 
+async def token_ids_of(srv: ServerState, render: Callable[[], str],
+                       add_special_tokens: bool) -> list[int]:
+    """What /tokenize gives: the rendered text (a chat template's, or a prompt as it is)
+    tokenized in a tokenizer thread; text that cannot fit the context is refused
+    untokenized, as generation refuses it."""
+    tok = srv.tokenizer
+
+    def work() -> list[int]:
+        text = render()
+        too_long = srv.prompt_bound.error(text, srv.limits.max_model_len)
+        if too_long is not None:
+            raise bad_request(too_long, "prompt")
+        return tok.backend_tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    return await _in_tokenizer_thread(work)
+
+
 def register(app: Quart, srv: ServerState) -> None:
     @app.post("/tokenize")
     @accepts(TokenizeRequest)
     async def tokenize() -> Response:
         req = parse(TokenizeRequest, await read_json())
         check_model(srv, req.model)
-        tok = srv.tokenizer
         if (req.prompt is None) == (req.messages is None):
             raise bad_request("give exactly one of prompt or messages")
         if req.messages is not None:
@@ -47,20 +64,11 @@ def register(app: Quart, srv: ServerState) -> None:
             prompt = req.prompt
             render = lambda: prompt
             add_special = req.add_special_tokens is not False
-
-        def work() -> list[int]:
-            text = render()
-            # The bound generation has: text that cannot fit the context is not tokenized.
-            too_long = srv.prompt_bound.error(text, srv.limits.max_model_len)
-            if too_long is not None:
-                raise bad_request(too_long, "prompt")
-            return tok.backend_tokenizer.encode(text, add_special_tokens=add_special).ids
-
-        ids = await _in_tokenizer_thread(work)
+        ids = await token_ids_of(srv, render, add_special)
         out: dict[str, Any] = {"count": len(ids), "max_model_len": srv.limits.max_model_len,
                                "tokens": ids, "token_strs": None}
         if req.return_token_strs:
-            out["token_strs"] = tok.convert_ids_to_tokens(ids)
+            out["token_strs"] = srv.tokenizer.convert_ids_to_tokens(ids)
         return json_response(out)
 
     @app.post("/detokenize")
