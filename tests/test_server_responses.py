@@ -113,8 +113,10 @@ def test_output_logprobs_and_truncation(client):
     with pytest.raises(openai.BadRequestError) as err:
         create(client, input=long, max_output_tokens=2)
     assert err.value.body["param"] == "input"
-    cut = create(client, input=long, max_output_tokens=1, truncation="auto")
+    cut = create(client, input=long, max_output_tokens=1, truncation="auto",
+                 reasoning={"effort": "low"})
     assert cut.usage.input_tokens == 1023 and cut.truncation == "auto"
+    assert cut.reasoning.effort == "low"
 
 
 def test_stream_helper_matches_whole_response(server, client):
@@ -314,6 +316,9 @@ BAD = [
      "metadata holds at most 16 pairs, keys of at most 64 and values of at most 512 "
      "characters", "metadata"),
     ({"input": "x", "prompt": {"id": "p"}}, 400, "prompt template is not supported", "prompt"),
+    ({"input": "x", "reasoning": {"effort": "extreme"}}, 400,
+     "1 validation error(s): reasoning.effort: Input should be 'none', 'minimal', 'low', "
+     "'medium', 'high', 'xhigh' or 'max'", "reasoning"),
     ({"input": "x", "model": "gpt-9"}, 404,
      f"The model `gpt-9` does not exist. Valid models: {MODEL}.", "model"),
 ]

@@ -184,7 +184,8 @@ def _echo(req: ResponsesRequest, params: SamplingParams, stored: bool) -> dict[s
     return {"background": bool(req.background), "instructions": req.instructions,
             "max_output_tokens": req.max_output_tokens, "metadata": req.metadata or {},
             "parallel_tool_calls": req.parallel_tool_calls is not False,
-            "previous_response_id": req.previous_response_id, "reasoning": req.reasoning,
+            "previous_response_id": req.previous_response_id,
+            "reasoning": req.reasoning.model_dump(exclude_none=True) if req.reasoning else None,
             "service_tier": "auto", "store": stored, "temperature": params.temperature,
             "text": {"format": fmt},
             "tool_choice": req.tool_choice if req.tool_choice is not None else "auto",
@@ -246,7 +247,7 @@ class ResponsesAPI:
             history_messages(conversation(req.instructions, history, messages)),
             request_template=req.chat_template,
             kwargs=template_kwargs(SimpleNamespace(
-                reasoning_effort=(req.reasoning or {}).get("effort"),
+                reasoning_effort=req.reasoning.effort if req.reasoning else None,
                 chat_template_kwargs=req.chat_template_kwargs)),
             add_generation_prompt=True, continue_final_message=False, tools=plan.tools)
         store = self.store if req.store else None

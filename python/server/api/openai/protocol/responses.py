@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from server.api.openai.protocol.chat import ReasoningEffort
 from server.api.openai.protocol.common import APIModel, SamplingFields
 
 # vLLM's (and OpenAI's) include values; only the output logprobs change what is returned,
@@ -33,6 +34,13 @@ class TextConfig(APIModel):
     verbosity: str | None = None
 
 
+class ReasoningConfig(APIModel):
+    """`reasoning`: its effort reaches the chat template as chat's reasoning_effort does."""
+
+    effort: ReasoningEffort | None = None
+    summary: str | None = None
+
+
 class ResponsesRequest(SamplingFields):
     input: str | list[dict[str, Any]]
     instructions: str | None = None
@@ -48,7 +56,7 @@ class ResponsesRequest(SamplingFields):
     top_logprobs: int | None = None
     metadata: dict[str, str] | None = None
     truncation: Literal["auto", "disabled"] | None = "disabled"
-    reasoning: dict[str, Any] | None = None
+    reasoning: ReasoningConfig | None = None
     service_tier: str | None = None
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
