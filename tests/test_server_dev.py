@@ -436,3 +436,33 @@ def test_profiler_writes_traces_with_core_timers(c, profile_dir):
     assert c.post("/start_profile", json={"profile_prefix": "run-1"}).status_code == 200
     assert c.post("/stop_profile").status_code == 200
     assert list(profile_dir.glob("run-1_engine_*_core_timers.json"))
+
+
+# -- flags ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text", ['{"torch_profiler_dir": "/tmp/p"}',  # vLLM: needs profiler
+                                  '{"profiler": "cuda", "torch_profiler_dir": "/tmp/p"}',
+                                  '{"profiler": "torch"}', '{"profiler": "torch", '
+                                  '"torch_profiler_dir": "/tmp/p", "bogus": 1}',
+                                  '{"profiler": "torch", "torch_profiler_dir": "/tmp/p", '
+                                  '"torch_profiler_use_gzip": "yes"}', "[]", "not json"])
+def test_bad_profiler_config_is_a_startup_error(text, capsys):
+    from server.cli import parse_args
+
+    with pytest.raises(SystemExit) as exc:
+        parse_args(["--profiler-config", text])
+    assert exc.value.code == 2 and "--profiler-config" in capsys.readouterr().err
+
+
+def test_dev_mode_flag_and_environment(monkeypatch):
+    from server.cli import parse_args
+
+    monkeypatch.delenv("VLLM_SERVER_DEV_MODE", raising=False)
+    assert not parse_args([]).enable_dev_endpoints
+    assert parse_args(["--enable-dev-endpoints"]).enable_dev_endpoints
+    monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "1")
+    assert parse_args([]).enable_dev_endpoints
+    cfg = parse_args(["--profiler-config",
+                      '{"profiler": "torch", "torch_profiler_dir": "~/traces"}'])
+    assert cfg.profiler_config["torch_profiler_dir"].endswith("/traces")
+    assert not cfg.profiler_config["torch_profiler_dir"].startswith("~")
