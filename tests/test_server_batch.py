@@ -178,3 +178,4 @@ def test_scale_out_routes_are_refused_without_the_flag(server, path):
     err = r.json()["error"]
     assert err["type"] == "PermissionDeniedError" and "--enable-scale-out" in err["message"]
     assert httpx.post(server + "/abort_requests", json={"request_ids": []}).status_code == 404
+    assert path not in httpx.get(server + "/openapi.json").json()["paths"]

@@ -58,7 +58,8 @@ def openapi_document(app: Quart) -> dict[str, Any]:
     paths: dict[str, Any] = {}
     components: dict[str, Any] = {}
     for rule in app.url_map.iter_rules():
-        if rule.endpoint in UNDOCUMENTED:
+        view = app.view_functions.get(rule.endpoint)
+        if rule.endpoint in UNDOCUMENTED or getattr(view, "undocumented", False):
             continue
         for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
             op: dict[str, Any] = {
@@ -72,7 +73,7 @@ def openapi_document(app: Quart) -> dict[str, Any]:
                 },
             }
             # Each route declares its body models where it is registered (http_io.accepts).
-            models = getattr(app.view_functions[rule.endpoint], "request_bodies", None)
+            models = getattr(view, "request_bodies", None)
             if models is not None and method == "POST":
                 op["requestBody"] = {
                     "required": True,

@@ -29,6 +29,8 @@ def register(app: Quart, srv: ServerState) -> None:
     async def disabled() -> Response:
         raise APIError(403, DISABLED)
 
+    disabled.undocumented = True  # type: ignore[attr-defined]  # as vLLM: not in the schema
+
     for module in ROUTE_MODULES:
         for path in module.PATHS:
             app.add_url_rule(path, f"scale_out_disabled:{path}", disabled, methods=["POST"])
