@@ -259,6 +259,12 @@ def test_a_last_assistant_turn_is_continued(url, client):
     assert chat["usage"]["prompt_tokens"] == r.usage.input_tokens
     assert client.messages.count_tokens(model=MODEL, messages=prefill).input_tokens == \
         r.usage.input_tokens
+    # An empty last assistant message prefills nothing: the same answer as without it.
+    empty = create(client, messages=[HELLO[0], {"role": "assistant", "content": ""}],
+                   max_tokens=8)
+    plain = create(client, max_tokens=8)
+    assert text_of(empty) == text_of(plain) and empty.usage.input_tokens == \
+        plain.usage.input_tokens
 
 
 def test_count_tokens_equals_create_usage(client):

@@ -12,8 +12,9 @@ own, not a second copy of them.
   order, each with its `tool_use_id`; text blocks of a result are joined with newlines, and
   `is_error` puts "Error: " before the text (the template has no other way to say it);
 - image blocks are refused (400): the served models read text only;
-- a last message from the assistant is continued (Anthropic's prefill), where vLLM 0.33
-  renders a new assistant turn after it;
+- a last message from the assistant with text (and no tool_use) is continued
+  (Anthropic's prefill), where vLLM 0.33 renders a new assistant turn after it; an empty
+  one is left out;
 - `output_config.format` -> `response_format` json_schema; `output_config.effort`, else
   "none" for `thinking: {"type": "disabled"}` -> `reasoning_effort`;
 - tool_choice: auto -> "auto", any -> "required", tool -> the named function, none ->
@@ -44,10 +45,15 @@ _NO_IMAGES = "image content blocks are not supported: the served model reads tex
 
 def chat_request(req: PromptFields) -> ChatCompletionRequest:
     """The chat request that renders and generates what `req` asks for."""
-    body: dict[str, Any] = {"model": req.model, "messages": chat_messages(req)}
-    if req.messages[-1].role == "assistant":
-        # Anthropic's prefill: the answer continues the last assistant turn.
-        body.update(add_generation_prompt=False, continue_final_message=True)
+    messages = chat_messages(req)
+    body: dict[str, Any] = {"model": req.model, "messages": messages}
+    last = messages[-1]
+    if last["role"] == "assistant" and "tool_calls" not in last:
+        if last["content"]:
+            # Anthropic's prefill: the answer continues the last assistant turn.
+            body.update(add_generation_prompt=False, continue_final_message=True)
+        else:
+            messages.pop()  # an empty one prefills nothing: the answer starts afresh
     if req.chat_template_kwargs is not None:
         body["chat_template_kwargs"] = req.chat_template_kwargs
     if req.tools is not None:
