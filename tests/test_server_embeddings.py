@@ -117,6 +117,18 @@ def test_truncate_prompt_tokens_keeps_the_start(server, reference) -> None:
                                head["data"][0]["embedding"], atol=1e-6)
 
 
+def test_a_batch_larger_than_the_admission_capacity(server) -> None:
+    # 600 inputs > 384 slots (128 seats + 256 queued): served in groups of max_num_seqs.
+    texts = [f"sentence number {i}" for i in range(600)]
+    r = post(server, "/v1/embeddings", {"input": texts})
+    assert r.status_code == 200, r.text
+    data = r.json()["data"]
+    assert [d["index"] for d in data] == list(range(600))
+    for i in (0, 129, 599):
+        alone = post(server, "/v1/embeddings", {"input": texts[i]}).json()["data"][0]
+        np.testing.assert_allclose(data[i]["embedding"], alone["embedding"], atol=1e-6)
+
+
 def test_use_activation_false_gives_the_raw_mean(server, reference) -> None:
     raw = post(server, "/v1/embeddings", {"input": TEXTS[0], "use_activation": False}).json()
     vec = np.asarray(raw["data"][0]["embedding"])

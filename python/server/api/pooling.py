@@ -128,8 +128,27 @@ def _params(srv: ServerState, req: PoolingFields | None, *, truncate: int | None
 async def embed(srv: ServerState, prompts: list[PromptInput], params: SamplingParams,
                 spec: PoolingSpec, request_id: str | None = None
                 ) -> tuple[list[np.ndarray], int]:
-    """One vector per prompt (float32, in order) and the prompt tokens they took."""
-    gen = Generation(srv, new_request_id(None, request_id), prompts, params, pooling=spec)
+    """One vector per prompt (float32, in order) and the prompt tokens they took.
+
+    At most max_num_seqs prompts go in at once (one Generation each group, one after the
+    other): a client's batch (LangChain sends 1000 texts a request) then never needs more
+    admission slots than an idle server has, and it leaves room for other requests."""
+    group = srv.config.engine.max_num_seqs
+    vectors: list[np.ndarray] = []
+    tokens = 0
+    base = new_request_id(None, request_id)
+    for start in range(0, len(prompts), group):
+        part = prompts[start: start + group]
+        got, n = await _embed_group(srv, part, params, spec,
+                                    base if start == 0 else f"{base}-{start}")
+        vectors.extend(got)
+        tokens += n
+    return vectors, tokens
+
+
+async def _embed_group(srv: ServerState, prompts: list[PromptInput], params: SamplingParams,
+                       spec: PoolingSpec, request_id: str) -> tuple[list[np.ndarray], int]:
+    gen = Generation(srv, request_id, prompts, params, pooling=spec)
     try:
         await gen.start()
         vectors: dict[int, bytes] = {}
