@@ -12,7 +12,9 @@ from quart import Response, g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from server.api import dev, ops, profile, scale_out
+from server.api import dev, ops, pooling, profile, scale_out
+from server.api.anthropic import errors as anthropic_errors
+from server.api.anthropic import routes as anthropic_messages
 from server.api.openai import (
     batch, chat, completions, invocations, models, responses, tokenize,
 )
@@ -25,8 +27,10 @@ from server.write_watchdog import WriteWatchdog
 log = logging.getLogger("server.http")
 
 # Every module that registers routes, each through its `register(app, srv)`.
-API_MODULES = (ops, completions, chat, batch, models, tokenize, invocations, responses,
-               dev, profile, scale_out)
+API_MODULES = (ops, completions, chat, batch, models, tokenize, invocations,
+               anthropic_messages, responses, scale_out, dev, profile, pooling)
+# Not mounted under the pooling runner (an encoder, or --runner pooling), as vLLM.
+GENERATION_MODULES = (completions, chat, batch, anthropic_messages, responses, scale_out)
 
 # Routes that answer before the model is loaded (and after an engine failure).
 ALWAYS_OPEN = frozenset({"/health", "/ping", "/version", "/metrics"})
@@ -41,8 +45,11 @@ _HTTP_MESSAGES = {
 
 def _error_response(status: int, message: str, param: str | None = None,
                     headers: dict[str, str] | None = None) -> Response:
-    response = Response(envelope_bytes(status, message, param), status=status,
-                        mimetype="application/json")
+    # Anthropic's clients read their own envelope, on every failure of their routes.
+    body = (anthropic_errors.envelope_bytes(status, message)
+            if anthropic_errors.is_anthropic_path(request.path)
+            else envelope_bytes(status, message, param))
+    response = Response(body, status=status, mimetype="application/json")
     for k, v in (headers or {}).items():
         response.headers[k] = v
     return response
@@ -58,8 +65,10 @@ def create_app(srv: ServerState) -> Any:
         RESPONSE_TIMEOUT=None,  # streams are long; clients and drain decide when they end
         PROVIDE_AUTOMATIC_OPTIONS=True,
     )
+    pooling_only = pooling.pooling_only(cfg)
     for module in API_MODULES:
-        module.register(app, srv)
+        if not (pooling_only and module in GENERATION_MODULES):
+            module.register(app, srv)
 
     @app.before_request
     async def gate() -> Response | None:
