@@ -18,10 +18,9 @@ from server.api.anthropic.render import MessageStream, message_body, sse_body
 from server.api.anthropic.translate import chat_request
 from server.api.http_io import accepts, check_model, json_response, parse, read_json
 from server.api.openai.chat import checked, render_call
-from server.api.openai.tokenize import _in_tokenizer_thread
+from server.api.openai.tokenize import token_ids_of
 from server.api.openai.tool_calls import choice_factory
 from server.api.openai.tools import plan_tools
-from server.errors import bad_request
 from server.frontend import service
 from server.generation import new_request_id
 from server.sse import sse_response
@@ -44,22 +43,13 @@ async def create_message(srv: ServerState, req: MessagesRequest) -> Response:
 
 
 async def count_tokens(srv: ServerState, req: CountTokensRequest) -> Response:
-    check_model(srv, req.model)
     chat = chat_request(req)
+    check_model(srv, chat.model)  # after the translation's checks, as create makes them
     # The tool plan's checks too: a request create would refuse is not counted.
     plan = plan_tools(chat, srv.config)
     render = render_call(srv, chat, plan.tools)
-    add_special = chat.add_special_tokens
-
-    def work() -> int:
-        text = render()
-        too_long = srv.prompt_bound.error(text, srv.limits.max_model_len)
-        if too_long is not None:
-            raise bad_request(too_long, "messages")
-        return len(srv.tokenizer.backend_tokenizer.encode(
-            text, add_special_tokens=add_special).ids)
-
-    return json_response({"input_tokens": await _in_tokenizer_thread(work)})
+    ids = await token_ids_of(srv, render, chat.add_special_tokens)
+    return json_response({"input_tokens": len(ids)})
 
 
 def register(app: Quart, srv: ServerState) -> None:
