@@ -145,6 +145,14 @@ def test_stream_helper_matches_whole_response(server, client):
     data = [json.loads(line[6:]) for line in lines if line.startswith("data: ")]
     assert names == [d["type"] for d in data] and names[-1] == "response.incomplete"
     assert all(lines[i].startswith("event: ") == (i % 2 == 0) for i in range(len(lines)))
+    # A client that leaves mid-stream aborts its generation, as on chat.
+    with httpx.stream("POST", server.url + "/v1/responses", timeout=60, json=dict(
+            input="Write a very long story.", model=MODEL, max_output_tokens=900,
+            stream=True)) as r:
+        for line in r.iter_lines():
+            if "response.output_text.delta" in line:
+                break
+    assert wait_until(lambda: idle(server))
 
 
 def test_conversation_by_previous_response_id(server, client):
@@ -387,16 +395,22 @@ def test_store_survives_restart_and_is_bounded(tmp_path):
             assert later.usage.input_tokens > made[3].usage.total_tokens
     finally:
         assert srv.stop() == 0
-    srv = run("--no-responses-store")
+    srv = run("--no-responses-store", "--api-key", "k")
     try:
-        r = httpx.get(f"{srv.url}/v1/responses/{made[3].id}")
+        # Every route of the API needs the key.
+        for method, path in (("POST", ""), ("GET", "/resp_x"), ("POST", "/resp_x/cancel")):
+            r = httpx.request(method, f"{srv.url}/v1/responses{path}", json={"input": "x"})
+            assert r.status_code == 401, (method, path, r.text)
+        key = {"Authorization": "Bearer k"}
+        r = httpx.get(f"{srv.url}/v1/responses/{made[3].id}", headers=key)
         assert envelope(r)[:3] == (404, f"Response with id '{made[3].id}' not found.",
                                    "response_id")
-        r = httpx.post(srv.url + "/v1/responses", json={"input": "x", "background": True})
+        r = httpx.post(srv.url + "/v1/responses", headers=key,
+                       json={"input": "x", "background": True})
         assert envelope(r)[:3] == (400, "background mode needs the response store, which "
                                    "this server runs without (--no-responses-store)",
                                    "background")
-        r = httpx.post(srv.url + "/v1/responses", timeout=60,
+        r = httpx.post(srv.url + "/v1/responses", timeout=60, headers=key,
                        json={"input": "Hi.", "max_output_tokens": 3})
         assert r.status_code == 200 and r.json()["store"] is False
     finally:
