@@ -56,8 +56,6 @@ class PoolState:
                 self._acc = rows[0].float().clone()
         else:
             self._acc = rows[-1].float().clone()
-        if self.mode != "mean":
-            self._count += rows.shape[0]
 
     def result(self) -> torch.Tensor:
         if self._acc is None:
