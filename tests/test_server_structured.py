@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 
+import openai
 import pytest
 from server_helpers import ServerProcess, offline_llm
 
@@ -233,6 +234,32 @@ def test_guided_aliases_constrain(client, field, value, check):
     text, finish = complete(client, False, "Answer:", max_tokens=60,
                             extra_body={field: value, "guided_decoding_backend": "auto"})
     assert finish == "stop" and check(text), text
+
+
+def test_guided_decoding_backend_picks_the_backend(client):
+    # vLLM 0.33 ignores the field; here it names the backend, or is a 400 saying why not
+    try:
+        import xgrammar  # noqa: F401
+        have = True
+    except ImportError:
+        have = False
+    body = {"guided_regex": REGEX, "guided_decoding_backend": "xgrammar"}
+    if have:
+        text, finish = complete(client, False, "Answer:", max_tokens=30, extra_body=body)
+        assert finish == "stop" and re.fullmatch(REGEX, text), text
+    else:
+        with pytest.raises(openai.BadRequestError) as e:
+            complete(client, False, "Answer:", max_tokens=30, extra_body=body)
+        assert e.value.body["param"] == "guided_decoding_backend"
+        assert "xgrammar" in e.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as e:
+        complete(client, False, "Answer:", max_tokens=30,
+                 extra_body={"guided_regex": REGEX, "guided_decoding_backend": "outlines"})
+    assert e.value.body["param"] == "guided_decoding_backend"
+    assert "not available" in e.value.body["message"]
+    text, finish = complete(client, False, "Answer:", max_tokens=30,
+                            extra_body={"guided_choice": CHOICES})
+    assert text in CHOICES  # the server goes on serving
 
 
 # -- refusals ---------------------------------------------------------------------------

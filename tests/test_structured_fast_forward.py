@@ -171,3 +171,56 @@ def test_look_ahead_row_serves_the_next_fill(pair: tuple[LLM, LLM]) -> None:
     direct = np.full(words, -1, np.int32)
     fresh.fill_bitmask(direct)
     assert np.array_equal(ahead, direct)
+
+
+def test_request_backend_routes_to_its_cache(pair: tuple[LLM, LLM]) -> None:
+    # a spec that names its backend (guided_decoding_backend) is compiled and matched there
+    pytest.importorskip("xgrammar", reason="xgrammar is an optional extra")
+    import dataclasses
+
+    on, _ = pair
+    spec = dataclasses.replace(StructuredSpec("regex", r"[a-z]{3,6} [0-9]{2}"),
+                               backend="xgrammar")
+    out = on.generate(prompts(on)[:1], SamplingParams(temperature=0.0, max_tokens=20,
+                                                       structured=spec))[0].outputs[0]
+    import re
+    assert re.fullmatch(r"[a-z]{3,6} [0-9]{2}", out.text), out.text
+    assert spec in on.engine.grammar_cache("xgrammar")
+    assert spec not in on.engine.grammar_cache()
+
+
+def test_a_failing_matcher_ends_its_choice_only() -> None:
+    # a backend error inside a fill (a matcher past its end, a resource limit) must not
+    # fail the step: the row allows only EOS, so that choice ends
+    from actors.core.structured.backend import Matcher
+
+    class Broken(Matcher):
+        def fill_bitmask(self, out_row):
+            raise RuntimeError("matcher terminated")
+
+        def accept(self, token_id):
+            return True
+
+        def rollback(self, k):
+            pass
+
+        def is_terminated(self):
+            return False
+
+        def forced_tokens(self):
+            return []
+
+        def validate_tokens(self, tokens):
+            return 0
+
+        def error(self):
+            return None
+
+        def is_accepting(self):
+            return False
+
+    mask = MatcherMask(Broken(), 64, 64, (5,))
+    row = np.full(2, -1, np.int32)
+    mask.fill_bitmask(row)
+    assert _single_token(row) == 5
+    assert mask.fast_forward(8, lambda t: True) == []  # EOS is never taken ahead

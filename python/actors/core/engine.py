@@ -45,7 +45,8 @@ class LLMEngine:
 
         t0 = time.perf_counter()
         if loaded is None:
-            loaded = load_model(config.model, config.dtype)
+            loaded = load_model(config.model, config.dtype,
+                                quantization=config.quantization)
         self.loaded = loaded
         mc = loaded.config
         self.model_config = mc
@@ -119,25 +120,26 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ structured outputs
 
-    def grammar_cache(self) -> Any:
-        """The process's GrammarCache for this model (built on first use, ~0.5 s; an
-        in-process server has usually built it already)."""
+    def grammar_cache(self, backend: str | None = None) -> Any:
+        """The process's GrammarCache for this model and ``backend`` (None: the engine's;
+        built on first use, ~0.5 s; an in-process server has usually built it already)."""
         from actors.core.structured.cache import shared_cache
 
-        return shared_cache(self.config.structured_outputs_backend, str(self.model_dir),
-                            self.tokenizer, self.vocab_size, tuple(self.eos_token_ids))
+        return shared_cache(backend or self.config.structured_outputs_backend,
+                            str(self.model_dir), self.tokenizer, self.vocab_size,
+                            tuple(self.eos_token_ids))
 
     def _compile(self, params: SamplingParams) -> None:
         """Compiles a request's constraint when it is queued, between steps (a cache hit
         when the server compiled it first), so that no step compiles and a spec the
         backend refuses is refused as a request."""
         if params.structured is not None:
-            self.grammar_cache().get(params.structured)
+            self.grammar_cache(params.structured.backend).get(params.structured)
 
     def _structured_mask(self, spec: Any, outputs: tuple[int, ...]) -> Any:
         from actors.core.structured.mask import mask_for
 
-        cache = self.grammar_cache()
+        cache = self.grammar_cache(spec.backend)
         return mask_for(lambda: (cache.get(spec), cache.backend.vocab_size), self.vocab_size,
                         tuple(self.eos_token_ids), outputs)
 

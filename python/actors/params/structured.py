@@ -45,7 +45,9 @@ class StructuredSpec:
     ``json_object`` None; ``structural_tag`` the tag description as JSON text.
 
     ``source`` is the request object it came from (``structured_outputs`` or
-    ``response_format``) and only shapes the ``param`` of refusals.
+    ``response_format``) and only shapes the ``param`` of refusals. ``backend`` is the
+    grammar backend the request asked for (``guided_decoding_backend``: guidance or
+    xgrammar); None: the server's.
     """
 
     kind: Kind
@@ -54,6 +56,7 @@ class StructuredSpec:
     disable_any_whitespace: bool = False
     disable_additional_properties: bool = False
     source: str = "structured_outputs"
+    backend: str | None = None
 
     # -- construction -------------------------------------------------------------------
 

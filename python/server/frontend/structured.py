@@ -25,12 +25,17 @@ async def compile_spec(srv: Any, spec: StructuredSpec) -> None:
     from actors.core.structured.cache import peek_shared_cache, shared_cache
 
     info = srv.actors.info
-    backend = srv.config.engine.structured_outputs_backend
+    backend = spec.backend or srv.config.engine.structured_outputs_backend
     eos = tuple(info.eos_token_ids)
     cache = peek_shared_cache(backend, info.model_dir, info.vocab_size, eos)
     if cache is None:  # the first constrained request builds the backend (~0.5 s)
-        cache = await trio.to_thread.run_sync(
-            shared_cache, backend, info.model_dir, srv.tokenizer, info.vocab_size, eos)
+        try:
+            cache = await trio.to_thread.run_sync(
+                shared_cache, backend, info.model_dir, srv.tokenizer, info.vocab_size, eos)
+        except ValueError as exc:  # a backend asked for by the request is not installed
+            if spec.backend is None:
+                raise
+            raise bad_request(str(exc), "guided_decoding_backend") from None
     try:
         await cache.aget(spec)
     except RequestRefused as exc:

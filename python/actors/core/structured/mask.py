@@ -56,11 +56,15 @@ class MatcherMask:
         self._fill(row)
 
     def _fill(self, row: np.ndarray) -> None:
-        if self._scratch is None:
-            self._m.fill_bitmask(row)
-        else:
-            self._m.fill_bitmask(self._scratch)
-            row[:] = self._scratch[: len(row)]
+        try:
+            if self._scratch is None:
+                self._m.fill_bitmask(row)
+            else:
+                self._m.fill_bitmask(self._scratch)
+                row[:] = self._scratch[: len(row)]
+        except Exception as exc:  # noqa: BLE001 - a matcher's failure ends its choice only
+            log.warning("the grammar matcher failed (%s); ending the choice", exc)
+            row[:] = 0
         if not row.any():
             # nothing allowed would leave the sampler nothing to draw: end the choice
             words = row.view(np.uint32)
@@ -71,6 +75,8 @@ class MatcherMask:
         """Accepts the tokens the grammar now forces, at most ``limit``, stopping at one
         that ``allowed`` refuses (the sampler would not draw it there); returns them."""
         forced: list[int] = []
+        if self._m.is_terminated():  # the draw was its end-of-sequence token
+            return forced
         row = self._next
         while len(forced) < limit:
             self._fill(row)

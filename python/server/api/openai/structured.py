@@ -13,6 +13,8 @@ before admission.
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
 
 from actors.errors import RequestRefused
 from actors.params.structured import StructuredSpec
@@ -25,6 +27,7 @@ __all__ = ["spec_of"]
 _GUIDED_KINDS = (("guided_json", "json"), ("guided_regex", "regex"),
                  ("guided_choice", "choice"), ("guided_grammar", "grammar"))
 _BACKENDS = ("auto", "guidance", "llguidance", "xgrammar", "outlines", "lm-format-enforcer")
+_OUR_BACKENDS = {"guidance": "guidance", "llguidance": "guidance", "xgrammar": "xgrammar"}
 
 
 def spec_of(req: SamplingFields) -> StructuredSpec | None:
@@ -43,9 +46,30 @@ def spec_of(req: SamplingFields) -> StructuredSpec | None:
     if len(guided) > 1:
         raise bad_request("only one of " + ", ".join(n for n, _ in guided) + " may be set",
                           guided[1][0])
-    if req.guided_decoding_backend is not None and req.guided_decoding_backend not in _BACKENDS:
+    backend = _requested_backend(req.guided_decoding_backend)
+    spec = _spec(req, fmt, so, guided)
+    if spec is not None and backend is not None:
+        spec = dataclasses.replace(spec, backend=backend)
+    return spec
+
+
+def _requested_backend(name: str | None) -> str | None:
+    """guided_decoding_backend as a backend of ours (None: the server's); vLLM 0.33 accepts
+    and ignores the field, this server uses the backend named or says it has none such."""
+    if name is None or name == "auto":
+        return None
+    if name not in _BACKENDS:
         raise bad_request(f"guided_decoding_backend must be one of {', '.join(_BACKENDS)}",
                           "guided_decoding_backend")
+    ours = _OUR_BACKENDS.get(name)
+    if ours is None:
+        raise bad_request(f"guided_decoding_backend {name!r} is not available on this server "
+                          "(it has guidance and xgrammar)", "guided_decoding_backend")
+    return ours
+
+
+def _spec(req: SamplingFields, fmt: dict[str, Any] | None, so: Any,
+          guided: list[tuple[str, str]]) -> StructuredSpec | None:
     try:
         if fmt is not None:
             return StructuredSpec.from_response_format(fmt)
