@@ -103,13 +103,19 @@ class ResponseStore:
 
     def _put(self, body: dict[str, Any], messages: list[dict[str, Any]]) -> None:
         db = self._conn()
-        db.execute("INSERT OR REPLACE INTO responses (id, created, status, body, messages) "
-                   "VALUES (?, ?, ?, ?, ?)",
-                   (body["id"], time.time(), body["status"], orjson.dumps(body),
-                    orjson.dumps(messages)))
-        self._evict_old(db)
-        db.execute("DELETE FROM responses WHERE id NOT IN (SELECT id FROM responses "
-                   "ORDER BY created DESC, rowid DESC LIMIT ?)", (self.max_count,))
+        with db:  # one transaction: the row and the evictions it makes
+            db.execute("BEGIN")
+            db.execute("INSERT OR REPLACE INTO responses (id, created, status, body, messages) "
+                       "VALUES (?, ?, ?, ?, ?)",
+                       (body["id"], time.time(), body["status"], orjson.dumps(body),
+                        orjson.dumps(messages)))
+            self._evict_old(db)
+            # The count comes from the small created index; the oldest rows go first.
+            (count,) = db.execute("SELECT COUNT(*) FROM responses").fetchone()
+            if count > self.max_count:
+                db.execute("DELETE FROM responses WHERE rowid IN (SELECT rowid FROM "
+                           "responses ORDER BY created, rowid LIMIT ?)",
+                           (count - self.max_count,))
 
     def _update(self, body: dict[str, Any]) -> int:
         cur = self._conn().execute("UPDATE responses SET status = ?, body = ? WHERE id = ?",
