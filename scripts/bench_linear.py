@@ -1,5 +1,5 @@
-"""Benchmark llmcore.linear (bf16 weights, fp32 activations; row-major and packed) against
-torch's F.linear.
+"""Benchmark llmcore.linear (bf16 weights, fp32 activations; row-major and packed; GGUF
+Q8_0/Q4_0/Q4_1 blocks, packed quantized) against torch's F.linear.
 
 Kernels (default): the default model's projection shapes (SmolLM2-135M: fused qkv, o_proj,
 fused gate_up, down_proj, tied lm_head) at M rows in {1, 8, 64, 256}. Each measurement cycles
@@ -9,7 +9,7 @@ second and torch-fp32 time / ours. torch's own bf16 F.linear is timed too (slow 
 native bf16; skipped once a single call exceeds --bf16-limit-ms).
 
 Engine (--engine): decode ms per step of the real model through the engine, batch 1 and 64,
-for dtype float32 and bfloat16.
+for dtype float32, bfloat16 and bfloat16 with --quantization gguf.
 
 Prints one JSON object on stdout; progress on stderr.
 
@@ -61,6 +61,22 @@ def timed(fns: list[Callable[[], Any]], repeats: int, budget_s: float) -> float:
     return statistics.median(times)
 
 
+QUANT_TYPES = {"q8_0": 8, "q4_0": 2, "q4_1": 3}  # ggml type numbers
+
+
+def quantized_copies(name: str, w: torch.Tensor, copies: int) -> list[llmcore.PackedWeight]:
+    """GGUF blocks of w (gguf.quants, as llama.cpp quantizes), packed by the core; enough
+    copies of the quantized bytes to overflow the last-level cache."""
+    import gguf
+
+    blocks = gguf.quants.quantize(w.numpy(), gguf.GGMLQuantizationType(QUANT_TYPES[name]))
+    n, k = w.shape
+    one = llmcore.PackedWeight.from_gguf(QUANT_TYPES[name], blocks, n, k)
+    copies = max(1, min(64, -(-CACHE_BYTES // one.nbytes)))
+    return [one] + [llmcore.PackedWeight.from_gguf(QUANT_TYPES[name], blocks, n, k)
+                    for _ in range(copies - 1)]
+
+
 def bench_kernels(args: argparse.Namespace) -> list[dict[str, Any]]:
     gen = torch.Generator().manual_seed(0)
     rows = []
@@ -73,6 +89,7 @@ def bench_kernels(args: argparse.Namespace) -> list[dict[str, Any]]:
         ws16 = [w.bfloat16() for w in ws32]
         packed16 = [llmcore.PackedWeight(w) for w in ws16]
         packed32 = [llmcore.PackedWeight(w) for w in ws32]
+        quant = {q: quantized_copies(q, w32, copies) for q in args.quant}
         for m in args.m:
             x = torch.randn(m, k, generator=gen)
             out = torch.empty(m, n)
@@ -119,6 +136,17 @@ def bench_kernels(args: argparse.Namespace) -> list[dict[str, Any]]:
             if pk16_avx2 is not None:
                 row["packed_bf16_avx2_ms"] = round(pk16_avx2 * 1e3, 4)
                 row["speedup_packed_vs_avx2"] = round(pk16_avx2 / pk16, 2)
+            for qname, qpacked in quant.items():
+                tq = timed([lambda w=w, x=x, o=out: llmcore.linear(x, w, None, o) for w in qpacked],
+                           args.repeats, args.budget_s)
+                row[f"packed_{qname}_ms"] = round(tq * 1e3, 4)
+                row[f"packed_{qname}_weight_GBps"] = round(qpacked[0].nbytes / tq / 1e9, 2)
+                row[f"packed_{qname}_GFLOPs"] = round(2 * m * n * k / tq / 1e9, 1)
+                row[f"speedup_{qname}_vs_packed_bf16"] = round(pk16 / tq, 2)
+                log(f"{name:8s} M={m:4d}: {qname} {tq * 1e3:.3f} ms "
+                    f"({row[f'packed_{qname}_weight_GBps']} GB/s, "
+                    f"{row[f'packed_{qname}_GFLOPs']} GFLOP/s) -> x{row[f'speedup_{qname}_vs_packed_bf16']}"
+                    " vs packed bf16")
             log(f"{name:8s} M={m:4d}: ours {row['ours_bf16_ms']:.3f} ms "
                 f"({row['ours_bf16_weight_GBps']} GB/s, {row['ours_bf16_GFLOPs']} GFLOP/s), "
                 f"torch fp32 {row['torch_fp32_ms']:.3f} ms, torch bf16 {row['torch_bf16_ms']} ms"
@@ -132,9 +160,9 @@ def bench_engine(args: argparse.Namespace) -> list[dict[str, Any]]:
     from actors import LLM, SamplingParams
 
     rows = []
-    for dtype in ("float32", "bfloat16"):
-        llm = LLM(dtype=dtype, num_threads=args.threads, max_num_seqs=64,
-                  kv_cache_memory=256 << 20, max_model_len=2048)
+    for dtype, quantization in (("float32", None), ("bfloat16", None), ("bfloat16", "gguf")):
+        llm = LLM(dtype=dtype, quantization=quantization, num_threads=args.threads,
+                  max_num_seqs=64, kv_cache_memory=256 << 20, max_model_len=2048)
         eng = llm.engine
         for batch in args.batch:
             params = SamplingParams(max_tokens=args.new_tokens, temperature=0, ignore_eos=True)
@@ -150,10 +178,11 @@ def bench_engine(args: argparse.Namespace) -> list[dict[str, Any]]:
             # finishes the prompts, so it is skipped).
             decode = [s for s, n in steps[1:] if n == batch]
             step_ms = statistics.median(decode) * 1e3
-            row = {"dtype": dtype, "batch": batch, "decode_steps": len(decode),
+            row = {"dtype": dtype, "quantization": quantization, "batch": batch,
+                   "decode_steps": len(decode),
                    "step_ms": round(step_ms, 2), "ms_per_token": round(step_ms / batch, 3),
                    "tok_s": round(batch * 1e3 / step_ms, 1)}
-            log(f"engine {dtype:8s} batch {batch:3d}: {row['step_ms']} ms/step, "
+            log(f"engine {dtype:8s} {quantization or '-':4s} batch {batch:3d}: {row['step_ms']} ms/step, "
                 f"{row['ms_per_token']} ms/token, {row['tok_s']} tok/s")
             rows.append(row)
         del llm, eng
@@ -169,6 +198,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--budget-s", type=float, default=1.0, help="time cap per measurement")
     p.add_argument("--bf16-limit-ms", type=float, default=200.0)
+    p.add_argument("--quant", nargs="*", default=list(QUANT_TYPES), choices=list(QUANT_TYPES),
+                   help="GGUF block formats timed through the quantized packed kernel")
     p.add_argument("--engine", action="store_true", help="measure engine decode instead")
     p.add_argument("--batch", type=int, nargs="+", default=[1, 64])
     p.add_argument("--new-tokens", type=int, default=24)

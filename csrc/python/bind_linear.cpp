@@ -7,6 +7,7 @@
 
 #include "binding.h"
 #include "linear.h"
+#include "weight_quant.h"
 
 namespace lcpy {
 
@@ -25,6 +26,21 @@ class PackedWeight {
         }
         check(st);
     }
+    // GGUF blocks (a buffer of N * K/32 blocks of `type`), kept quantized.
+    PackedWeight(int32_t type, const py::object& blocks, int64_t n, int64_t k) {
+        // Bytes in C order (a copy only if the buffer is strided or not uint8).
+        using Bytes = py::array_t<uint8_t, py::array::c_style | py::array::forcecast>;
+        const Bytes arr = Bytes::ensure(blocks);
+        if (!arr) throw py::value_error("blocks must be a buffer of bytes (numpy uint8, bytes)");
+        const int64_t nbytes = int64_t(arr.nbytes());
+        const void* data = arr.data();
+        lc_status st;
+        {
+            py::gil_scoped_release nogil;
+            st = lc_weight_pack_quant(type, data, nbytes, n, k, &w_);
+        }
+        check(st);
+    }
     ~PackedWeight() { lc_weight_destroy(w_); }
     PackedWeight(const PackedWeight&) = delete;
     PackedWeight& operator=(const PackedWeight&) = delete;
@@ -33,7 +49,15 @@ class PackedWeight {
     int64_t n() const { return info().n; }
     int64_t k() const { return info().k; }
     int64_t nbytes() const { return info().nbytes; }
-    std::string dtype() const { return info().dtype == LC_DTYPE_BF16 ? "bfloat16" : "float32"; }
+    std::string dtype() const {
+        if (const int32_t t = quant_type()) return lc::quant::name(t);
+        return info().dtype == LC_DTYPE_BF16 ? "bfloat16" : "float32";
+    }
+    int32_t quant_type() const {
+        int32_t t = 0;
+        check(lc_weight_quant_type(w_, &t));
+        return t;
+    }
 
     py::object rows(const py::handle& ids, const py::object& out) const {
         IntArray<int64_t> rows(ids, "rows");
@@ -89,8 +113,20 @@ PackedWeight(weight): weight [N, K] float32 or bfloat16 (torch or numpy, CPU),
 copied once; pass the object as llmcore.linear's weight. The source may be
 freed afterwards. Read only, so one object serves many threads.)doc")
         .def(py::init<const py::handle&>(), py::arg("weight"))
+        .def_static(
+            "from_gguf",
+            [](int32_t type, const py::object& blocks, int64_t n, int64_t k) {
+                return std::make_unique<PackedWeight>(type, blocks, n, k);
+            },
+            py::arg("type"), py::arg("blocks"), py::arg("n"), py::arg("k"),
+            R"doc(A GGUF matrix [n, k] kept in its block format: type is ggml's number
+(8 = Q8_0, 2 = Q4_0, 3 = Q4_1), blocks a C-contiguous buffer of the n rows' blocks
+as the file stores them (copied). llmcore.linear then rounds x per 32-block to int8
+and multiplies with exact integer block dots; rows() dequantizes.)doc")
+        .def_property_readonly("quant_type", &PackedWeight::quant_type,
+                               "ggml type number of a quantized weight, 0 for a float one")
         .def_property_readonly("shape", [](const PackedWeight& w) { return py::make_tuple(w.n(), w.k()); })
-        .def_property_readonly("dtype", &PackedWeight::dtype, "'bfloat16' or 'float32'")
+        .def_property_readonly("dtype", &PackedWeight::dtype, "'bfloat16', 'float32', or 'q8_0', 'q4_0', 'q4_1'")
         .def_property_readonly("nbytes", &PackedWeight::nbytes, "bytes of memory held")
         .def("rows", &PackedWeight::rows, py::arg("ids"), py::arg("out"),
              "out[i] = W[ids[i]] (out [len(ids), K] float32 or bfloat16); returns out.")

@@ -20,6 +20,8 @@ GiB = 1 << 30
 class EngineConfig:
     model: str | None = None  # None: the default SmolLM2-135M-Instruct GGUF
     dtype: str = "auto"  # auto | float32 | bfloat16
+    # None | "gguf" (vLLM's name): a GGUF model's Q8_0/Q4_0/Q4_1 matrices stay quantized
+    quantization: str | None = None
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     max_num_seqs: int = 128
     max_num_batched_tokens: int = 2048
@@ -39,4 +41,9 @@ class EngineConfig:
     # (exact: the masked sampler could draw nothing else); --structured-outputs-config
     # fast_forward=false turns it off.
     structured_fast_forward: bool = True
+    # LoRA adapters (vLLM's --enable-lora, --max-loras, --max-lora-rank): slots kept for
+    # that many adapters at once, each of rank up to max_lora_rank.
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
     extra: dict[str, Any] = field(default_factory=dict)

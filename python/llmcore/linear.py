@@ -7,7 +7,9 @@ bf16 matmul on such CPUs is an order of magnitude slower than fp32.
 
 ``weight`` is ``[N, K]`` (torch's ``nn.Linear`` layout), contiguous, or a ``PackedWeight``:
 the same matrix copied once into the layout the kernels stream (panels of 16 output columns,
-huge pages), which is what a model keeps; ``x`` is ``[..., K]``
+huge pages), which is what a model keeps, or ``PackedWeight.from_gguf(type, blocks, n, k)``:
+a GGUF Q8_0/Q4_0/Q4_1 matrix kept in its blocks (4.5-8.5 bits a weight), multiplied with x
+rounded per 32-block to int8 and exact integer block dots; ``x`` is ``[..., K]``
 float32; ``bias`` is ``[N]`` or None. Tensors are torch tensors or numpy arrays, borrowed
 through ``__dlpack__`` without a copy; the GIL is released while the kernel runs.
 """

@@ -15,6 +15,7 @@ from typing import Any
 import llmcore
 from actors.config import EngineConfig, GiB  # EngineConfig re-exported: its old home
 from actors.core.kv_manager import KVManager
+from actors.core.lora_adapters import LoraAdapters
 from actors.core.operator import Operator
 from actors.errors import RequestRefused
 from actors.messages import Abort, Admit, Control, ControlResult, EngineInfo, EngineStats
@@ -115,6 +116,11 @@ class LLMEngine:
             fast_forward=config.structured_fast_forward,
         )
         self.runner.structured_masks = self._structured_mask
+        self.lora: LoraAdapters | None = None
+        if config.enable_lora:
+            self.lora = LoraAdapters(mc, config.max_loras, config.max_lora_rank,
+                                     self._lora_ids_in_use)
+            self.runner.lora, self.runner.lora_slots = self.lora.stacks, self.lora.slots
         self.operator = Operator(self)
         log.info("engine ready in %.1f s", time.perf_counter() - t0)
 
@@ -146,7 +152,8 @@ class LLMEngine:
     # ------------------------------------------------------------------ requests
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    arrival_time: float | None = None, priority: int | None = None) -> None:
+                    arrival_time: float | None = None, priority: int | None = None,
+                    lora_id: int = 0) -> None:
         """Queues a request its caller has checked (SamplingParams.validate and
         actors.params.prompt.check_prompt against RequestLimits.from_info(self.info), as
         LLM.generate does): the core trusts it, as it trusts any Admit."""
@@ -156,6 +163,7 @@ class LLMEngine:
             params=params,
             arrival_time=time.monotonic() if arrival_time is None else arrival_time,
             priority=priority,
+            lora_id=lora_id,
         ))
 
     def abort_request(self, request_id: str) -> list[RequestOutput]:
@@ -187,6 +195,8 @@ class LLMEngine:
 
     def add(self, admit: Admit) -> None:
         """Queues a checked prompt (EngineCore.add)."""
+        if admit.lora_id and (self.lora is None or not self.lora.serves(admit.lora_id)):
+            raise RequestRefused(f"LoRA adapter id {admit.lora_id} is not loaded")
         try:
             self._compile(admit.params)
             self.scheduler.add_request(admit)
@@ -194,6 +204,9 @@ class LLMEngine:
             raise
         except ValueError as exc:
             raise RequestRefused(str(exc)) from exc
+
+    def _lora_ids_in_use(self) -> set[int]:
+        return {s.lora_id for seqs in self.scheduler._requests.values() for s in seqs}
 
     def abort(self, abort: Abort) -> None:
         self.scheduler.abort(abort.request_id, abort.index)
@@ -240,6 +253,13 @@ class LLMEngine:
                 return op.start_profile(args["config"], args.get("prefix"))
             case "stop_profile":
                 return op.stop_profile()
+            case "load_lora_adapter" | "unload_lora_adapter" if self.lora is None:
+                return ControlResult(False, error="LoRA is not enabled (--enable-lora)",
+                                     reason="invalid")
+            case "load_lora_adapter":
+                return self.lora.load(int(args["lora_id"]), str(args["path"]))
+            case "unload_lora_adapter":
+                return self.lora.unload(int(args["lora_id"]))
         return ControlResult(False, error=f"unknown control command {command.command!r}")
 
     def default_sampling_params(self, **overrides: Any) -> SamplingParams:

@@ -3,6 +3,7 @@
     load_model(None)              the default model (SmolLM2-135M-Instruct GGUF)
     load_model("dir/")            config.json + safetensors
     load_model("x.gguf")          converted once into the cache, then loaded as a directory
+    load_model("x.gguf", quantization="gguf")   the same, linear matrices kept quantized
 
 The returned ``model_dir`` is always a Hugging Face-style directory with the tokenizer
 files (and chat template), so the tokenizer is loaded the same way for both sources.
@@ -28,6 +29,7 @@ __all__ = [
     "INSTALL_HINT",
     "DefaultModelMissing",
     "LoadedModel",
+    "QUANTIZATION_CHOICES",
     "default_model_path",
     "load_model",
     "prepare_model_dir",
@@ -64,13 +66,35 @@ def prepare_model_dir(source: str | Path | None) -> tuple[Path, Path, bool | Non
     return src, entry, hit
 
 
+QUANTIZATION_CHOICES = ("gguf",)
+
+
 def load_model(
     source: str | Path | None = None, dtype: str = "auto", max_positions: int | None = None,
-    pack: bool = True,
+    pack: bool = True, quantization: str | None = None,
 ) -> LoadedModel:
+    """quantization: None (the matrices in ``dtype``) or "gguf" (vLLM's name): a .gguf
+    model's Q8_0/Q4_0/Q4_1 matrices stay in their blocks in the core (CPU only; the rest,
+    norms included, comes in ``dtype`` as usual)."""
     from actors.loader.hf import load_hf_dir
 
+    if quantization not in (None, *QUANTIZATION_CHOICES):
+        raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_CHOICES)}, "
+                         f"got {quantization!r}")
     src, model_dir, hit = prepare_model_dir(source)
+    if quantization == "gguf" and src.suffix != ".gguf":
+        raise ValueError(f"--quantization gguf needs a .gguf model, got {src}")
     torch_dtype = resolve_dtype(dtype)
-    model, cfg = load_hf_dir(model_dir, torch_dtype, max_positions, pack=pack)
+    model, cfg = load_hf_dir(model_dir, torch_dtype, max_positions,
+                             pack=pack and quantization is None)
+    if quantization == "gguf":
+        import json
+
+        from actors.loader.gguf import quantized_weights
+        from actors.loader.progress import log, stage
+
+        with stage(f"packing the quantized matrices of {src.name}"):
+            hf_cfg = json.loads((model_dir / "config.json").read_text())
+            model.pack_weights(quantized_weights(src, hf_cfg))
+        log.info("weights: %s", model.weight_formats())
     return LoadedModel(model, cfg, torch_dtype, model_dir, src, hit)

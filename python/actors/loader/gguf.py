@@ -6,6 +6,9 @@ value is scale * q + min in float32). Names map from llama.cpp's (blk.N.attn_q .
 transformers'. llama.cpp's converter permutes the rows of Q and K for the "llama"
 architecture (interleaved RoPE pairs); we undo it exactly as transformers'
 LlamaTensorProcessor does, which yields the rotate-half layout our RoPE expects.
+
+``quantized_weights`` is the other way in (``--quantization gguf``): the linear matrices
+stay in their GGUF blocks, packed by the core, and only the rest comes from the directory.
 """
 
 from __future__ import annotations
@@ -59,6 +62,63 @@ def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
     interleaved pairs (x0, x_h, x1, x_h+1, ...) back to halves (x0..x_h-1, x_h..)."""
     dim = w.shape[0] // n_head // 2
     return w.reshape(n_head, dim, 2, *w.shape[1:]).swapaxes(2, 1).reshape(w.shape)
+
+
+# ggml type numbers the core keeps quantized (lc_quant_type): Q4_0, Q4_1, Q8_0.
+QUANT_TYPES = {2: "q4_0", 3: "q4_1", 8: "q8_0"}
+# Our fused matrices and the HF parts they stack, in row order.
+_FUSED_PARTS = {
+    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+}
+
+
+def quantized_weights(gguf_path: Path, cfg: dict[str, Any]) -> dict[str, Any]:
+    """Module name -> llmcore.PackedWeight holding that matrix in its GGUF block format
+    (``--quantization gguf``): the projections, the LM head, and a tied embedding.
+
+    The rows of a quantized matrix are whole blocks, so the loader's row operations apply
+    to the raw bytes unchanged: Q/K un-permuted (llama), q/k/v and gate/up stacked. A
+    matrix in a type the core does not keep (or a fused one whose parts differ in type)
+    is left out, and the model packs its dequantized copy as usual.
+    """
+    import gguf
+    import llmcore
+
+    reader = gguf.GGUFReader(gguf_path)
+    arch = _field(reader, "general.architecture")
+    raw: dict[str, tuple[int, int, np.ndarray]] = {}  # HF matrix name -> (type, K, rows)
+    for t in reader.tensors:
+        if len(t.shape) != 2 or int(t.tensor_type.value) not in QUANT_TYPES:
+            continue
+        name = hf_tensor_name(t.name).removesuffix(".weight")
+        rows = np.asarray(t.data)
+        if arch == "llama" and name.endswith("q_proj"):
+            rows = unpermute_qk(rows, cfg["num_attention_heads"])
+        elif arch == "llama" and name.endswith("k_proj"):
+            rows = unpermute_qk(rows, cfg["num_key_value_heads"])
+        raw[name] = (int(t.tensor_type.value), int(t.shape[0]), rows)
+    out: dict[str, Any] = {}
+
+    def pack(name: str, parts: list[str]) -> None:
+        found = [raw.get(p) for p in parts]
+        if any(f is None for f in found) or len({(f[0], f[1]) for f in found}) != 1:
+            return
+        qtype, k = found[0][0], found[0][1]
+        rows = np.ascontiguousarray(np.concatenate([f[2] for f in found]))
+        out[name] = llmcore.PackedWeight.from_gguf(qtype, rows, rows.shape[0], k)
+
+    for layer in range(cfg["num_hidden_layers"]):
+        prefix = f"model.layers.{layer}."
+        for fused, parts in _FUSED_PARTS.items():
+            pack(prefix + fused, [prefix + p for p in parts])
+        for single in ("self_attn.o_proj", "mlp.down_proj"):
+            pack(prefix + single, [prefix + single])
+    if cfg["tie_word_embeddings"]:
+        pack("model.embed_tokens", ["model.embed_tokens"])
+    else:
+        pack("lm_head", ["lm_head"])
+    return out
 
 
 def _field(reader: Any, key: str, default: Any = None) -> Any:

@@ -24,13 +24,14 @@ and is tested equal to it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import llmcore
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from actors.models import lora
 from actors.models.attention import AttentionBackend, LayerAttentionSpec
 from actors.models.config import ModelConfig
 from actors.models.rope import RotaryEmbedding, apply_rotary_
@@ -87,8 +88,13 @@ class Linear(nn.Module):
         self.bias = _param(out_size, dtype=dtype) if bias else None
         self.packed: llmcore.PackedWeight | None = None
 
-    def pack(self) -> None:
-        self.packed = llmcore.PackedWeight(self.weight.detach())
+    def pack(self, packed: llmcore.PackedWeight | None = None) -> None:
+        """packed: the matrix already in the core (a quantized GGUF copy, same shape);
+        default: a packed copy of ``weight``."""
+        if packed is not None and tuple(packed.shape) != tuple(self.weight.shape):
+            raise ValueError(f"packed weight {tuple(packed.shape)} does not match "
+                             f"{tuple(self.weight.shape)}")
+        self.packed = packed or llmcore.PackedWeight(self.weight.detach())
         self.weight = _released(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -131,7 +137,7 @@ class Attention(nn.Module):
         backend: AttentionBackend,
     ) -> torch.Tensor:
         t = x.shape[0]
-        qkv = self.qkv_proj(x)
+        qkv = lora.apply(self.qkv_proj(x), x, self.layer_idx, "qkv")
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         # Contiguous per-head views: the backend may hand them to native code.
         q = q.reshape(t, self.num_heads, self.head_dim).contiguous()
@@ -139,12 +145,15 @@ class Attention(nn.Module):
         v = v.reshape(t, self.num_kv_heads, self.head_dim).contiguous()
         apply_rotary_(q, k, rope)
         out = backend.attn(self.layer_idx, q, k, v)
-        return self.o_proj(out.reshape(t, self.q_size))
+        o = out.reshape(t, self.q_size)
+        return lora.apply(self.o_proj(o), o, self.layer_idx, "o")
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, compute_dtype: torch.dtype) -> None:
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, compute_dtype: torch.dtype,
+                 layer_idx: int = 0) -> None:
         super().__init__()
+        self.layer_idx = layer_idx
         self.inter = cfg.intermediate_size
         self.gate_up_proj = Linear(
             cfg.hidden_size, 2 * cfg.intermediate_size, False, dtype, compute_dtype
@@ -152,8 +161,10 @@ class MLP(nn.Module):
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, False, dtype, compute_dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        gu = lora.apply(self.gate_up_proj(x), x, self.layer_idx, "gate_up")
+        gate, up = gu.split(self.inter, dim=-1)
+        act = F.silu(gate) * up
+        return lora.apply(self.down_proj(act), act, self.layer_idx, "down")
 
 
 class Embedding(nn.Module):
@@ -170,7 +181,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.self_attn = Attention(cfg, layer_idx, dtype, compute_dtype)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
-        self.mlp = MLP(cfg, dtype, compute_dtype)
+        self.mlp = MLP(cfg, dtype, compute_dtype, layer_idx)
 
     def forward(
         self,
@@ -283,12 +294,13 @@ class LlamaForCausalLM(nn.Module):
         lin, norm, rope_, q_size = llmcore._C.linear, llmcore._C.rms_norm, llmcore._C.rope, c.q_size
         norm(residual, plan[0][0], eps, h, None)
         for i, (_, qkv_w, qkv_b, o_w, post_norm, gu_w, down_w, next_norm) in enumerate(plan):
-            lin(h, qkv_w, qkv_b, qkv)
+            lora.apply(lin(h, qkv_w, qkv_b, qkv), h, i, "qkv")
             rope_(q, k, cos, sin)
             o = attn.attn(i, q, k, v).reshape(t, q_size)
-            norm(lin(o, o_w, None, mid), post_norm, eps, h, residual)
-            llmcore._C.silu_mul(lin(h, gu_w, None, gu), act)
-            norm(lin(act, down_w, None, mid), next_norm, eps, h, residual)
+            norm(lora.apply(lin(o, o_w, None, mid), o, i, "o"), post_norm, eps, h, residual)
+            llmcore._C.silu_mul(lora.apply(lin(h, gu_w, None, gu), h, i, "gate_up"), act)
+            norm(lora.apply(lin(act, down_w, None, mid), act, i, "down"), next_norm, eps, h,
+                 residual)
         return h
 
     def _native_plan(self) -> list[tuple]:
@@ -329,22 +341,46 @@ class LlamaForCausalLM(nn.Module):
             return self.lm_head(hidden)
         return linear(hidden, self.model.embed_tokens.weight, None, self._widen)
 
-    def pack_weights(self) -> None:
+    def pack_weights(self, prepacked: Mapping[str, llmcore.PackedWeight] | None = None) -> None:
         """Moves every matrix into the core's packed layout (CPU, fp32 activations): the
         projections, the LM head, and a tied embedding (looked up from the packed copy, so
-        it is stored once). Call after load_weights."""
+        it is stored once). Call after load_weights.
+
+        prepacked: module name (``model.layers.0.self_attn.qkv_proj``, ``lm_head``,
+        ``model.embed_tokens``) -> the matrix already in the core, e.g. kept quantized from
+        a GGUF file (loader.gguf.quantized_weights); those are used instead of packing."""
+        prepacked = prepacked or {}
         if self.compute_dtype != torch.float32 or self.model.embed_tokens.weight.is_cuda:
+            if prepacked:
+                raise ValueError("quantized weights run on the CPU with float32 activations")
             return
-        if llmcore.linear_isa() == "scalar":
+        if llmcore.linear_isa() == "scalar" and not prepacked:
             return  # the portable packed kernel is far slower than torch's BLAS
         self._plan = None
-        for mod in self.modules():
+        for name, mod in self.named_modules():
             if isinstance(mod, Linear) and mod.packed is None:
-                mod.pack()
+                mod.pack(prepacked.get(name))
         if self.lm_head is None and self._tied_packed is None:
             emb = self.model.embed_tokens
-            self._tied_packed = llmcore.PackedWeight(emb.weight.detach())
+            self._tied_packed = prepacked.get("model.embed_tokens")
+            if self._tied_packed is None:
+                self._tied_packed = llmcore.PackedWeight(emb.weight.detach())
+            elif tuple(self._tied_packed.shape) != tuple(emb.weight.shape):
+                raise ValueError("packed embedding does not match the vocabulary")
             emb.weight = _released(emb.weight)
+
+    def weight_formats(self) -> dict[str, int]:
+        """Storage format (PackedWeight.dtype, or the torch dtype) -> number of matrices."""
+        counts: dict[str, int] = {}
+        mats = [m.packed if m.packed is not None else m.weight
+                for m in self.modules() if isinstance(m, Linear)]
+        if self.lm_head is None:
+            mats.append(self._tied_packed if self._tied_packed is not None
+                        else self.model.embed_tokens.weight)
+        for w in mats:
+            key = str(w.dtype).removeprefix("torch.")
+            counts[key] = counts.get(key, 0) + 1
+        return counts
 
     def forward(
         self,

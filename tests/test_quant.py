@@ -1,0 +1,189 @@
+"""GGUF weights kept quantized (``--quantization gguf``): the core's kernels against a float64
+dequantize-then-matmul reference on every instruction set this CPU runs, and the default
+model's logits and greedy outputs against the fp32 path of the same (dequantized) weights,
+beside today's bf16 copy, so the two are compared on one text in one run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import llmcore
+import numpy as np
+import pytest
+import torch
+
+from actors import LLM, SamplingParams
+from actors.loader import load_model
+
+gguf = pytest.importorskip("gguf")
+
+TYPES = {"q8_0": 8, "q4_0": 2, "q4_1": 3}
+ISAS = ("scalar", "avx2", "avx512")
+MiB = 1 << 20
+
+
+def _blocks(name: str, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(GGUF blocks of w, w as those blocks dequantize, float64)."""
+    t = gguf.GGMLQuantizationType(TYPES[name])
+    q = gguf.quants.quantize(w.astype(np.float32), t)
+    return q, gguf.quants.dequantize(q, t).astype(np.float64)
+
+
+def _rounding_bound(w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """|W| |x - round(x)| as the kernel rounds x (per 32-block, step max|x|/127): the most the
+    int8 activations can move each output, elementwise."""
+    m, k = x.shape
+    amax = np.abs(x.reshape(m, k // 32, 32)).max(-1, keepdims=True)
+    step = np.broadcast_to(amax / 127.0, (m, k // 32, 32)).reshape(m, k)
+    return (step / 2) @ np.abs(w).T
+
+
+def _variant(isa: str) -> str:
+    got = llmcore._C.set_linear_isa(isa)
+    if got != isa:
+        pytest.skip(f"this CPU lacks {isa} ({'AVX512_VNNI' if isa == 'avx512' else isa.upper()})"
+                    f"; the linear kernels run {got} at most")
+    return got
+
+
+@pytest.fixture
+def restore_isa() -> Any:
+    before = llmcore.linear_isa()
+    yield
+    llmcore._C.set_linear_isa(before)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("qtype", sorted(TYPES))
+@pytest.mark.parametrize("m", [1, 3, 8, 64])
+def test_kernel_matches_float64_reference(qtype: str, isa: str, m: int, restore_isa: Any) -> None:
+    rng = np.random.default_rng(7)
+    n, k = 200, 576
+    raw, w = _blocks(qtype, rng.standard_normal((n, k)) * 0.05)
+    packed = llmcore.PackedWeight.from_gguf(TYPES[qtype], raw, n, k)
+    assert packed.dtype == qtype and packed.shape == (n, k) and packed.quant_type == TYPES[qtype]
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    _variant(isa)
+    got = llmcore.linear(x, packed, bias, np.empty((m, n), np.float32)).astype(np.float64)
+    ref = x.astype(np.float64) @ w.T + bias
+    err = np.abs(got - ref)
+    bound = _rounding_bound(w, x.astype(np.float64)) + 1e-4
+    assert (err <= bound).all(), f"worst {float((err / bound).max()):.2f} x the bound"
+    # The rounding is real but small: relative to the outputs' spread, well under 1%.
+    assert float(err.max()) < 0.01 * float(np.abs(ref).max())
+    llmcore._C.set_linear_isa("scalar")
+    scalar = llmcore.linear(x, packed, bias, np.empty((m, n), np.float32))
+    np.testing.assert_array_equal(got.astype(np.float32), scalar)  # same formula, same bits
+
+
+@pytest.mark.parametrize("qtype", sorted(TYPES))
+def test_rows_dequantize_exactly(qtype: str) -> None:
+    rng = np.random.default_rng(3)
+    raw, w = _blocks(qtype, rng.standard_normal((40, 64)))
+    packed = llmcore.PackedWeight.from_gguf(TYPES[qtype], raw, 40, 64)
+    ids = np.array([39, 0, 17], np.int64)
+    out = packed.rows(ids, np.empty((3, 64), np.float32))
+    np.testing.assert_array_equal(out, w[ids].astype(np.float32))
+
+
+def test_bad_blocks_are_refused() -> None:
+    with pytest.raises(ValueError, match="bytes"):
+        llmcore.PackedWeight.from_gguf(8, np.zeros(33, np.uint8), 1, 32)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        llmcore.PackedWeight.from_gguf(8, np.zeros(34, np.uint8), 1, 16)
+    with pytest.raises(ValueError, match="unsupported quantization type"):
+        llmcore.PackedWeight.from_gguf(12, np.zeros(144, np.uint8), 1, 256)
+
+
+# ---- the default model ---------------------------------------------------------------------
+
+TEXT = ("The history of the lighthouse begins with fires lit on hilltops to guide ships. "
+        "Later, towers of stone carried lamps and mirrors, and keepers lived beside them, "
+        "trimming wicks through the night so that sailors could find the harbour.")
+
+
+@pytest.fixture(scope="module")
+def models(default_model: tuple[Any, float]) -> dict[str, Any]:
+    src = default_model[0].source
+    return {"fp32": default_model[0], "bf16": load_model(src, dtype="bfloat16"),
+            "gguf": load_model(src, dtype="bfloat16", quantization="gguf")}
+
+
+def _logits(loaded: Any, ids: list[int]) -> torch.Tensor:
+    from actors.models.attention import DenseCausalAttention
+
+    model = loaded.model
+    attn = DenseCausalAttention(model.attention_specs(), [len(ids)])
+    with torch.inference_mode():
+        return model(torch.tensor(ids), torch.arange(len(ids)), attn).float()
+
+
+def _accuracy(got: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
+    return {"max_abs": float((got - ref).abs().max()),
+            "top1": float((got.argmax(-1) == ref.argmax(-1)).float().mean())}
+
+
+@pytest.mark.slow
+def test_logits_against_fp32_of_the_same_weights(models: dict[str, Any]) -> None:
+    """Every position of a fixed text: gguf (Q4_1/Q8_0 blocks, int8 activations) and bf16
+    (today's copy of the dequantized weights) against fp32 (the dequantized weights in
+    fp32, fp32 arithmetic)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(models["fp32"].model_dir))
+    ids = tok.encode(TEXT, add_special_tokens=False)
+    ref = _logits(models["fp32"], ids)
+    acc = {name: _accuracy(_logits(models[name], ids), ref) for name in ("bf16", "gguf")}
+    print(f"logits vs fp32 over {len(ids)} positions ({llmcore.linear_isa()}): {acc}")
+    # Measured on an AVX2 CPU: bf16 max 0.15, top-1 1.0; gguf max 1.03, top-1 0.978 — the
+    # int8 activations (error relative to each block's largest |x|) cost more than bf16
+    # weights do, so gguf is not the default. These bounds catch a broken format or row
+    # order (top-1 near 0) and a drift well past the measured figures.
+    assert acc["bf16"]["top1"] >= 0.98 and acc["bf16"]["max_abs"] < 0.5, acc
+    assert acc["gguf"]["top1"] >= 0.95 and acc["gguf"]["max_abs"] < 2.0, acc
+
+
+@pytest.mark.slow
+def test_model_keeps_gguf_formats(models: dict[str, Any]) -> None:
+    formats = models["gguf"].model.weight_formats()
+    # SmolLM2-135M Q4_1: 30 layers x (qkv, o, gate_up, down) in Q4_1, the tied embedding Q8_0.
+    assert formats == {"q4_1": 120, "q8_0": 1}, formats
+
+
+@pytest.mark.slow
+def test_greedy_outputs_against_fp32(models: dict[str, Any]) -> None:
+    """The engine tests' prompts (plain and behind the shared system prompt), 16 greedy
+    tokens, against the fp32 engine on the same weights. bf16 must follow fp32 until a
+    near-tie (fp32's two best logprobs within 0.05, test_isa_parity's rule). gguf's int8
+    activations move logits further (test above), so it is held to measured bounds instead:
+    at most 7 of 10 prompts diverging (5 measured), none where fp32 was sure (gap >= 0.5)."""
+    from test_engine import PROMPTS, SYSTEM
+
+    def runs(loaded: Any) -> list[tuple[list[int], list[float]]]:
+        llm = LLM(str(loaded.source), loaded=loaded, kv_cache_memory=128 * MiB,
+                  max_model_len=2048)
+        prompts = [llm.tokenizer.encode(t, add_special_tokens=False)
+                   for t in PROMPTS + [SYSTEM + " " + p for p in PROMPTS]]
+        params = SamplingParams(temperature=0.0, max_tokens=16, logprobs=2, ignore_eos=True)
+        out = []
+        for o in (r.outputs[0] for r in llm.generate(prompts, params)):
+            out.append((list(o.token_ids),
+                        [lp.top_logprobs[0] - lp.top_logprobs[1] for lp in o.logprobs]))
+        return out
+
+    def divergences(got: list[tuple[list[int], list[float]]]) -> list[tuple[int, int, float]]:
+        found = []
+        for p, ((w_tokens, w_gaps), (g_tokens, _)) in enumerate(zip(want, got)):
+            first = next((i for i, (a, b) in enumerate(zip(w_tokens, g_tokens)) if a != b), None)
+            if first is not None:
+                found.append((p, first, round(w_gaps[first], 4)))
+        return found
+
+    want = runs(models["fp32"])
+    div = {name: divergences(runs(models[name])) for name in ("bf16", "gguf")}
+    print(f"greedy vs fp32 over {len(want)} prompts, (prompt, first differing token, fp32 "
+          f"gap there): {div}")
+    assert all(gap < 0.05 for _, _, gap in div["bf16"]), div["bf16"]
+    assert len(div["gguf"]) <= 7, div["gguf"]  # measured: 5 of 10
+    assert all(gap < 0.5 for _, _, gap in div["gguf"]), div["gguf"]
