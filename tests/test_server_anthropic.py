@@ -22,7 +22,7 @@ import httpx
 import jsonschema
 import orjson
 import pytest
-from server.api.anthropic.protocol import MessagesRequest
+from server.api.anthropic.protocol import AnthropicMessagesRequest
 from server.api.anthropic.render import MessageStream, message_body, stop_reason_of
 from server.api.anthropic.translate import chat_request
 from server.api.openai.tool_calls import choice_factory
@@ -534,8 +534,8 @@ class _Gen:
 
 
 def _choice(**body):
-    req = MessagesRequest.model_validate({"model": MODEL, "max_tokens": 50, "messages": ASK,
-                                          "tools": TOOLS, **body})
+    req = AnthropicMessagesRequest.model_validate(
+        {"model": MODEL, "max_tokens": 50, "messages": ASK, "tools": TOOLS, **body})
     config = ServerConfig(enable_auto_tool_choice=True, tool_call_parser="hermes")
     return choice_factory(plan_tools(chat_request(req), config))()
 

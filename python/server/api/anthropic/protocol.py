@@ -27,90 +27,96 @@ class AnthropicModel(BaseModel):
     model_config = ConfigDict(extra="ignore", protected_namespaces=(), strict=True)
 
 
-class TextBlock(AnthropicModel):
+class AnthropicTextBlock(AnthropicModel):
     type: Literal["text"]
     text: str
 
 
-class ImageBlock(AnthropicModel):
+class AnthropicImageBlock(AnthropicModel):
     type: Literal["image"]
     source: dict[str, Any] | None = None
 
 
-class ToolUseBlock(AnthropicModel):
+class AnthropicToolUseBlock(AnthropicModel):
     type: Literal["tool_use"]
     id: str
     name: str
     input: dict[str, Any]
 
 
-ResultBlock = Annotated[TextBlock | ImageBlock, Field(discriminator="type")]
+AnthropicResultBlock = Annotated[AnthropicTextBlock | AnthropicImageBlock,
+                                 Field(discriminator="type")]
 
 
-class ToolResultBlock(AnthropicModel):
+class AnthropicToolResultBlock(AnthropicModel):
     type: Literal["tool_result"]
     tool_use_id: str
-    content: str | list[ResultBlock] | None = None
+    content: str | list[AnthropicResultBlock] | None = None
     is_error: bool | None = None
 
 
-ContentBlock = Annotated[TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock,
-                         Field(discriminator="type")]
+AnthropicContentBlock = Annotated[
+    AnthropicTextBlock | AnthropicImageBlock | AnthropicToolUseBlock | AnthropicToolResultBlock,
+    Field(discriminator="type")]
 
 
-class Message(AnthropicModel):
+class AnthropicMessage(AnthropicModel):
     # "system" as vLLM accepts it: an instruction in the middle of a conversation.
     role: Literal["user", "assistant", "system"]
-    content: str | list[ContentBlock]
+    content: str | list[AnthropicContentBlock]
 
 
-class Tool(AnthropicModel):
+class AnthropicTool(AnthropicModel):
     name: str = Field(min_length=1)
     description: str | None = None
     input_schema: dict[str, Any]
 
 
-class ToolChoice(AnthropicModel):
+class AnthropicToolChoice(AnthropicModel):
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = None
     disable_parallel_tool_use: bool | None = None
 
 
-class JsonOutputFormat(AnthropicModel):
+class AnthropicJsonOutputFormat(AnthropicModel):
     type: Literal["json_schema"]
     json_schema: dict[str, Any] = Field(alias="schema")
 
 
-class OutputConfig(AnthropicModel):
+class AnthropicOutputConfig(AnthropicModel):
     # The efforts vLLM accepts; the chat template receives them as reasoning_effort.
     effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
-    format: JsonOutputFormat | None = None
+    format: AnthropicJsonOutputFormat | None = None
 
 
-class ThinkingEnabled(AnthropicModel):
+class AnthropicThinkingEnabled(AnthropicModel):
     type: Literal["enabled"]
     budget_tokens: int = Field(ge=1024)
 
 
-class ThinkingOther(AnthropicModel):
+class AnthropicThinkingOther(AnthropicModel):
     type: Literal["disabled", "adaptive"]
 
 
-class PromptFields(AnthropicModel):
+AnthropicThinking = Annotated[AnthropicThinkingEnabled | AnthropicThinkingOther,
+                              Field(discriminator="type")]
+
+
+class AnthropicPromptFields(AnthropicModel):
     """What both routes render: the conversation, its system prompt and its tools."""
 
     model: str = Field(min_length=1)
-    messages: list[Message] = Field(min_length=1)
-    system: str | list[TextBlock] | None = None
-    tools: list[Tool] | None = None
-    tool_choice: ToolChoice | None = None
-    output_config: OutputConfig | None = None
-    thinking: Annotated[ThinkingEnabled | ThinkingOther, Field(discriminator="type")] | None = None
+    messages: list[AnthropicMessage] = Field(min_length=1)
+    system: str | list[AnthropicTextBlock] | None = None
+    tools: list[AnthropicTool] | None = None
+    tool_choice: AnthropicToolChoice | None = None
+    output_config: AnthropicOutputConfig | None = None
+    thinking: AnthropicThinking | None = None
     # vLLM's extension: extra variables for the chat template.
     chat_template_kwargs: dict[str, Any] | None = None
 
 
-class MessagesRequest(PromptFields):
+class AnthropicMessagesRequest(AnthropicPromptFields):
     max_tokens: int  # required, as Anthropic's API has it
     stop_sequences: list[str] | None = None
     temperature: float | None = None
@@ -122,13 +128,13 @@ class MessagesRequest(PromptFields):
     cache_salt: str | None = None
 
     @model_validator(mode="after")
-    def _budget_below_max_tokens(self) -> MessagesRequest:
+    def _budget_below_max_tokens(self) -> AnthropicMessagesRequest:
         # As vLLM: a thinking budget must leave room for the answer.
-        if isinstance(self.thinking, ThinkingEnabled) and \
+        if isinstance(self.thinking, AnthropicThinkingEnabled) and \
                 self.thinking.budget_tokens >= self.max_tokens:
             raise ValueError("thinking.budget_tokens must be less than max_tokens")
         return self
 
 
-class CountTokensRequest(PromptFields):
+class AnthropicCountTokensRequest(AnthropicPromptFields):
     pass

@@ -13,7 +13,7 @@ from __future__ import annotations
 from actors.runtime.request import PromptInput
 from quart import Quart, Response, request
 
-from server.api.anthropic.protocol import CountTokensRequest, MessagesRequest
+from server.api.anthropic.protocol import AnthropicCountTokensRequest, AnthropicMessagesRequest
 from server.api.anthropic.render import MessageStream, message_body, sse_body
 from server.api.anthropic.translate import chat_request
 from server.api.http_io import accepts, check_model, json_response, parse, read_json
@@ -27,7 +27,7 @@ from server.sse import sse_response
 from server.state import ServerState
 
 
-async def create_message(srv: ServerState, req: MessagesRequest) -> Response:
+async def create_message(srv: ServerState, req: AnthropicMessagesRequest) -> Response:
     chat = chat_request(req)
     model, plan, params = checked(srv, chat)  # every check chat makes, in its order
     # As on chat: the template renders special tokens itself, none are added.
@@ -42,7 +42,7 @@ async def create_message(srv: ServerState, req: MessagesRequest) -> Response:
     return json_response(message_body(gen, result, model=model, choice=choice))
 
 
-async def count_tokens(srv: ServerState, req: CountTokensRequest) -> Response:
+async def count_tokens(srv: ServerState, req: AnthropicCountTokensRequest) -> Response:
     chat = chat_request(req)
     check_model(srv, chat.model)  # after the translation's checks, as create makes them
     # The tool plan's checks too: a request create would refuse is not counted.
@@ -54,11 +54,11 @@ async def count_tokens(srv: ServerState, req: CountTokensRequest) -> Response:
 
 def register(app: Quart, srv: ServerState) -> None:
     @app.post("/v1/messages")
-    @accepts(MessagesRequest)
+    @accepts(AnthropicMessagesRequest)
     async def v1_messages() -> Response:
-        return await create_message(srv, parse(MessagesRequest, await read_json()))
+        return await create_message(srv, parse(AnthropicMessagesRequest, await read_json()))
 
     @app.post("/v1/messages/count_tokens")
-    @accepts(CountTokensRequest)
+    @accepts(AnthropicCountTokensRequest)
     async def v1_count_tokens() -> Response:
-        return await count_tokens(srv, parse(CountTokensRequest, await read_json()))
+        return await count_tokens(srv, parse(AnthropicCountTokensRequest, await read_json()))

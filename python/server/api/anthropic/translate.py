@@ -28,13 +28,13 @@ import json
 from typing import Any
 
 from server.api.anthropic.protocol import (
-    ImageBlock,
-    Message,
-    MessagesRequest,
-    PromptFields,
-    TextBlock,
-    ToolResultBlock,
-    ToolUseBlock,
+    AnthropicImageBlock,
+    AnthropicMessage,
+    AnthropicMessagesRequest,
+    AnthropicPromptFields,
+    AnthropicTextBlock,
+    AnthropicToolResultBlock,
+    AnthropicToolUseBlock,
 )
 from server.api.http_io import parse
 from server.api.openai.protocol.chat import ChatCompletionRequest
@@ -43,7 +43,7 @@ from server.errors import bad_request
 _NO_IMAGES = "image content blocks are not supported: the served model reads text only"
 
 
-def chat_request(req: PromptFields) -> ChatCompletionRequest:
+def chat_request(req: AnthropicPromptFields) -> ChatCompletionRequest:
     """The chat request that renders and generates what `req` asks for."""
     messages = chat_messages(req)
     body: dict[str, Any] = {"model": req.model, "messages": messages}
@@ -81,7 +81,7 @@ def chat_request(req: PromptFields) -> ChatCompletionRequest:
                 "name": "json_schema", "schema": config.format.json_schema}}
     if effort is not None:
         body["reasoning_effort"] = effort
-    if isinstance(req, MessagesRequest):
+    if isinstance(req, AnthropicMessagesRequest):
         body.update(max_tokens=req.max_tokens, stream=bool(req.stream),
                     stop=req.stop_sequences, temperature=req.temperature, top_p=req.top_p,
                     top_k=req.top_k, cache_salt=req.cache_salt)
@@ -95,7 +95,7 @@ def _function(name: str, description: str | None, schema: dict[str, Any]) -> dic
     return function
 
 
-def chat_messages(req: PromptFields) -> list[dict[str, Any]]:
+def chat_messages(req: AnthropicPromptFields) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     if req.system:
         system = req.system
@@ -106,11 +106,11 @@ def chat_messages(req: PromptFields) -> list[dict[str, Any]]:
     return out
 
 
-def _text_part(block: TextBlock) -> dict[str, Any]:
+def _text_part(block: AnthropicTextBlock) -> dict[str, Any]:
     return {"type": "text", "text": block.text}
 
 
-def _converted(message: Message, index: int) -> list[dict[str, Any]]:
+def _converted(message: AnthropicMessage, index: int) -> list[dict[str, Any]]:
     if isinstance(message.content, str):
         return [{"role": message.role, "content": message.content}]
     where = f"messages.{index}.content"
@@ -118,17 +118,17 @@ def _converted(message: Message, index: int) -> list[dict[str, Any]]:
     parts: list[dict[str, Any]] = []
     calls: list[dict[str, Any]] = []
     for block in message.content:
-        if isinstance(block, ImageBlock):
+        if isinstance(block, AnthropicImageBlock):
             raise bad_request(_NO_IMAGES, where)
-        if isinstance(block, TextBlock):
+        if isinstance(block, AnthropicTextBlock):
             parts.append(_text_part(block))
-        elif isinstance(block, ToolUseBlock):
+        elif isinstance(block, AnthropicToolUseBlock):
             if message.role != "assistant":
                 raise bad_request("tool_use blocks may only appear in assistant messages",
                                   where)
             calls.append({"id": block.id, "type": "function", "function": {
                 "name": block.name, "arguments": json.dumps(block.input)}})
-        elif isinstance(block, ToolResultBlock):
+        elif isinstance(block, AnthropicToolResultBlock):
             if message.role != "user":
                 raise bad_request("tool_result blocks may only appear in user messages",
                                   where)
@@ -144,12 +144,12 @@ def _converted(message: Message, index: int) -> list[dict[str, Any]]:
     return out
 
 
-def _result_text(block: ToolResultBlock, where: str) -> str:
+def _result_text(block: AnthropicToolResultBlock, where: str) -> str:
     content = block.content
     if content is None or isinstance(content, str):
         text = content or ""
     else:
-        if any(isinstance(b, ImageBlock) for b in content):
+        if any(isinstance(b, AnthropicImageBlock) for b in content):
             raise bad_request(_NO_IMAGES, where)
-        text = "\n".join(b.text for b in content if isinstance(b, TextBlock))
+        text = "\n".join(b.text for b in content if isinstance(b, AnthropicTextBlock))
     return "Error: " + text if block.is_error else text
