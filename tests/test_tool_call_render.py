@@ -154,3 +154,23 @@ def test_auto_needs_the_flags():
         plan_tools(req, ServerConfig())
     assert err.value.param == "tool_choice" and "--enable-auto-tool-choice" in err.value.message
     assert plan_tools(req, HERMES).choice == "auto"
+
+
+def test_required_and_named_need_the_parser_only():
+    # as vLLM: --tool-call-parser alone serves "required" and named functions; "auto" also
+    # needs --enable-auto-tool-choice
+    parser_only = ServerConfig(tool_call_parser="hermes")
+    named = {"type": "function", "function": {"name": "get_time"}}
+    for choice, kind in (("required", "required"), (named, "named")):
+        req = ChatCompletionRequest.model_validate(
+            {"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS,
+             "tool_choice": choice})
+        assert plan_tools(req, parser_only).choice == kind
+        with pytest.raises(APIError) as err:
+            plan_tools(req, ServerConfig())
+        assert err.value.param == "tool_choice" and "--tool-call-parser" in err.value.message
+    auto = ChatCompletionRequest.model_validate(
+        {"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS})
+    with pytest.raises(APIError) as err:
+        plan_tools(auto, parser_only)
+    assert "--enable-auto-tool-choice" in err.value.message

@@ -116,11 +116,12 @@ def plan_tools(req: ChatCompletionRequest, config: ServerConfig) -> ToolPlan:
     tools = None if req.tools is None else [t.model_dump(exclude_none=True) for t in req.tools]
     if choice is None or choice == "none":
         return ToolPlan("none", tools)
-    parser_name = config.tool_call_parser if config.enable_auto_tool_choice else None
+    # As vLLM: "auto" needs both flags, "required" and named functions the parser only
+    parser_name = config.tool_call_parser
+    if choice == "auto" and not config.enable_auto_tool_choice:
+        raise bad_request('"auto" tool choice requires --enable-auto-tool-choice and '
+                          "--tool-call-parser to be set", "tool_choice")
     if parser_name is None:
-        if choice == "auto":
-            raise bad_request('"auto" tool choice requires --enable-auto-tool-choice and '
-                              "--tool-call-parser to be set", "tool_choice")
         what = (f'function "{named_function(choice)}"' if isinstance(choice, dict)
                 else f'"{choice}"')
         raise bad_request(f"tool_choice={what} requires --tool-call-parser to be set",
