@@ -187,3 +187,43 @@ def test_greedy_outputs_against_fp32(models: dict[str, Any]) -> None:
     assert all(gap < 0.05 for _, _, gap in div["bf16"]), div["bf16"]
     assert len(div["gguf"]) <= 7, div["gguf"]  # measured: 5 of 10
     assert all(gap < 0.5 for _, _, gap in div["gguf"]), div["gguf"]
+
+
+def test_flag_reaches_the_engine_config() -> None:
+    from server.cli import parse_args
+
+    assert parse_args(["--quantization", "gguf"]).engine.quantization == "gguf"
+    assert parse_args(["-q", "gguf"]).engine.quantization == "gguf"
+    assert parse_args([]).engine.quantization is None
+    with pytest.raises(SystemExit):
+        parse_args(["--quantization", "awq"])
+
+
+def test_gguf_quantization_needs_a_gguf_file(tmp_path: Any) -> None:
+    with pytest.raises(ValueError, match="needs a .gguf model"):
+        load_model(tmp_path, quantization="gguf")
+    with pytest.raises(ValueError, match="quantization must be one of"):
+        load_model(tmp_path, quantization="int4")
+
+
+@pytest.mark.slow
+def test_server_serves_the_quantized_model() -> None:
+    """`python -m server --quantization gguf`: the real server on the quantized weights,
+    through the openai SDK; its greedy text is the offline quantized engine's."""
+    from openai import OpenAI
+
+    from server_helpers import ServerProcess
+
+    srv = ServerProcess("--quantization", "gguf").wait_ready()
+    try:
+        with OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0) as client:
+            got = client.completions.create(model="SmolLM2-135M-Instruct",
+                                            prompt="The capital of France is",
+                                            max_tokens=12, temperature=0)
+            want = LLM(quantization="gguf", kv_cache_memory=64 * MiB, max_model_len=512)
+            ids = want.tokenizer.encode("The capital of France is", add_special_tokens=False)
+            text = want.generate([ids], SamplingParams(temperature=0, max_tokens=12))
+            assert got.choices[0].text == text[0].outputs[0].text
+            assert got.usage.completion_tokens == 12
+    finally:
+        assert srv.stop() == 0, srv.log()
