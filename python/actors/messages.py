@@ -81,6 +81,9 @@ class Admit:
     # A pooling request (embeddings): the prompt is computed once, no token is drawn, and
     # the output is one pooled vector (``RequestOutput.pooled``); ``params.n`` is 1.
     pooling: PoolingSpec | None = None
+    # The LoRA adapter the prompt runs under (its id in the core's registry; 0: the base
+    # model). Part of the prefix-cache key: blocks are never shared across adapters.
+    lora_id: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,6 +252,7 @@ class NewSeq:
     # The output constraint; the runner builds the choice's matcher from it (plain data:
     # the runner may live in another process than the server that compiled it first).
     structured: StructuredSpec | None = None
+    lora_id: int = 0  # Admit.lora_id: the runner applies that adapter's deltas to its rows
 
 
 @dataclass(frozen=True, slots=True)

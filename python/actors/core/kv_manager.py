@@ -19,6 +19,8 @@ under a root of its own, ``hash_root(key)`` with key = a 64-bit digest of the ma
 extra_key and the salt. The salt thus enters the first block's hash and, by chaining,
 every later one's; since the pool verifies a hit against the stored parent hash, a
 lookup from another root (another salt, or none) can never reach a salted block.
+A LoRA adapter's id (``Sequence.lora_id``) enters the key the same way, so no block is
+ever shared between adapters or between an adapter and the base model.
 
 Forking (n > 1): a child shares the parent's full blocks that end before the
 parent's last prompt token. The partially filled last prompt block is NOT copied;
@@ -147,9 +149,14 @@ class KVManager:
     def _key_of(self, seq: Sequence) -> int:
         """The pool namespace (extra_key) of seq's chain: the manager's, or its salt's."""
         salt = seq.params.cache_salt
-        if salt is None:
+        if salt is None and not seq.lora_id:
             return self.extra_key
-        digest = hashlib.blake2b(salt.encode(), digest_size=8, person=b"llmserve-salt",
+        # A LoRA adapter's id joins the salt under a personalisation of its own (its KV
+        # differs from the base model's; no salt string can reach an adapter's namespace).
+        material, person = (salt or "").encode(), b"llmserve-salt"
+        if seq.lora_id:
+            material, person = material + seq.lora_id.to_bytes(8, "little"), b"llmserve-lora"
+        digest = hashlib.blake2b(material, digest_size=8, person=person,
                                  key=self.extra_key.to_bytes(8, "little")).digest()
         # 64 bits: two salts share a namespace with probability 2^-64; finding a salt that
         # lands in another one's needs that salt, which is the secret being protected.

@@ -67,6 +67,7 @@ class Sequence:
         "row_static",
         "prompt_logprobs",
         "pooling",
+        "lora_id",
     )
 
     def __init__(
@@ -114,6 +115,7 @@ class Sequence:
         )
         # A pooling sequence computes its prompt, yields one vector and finishes.
         self.pooling = pooling
+        self.lora_id = 0  # the LoRA adapter it runs under (0: the base model)
 
     def __repr__(self) -> str:
         return (

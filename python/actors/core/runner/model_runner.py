@@ -38,6 +38,7 @@ from actors.core.runner.sampler import (Sampler, SamplingHooks, SeqState, TokenM
                                         allowed_mask_of)
 from actors.messages import (Logprobs, NewSeq, PooledOutput, PromptLogprobs, SeqRef, StepPlan,
                              StepResult)
+from actors.models import lora
 from actors.models.pooling import PoolState, finish
 from actors.params.structured import StructuredSpec
 
@@ -134,6 +135,11 @@ class ModelRunner:
         self._hooks: dict[SeqRef, SamplingHooks] = {}
         self._num_hooked = 0  # sequences in _seqs with hooks: 0 keeps the hot path bare
         self.structured_masks: MaskFactory | None = None
+        # LoRA (--enable-lora): the adapters' slot tensors, which slot each adapter id
+        # occupies, and the adapter id of every sequence that runs under one.
+        self.lora: lora.LoraStacks | None = None
+        self.lora_slots: dict[int, int] = {}
+        self._lora_of: dict[int, int] = {}
 
     # ------------------------------------------------------------------ sequences
 
@@ -166,9 +172,12 @@ class ModelRunner:
             allowed_mask=mask,
             hooks=hooks,
         )
+        if ns.lora_id:
+            self._lora_of[ns.seq_id] = ns.lora_id
 
     def _release(self, seq_id: int) -> None:
         self._pools.pop(seq_id, None)
+        self._lora_of.pop(seq_id, None)
         st = self._seqs.pop(seq_id, None)
         if st is not None and st.hooks is not None:
             self._num_hooked -= 1
@@ -228,7 +237,7 @@ class ModelRunner:
         ids_t = torch.tensor(token_ids, dtype=torch.long)
         prompt_lps: tuple[PromptLogprobs, ...] = ()
         pooled: tuple[PooledOutput, ...] = ()
-        with torch.inference_mode():
+        with torch.inference_mode(), lora.active(self._lora_batch(plan, query_start)):
             if not sampling and not prompt_rows and not pool_rows:
                 # Only mid-prompt chunks (a prompt longer than the token budget): the KV
                 # is the whole result, no row reaches the LM head.
@@ -252,6 +261,15 @@ class ModelRunner:
             res = StepResult(step_id=res.step_id, sampled=res.sampled, prompt_logprobs=prompt_lps,
                              pooled=pooled)
         return res
+
+    def _lora_batch(self, plan: StepPlan, query_start: np.ndarray) -> lora.LoraBatch | None:
+        """The step's rows grouped by adapter slot; None when every row is the base's."""
+        if not self._lora_of or self.lora is None:
+            return None
+        slots = [self.lora_slots[self._lora_of[s.seq_id]] if s.seq_id in self._lora_of else -1
+                 for s in plan.seqs]
+        return self.lora.batch(np.repeat(np.asarray(slots, dtype=np.int64),
+                                         np.diff(query_start)))
 
     def _pool(self, plan: StepPlan, batch_idx: list[int], query_start: np.ndarray,
               hidden: torch.Tensor) -> tuple[PooledOutput, ...]:

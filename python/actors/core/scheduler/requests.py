@@ -77,6 +77,7 @@ class RequestBook:
         seq = self._new_sequence(admit.request_id, admit.prompt_token_ids, admit, index=0,
                                  rng_seed=request_seed(params.seed, self._rng))
         seq.pooling = admit.pooling
+        seq.lora_id = admit.lora_id
         seq.pending_children = params.n - 1
         self._requests[admit.request_id] = [seq]
         self.waiting.push(seq)
@@ -277,6 +278,7 @@ class RequestBook:
             priority=src.priority,
             rng_seed=rng_seed,
         )
+        seq.lora_id = src.lora_id
         self._next_seq_id += 1
         return seq
 

@@ -45,6 +45,7 @@ def new_seq_of(seq: Sequence) -> NewSeq:
         logit_bias=p.logit_bias_items(),
         allowed_token_ids=p.allowed_token_ids,
         structured=p.structured,
+        lora_id=seq.lora_id,
     )
 
 
