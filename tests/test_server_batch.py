@@ -165,7 +165,38 @@ def test_invocations_dispatch_every_kind(server):
     assert r.status_code == 400
     message = r.json()["error"]["message"]
     assert message.startswith("Cannot find suitable handler for request. Expected one of: [")
-    assert "BatchChatCompletionRequest, ChatCompletionRequest" in message
+    assert "/v1/chat/completions/batch, /v1/messages, /v1/chat/completions" in message
+    # not mounted on a generative model without --pooler-config: never offered
+    assert "/v1/embeddings" not in message and "/rerank" not in message
+
+
+def test_invocations_dispatch_messages_and_responses(server):
+    # beyond vLLM: the Anthropic and Responses bodies are served here too
+    msg = {"model": "SmolLM2-135M-Instruct", "max_tokens": 6, "temperature": 0,
+           "messages": [{"role": "user", "content": "Say hi."}]}
+    direct = post(server, "/v1/messages", msg).json()
+    for headers in ({"anthropic-version": "2023-06-01"}, {}):
+        body = msg if headers else {**msg, "system": "Be brief."}
+        r = httpx.post(server + "/invocations", json=body, headers=headers, timeout=120)
+        assert r.status_code == 200, r.text
+        assert r.json()["type"] == "message"
+    r = httpx.post(server + "/invocations", json=msg,
+                   headers={"anthropic-version": "2023-06-01"}, timeout=120)
+    assert r.json()["content"] == direct["content"]
+    # a chat body with max_tokens stays chat
+    chat = {"messages": msg["messages"], "max_tokens": 6, "temperature": 0}
+    assert post(server, "/invocations", chat).json()["object"] == "chat.completion"
+
+    resp = {"model": "SmolLM2-135M-Instruct", "input": "Say hi.", "max_output_tokens": 6,
+            "temperature": 0, "store": False}
+    via = post(server, "/invocations", resp).json()
+    assert via["object"] == "response" and via["status"] in ("completed", "incomplete")
+    assert via["output"] == [] or via["output"][0]["type"] == "message"
+    bare = post(server, "/invocations", {"input": "Say hi.", "store": False}).json()
+    assert bare["object"] == "response"  # no embeddings here: `input` is a Responses turn
+    # its own route's 400, in OpenAI's envelope
+    r = post(server, "/invocations", {"input": "x", "max_output_tokens": -1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_output_tokens", r.text
 
 
 @pytest.mark.parametrize("path", [

@@ -202,6 +202,26 @@ def test_rerank_order_is_the_reference_cosine_order(server, reference) -> None:
     assert all("document" not in x for x in top["results"])
 
 
+def test_invocations_dispatch_pooling_bodies(server) -> None:
+    emb = {"model": "minilm", "input": ["a parcel", "a letter"]}
+    direct = post(server, "/v1/embeddings", emb).json()
+    via = post(server, "/invocations", emb)
+    assert via.status_code == 200, via.text
+    got = via.json()
+    assert got["object"] == "list" and len(got["data"]) == 2
+    assert np.allclose(got["data"][0]["embedding"], direct["data"][0]["embedding"], atol=1e-6)
+    rr = {"query": QUERY, "documents": TEXTS}
+    assert (post(server, "/invocations", rr).json()["results"]
+            == post(server, "/rerank", rr).json()["results"])
+    sc = {"text_1": QUERY, "text_2": TEXTS[:2]}
+    assert post(server, "/invocations", sc).json()["object"] == "list"
+    # the pooling runner serves no generation: a chat body matches nothing it mounts
+    r = post(server, "/invocations", {"messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 400 and "/v1/chat/completions" not in r.json()["error"]["message"]
+    r = post(server, "/invocations", {"text": "x"}, headers={})
+    assert r.status_code == 401  # the key guards it like every route
+
+
 def test_score_one_to_many_and_pairs(server, reference) -> None:
     q = reference.encode(QUERY)
     docs = reference.encode(TEXTS[:3])

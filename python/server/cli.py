@@ -214,8 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--enable-auto-tool-choice", action="store_true", help="let requests use tool_choice "
       "'auto' (the model decides; needs --tool-call-parser)")
     a("--tool-call-parser", default=None, metavar="NAME", help="how the model writes tool "
-      f"calls: one of {', '.join(tool_parser_names())}; with --enable-auto-tool-choice it "
-      "also serves tool_choice 'required' and named functions. Default: none")
+      f"calls: one of {', '.join(tool_parser_names())}; it serves tool_choice 'required' "
+      "and named functions (constrained decoding), and with --enable-auto-tool-choice also "
+      "'auto'. Default: none")
     a("--enable-scale-out", action="store_true", help="serve the scale-out routes: "
       "/v1/chat/completions/render, /v1/completions/render, their /derender, "
       "/inference/v1/generate and /inference/v1/abort_requests (403 otherwise)")

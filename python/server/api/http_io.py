@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import orjson
 import trio
 from pydantic import BaseModel, ValidationError
-from quart import Response, request
+from quart import Response, g, request
 
 from server.api.validation_errors import describe
 from server.errors import APIError, bad_request
@@ -31,6 +31,10 @@ def accepts(*models: type[BaseModel]) -> Callable[[F], F]:
 
 
 async def read_json() -> dict[str, Any]:
+    # A body already read by a route that hands the request on (/invocations).
+    handed_on = g.get("json_body")
+    if handed_on is not None:
+        return handed_on
     # As vLLM: the media type must be application/json, also when the header is missing
     # (a body of unknown type is not parsed on a guess).
     ctype = request.headers.get("Content-Type", "").split(";")[0].strip().lower()
