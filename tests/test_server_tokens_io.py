@@ -160,6 +160,26 @@ def test_chat_render_equals_tokenize_and_generates_what_chat_does(server):
     assert out["usage"]["prompt_tokens"] == chat["usage"]["prompt_tokens"]
 
 
+def test_messages_render_equals_what_messages_computes(server):
+    body = {"model": "SmolLM2-135M-Instruct", "max_tokens": 12, "temperature": 0,
+            "system": "Be brief.", "messages": [{"role": "user", "content": "Name a fruit."}]}
+    r = post(server, "/v1/messages/render", body)
+    assert r.status_code == 200, r.text
+    rendered = r.json()
+    msg = post(server, "/v1/messages", body).json()
+    assert len(rendered["token_ids"]) == msg["usage"]["input_tokens"]
+    counted = post(server, "/v1/messages/count_tokens",
+                   {k: body[k] for k in ("model", "system", "messages")}).json()
+    assert counted["input_tokens"] == len(rendered["token_ids"])
+    assert rendered["sampling_params"]["max_tokens"] == 12
+    out = post(server, "/inference/v1/generate", {**rendered, "output_mode": "text"}).json()
+    assert out["choices"][0]["text"] == msg["content"][0]["text"]
+    # a bad body gets Anthropic's envelope, as on /v1/messages
+    r = post(server, "/v1/messages/render", {"messages": body["messages"]})
+    assert r.status_code == 400 and r.json()["type"] == "error", r.text
+    assert r.json()["error"]["type"] == "invalid_request_error"
+
+
 def test_completions_render_gives_one_body_per_prompt(server):
     r = post(server, "/v1/completions/render",
              {"prompt": ["Hello there", "General Kenobi"], "max_tokens": 5, "request_id": "x"})

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from quart import Quart, Response
 
-from server.api.scale_out import derender, generate, render
+from server.api.scale_out import derender, generate, messages_render, render
 from server.errors import APIError
 from server.state import ServerState
 
-ROUTE_MODULES = (render, derender, generate)
+ROUTE_MODULES = (render, messages_render, derender, generate)
 DISABLED = ("Scale-out endpoints are disabled. Restart the server with --enable-scale-out "
             "to enable them.")
 

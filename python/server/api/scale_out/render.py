@@ -137,20 +137,27 @@ def _parse_context(req: ChatCompletionRequest, plan_tools: Any) -> dict[str, Any
             "history_tool_call_cnt": history}
 
 
+async def chat_generate_request(srv: ServerState, req: ChatCompletionRequest
+                                ) -> dict[str, Any]:
+    """The generate request a chat request amounts to (also what /v1/messages/render
+    answers for the chat request a Messages request translates to)."""
+    _, plan, params = chat.checked(srv, req)
+    prompt = PromptInput(render=chat.render_call(srv, req, plan.tools),
+                         add_special_tokens=req.add_special_tokens)
+    ids = await rendered_prompt(srv, prompt, params)
+    rid = new_request_id(request.headers.get("X-Request-Id"), req.request_id)
+    return generate_request_json(
+        srv, f"chatcmpl-{rid}", ids, params, model=req.model, stream=bool(req.stream),
+        stream_options=req.stream_options, parse_context=_parse_context(req, plan.tools),
+        return_token_ids=False)
+
+
 def register(app: Quart, srv: ServerState) -> None:
     @app.post("/v1/chat/completions/render")
     @accepts(ChatCompletionRequest)
     async def chat_render() -> Response:
         req = parse(ChatCompletionRequest, await read_json())
-        _, plan, params = chat.checked(srv, req)
-        prompt = PromptInput(render=chat.render_call(srv, req, plan.tools),
-                             add_special_tokens=req.add_special_tokens)
-        ids = await rendered_prompt(srv, prompt, params)
-        rid = new_request_id(request.headers.get("X-Request-Id"), req.request_id)
-        return json_response(generate_request_json(
-            srv, f"chatcmpl-{rid}", ids, params, model=req.model, stream=bool(req.stream),
-            stream_options=req.stream_options, parse_context=_parse_context(req, plan.tools),
-            return_token_ids=False))
+        return json_response(await chat_generate_request(srv, req))
 
     @app.post("/v1/completions/render")
     @accepts(CompletionRequest)
