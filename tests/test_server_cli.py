@@ -12,6 +12,8 @@ import dataclasses
 import subprocess
 import sys
 
+import pytest
+
 from actors.config import EngineConfig
 from subproc import child_env
 
@@ -99,3 +101,17 @@ def test_engine_flags_fill_server_config_engine():
         enable_prefix_caching=False, seed=-5, scheduling_policy="priority",
         generation_config="vllm", max_logprobs=-1)
 
+
+
+def test_an_unusable_responses_store_is_refused_at_start(tmp_path, capsys):
+    from server.cli import parse_args
+
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    for bad, why in ((tmp_path, "is a directory"), (blocker / "r.sqlite", "not a directory")):
+        with pytest.raises(SystemExit):
+            parse_args(["--responses-store", str(bad)])
+        assert why in capsys.readouterr().err
+    fine = tmp_path / "new" / "dir" / "r.sqlite"
+    assert parse_args(["--responses-store", str(fine)]).responses_store == fine
+    assert not fine.parent.exists()  # nothing made before the server runs

@@ -19,10 +19,28 @@ from server.api.openai.tool_parsers import (
     tool_parser_names,
 )
 from server.config import ServerConfig
-from server.state_dir import STATE_DIR_ENV, default_responses_store
+from server.state_dir import STATE_DIR_ENV, default_responses_store, store_path_problem
 
 KEY_ENV_VARS = ("LLMSERVE_API_KEY", "VLLM_API_KEY")
 DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
+RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
+
+
+def _lora_module(text: str) -> tuple[str, str]:
+    """--lora-modules item: name=path, or vLLM's JSON object {"name", "path"}."""
+    if text.lstrip().startswith("{"):
+        try:
+            obj = json.loads(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not valid JSON: {text[:100]!r}") from None
+        if not (isinstance(obj, dict) and isinstance(obj.get("name"), str)
+                and isinstance(obj.get("path"), str)):
+            raise argparse.ArgumentTypeError('a JSON LoRA module needs "name" and "path"')
+        return obj["name"], obj["path"]
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"expected name=path, got {text[:100]!r}")
+    return name, path
 
 
 def _size(text: str) -> int:
@@ -270,6 +288,16 @@ def build_parser() -> argparse.ArgumentParser:
       "(/pause, /resume, /sleep, /wake_up, /abort_requests, /reset_prefix_cache, "
       "/update_weights, /weight_info, /server_info, /collective_rpc ...); also on with "
       f"{DEV_MODE_ENV}=1. Behind the API key when one is set")
+    a("--enable-lora", action="store_true", help="serve LoRA adapters (PEFT format)")
+    a("--max-loras", type=int, default=ENGINE.max_loras,
+      help="adapters held at once (one slot each)")
+    a("--max-lora-rank", type=int, default=ENGINE.max_lora_rank,
+      help="the largest adapter rank accepted")
+    a("--lora-modules", nargs="+", type=_lora_module, default=[], metavar="NAME=PATH",
+      help='adapters loaded at start: name=path, or vLLM\'s JSON {"name": ..., "path": ...}')
+    a("--allow-runtime-lora-updating", action="store_true",
+      help="serve /v1/load_lora_adapter and /v1/unload_lora_adapter; also on with "
+      f"{RUNTIME_LORA_ENV}=1. Behind the API key when one is set")
     a("--profiler-config", type=_profiler_config, default=None, metavar="JSON",
       help='serve /start_profile and /stop_profile, as vLLM spells it: {"profiler": '
       '"torch", "torch_profiler_dir": DIR} (optional torch_profiler_with_stack, '
@@ -291,6 +319,14 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
             PoolerConfig.parse(args.pooler_config)
         except ValueError as exc:
             parser.error(str(exc))
+    if args.responses_store is not None and not args.no_responses_store:
+        problem = store_path_problem(args.responses_store)
+        if problem:
+            parser.error(f"--responses-store {args.responses_store}: {problem}")
+    if args.lora_modules and not args.enable_lora:
+        parser.error("--lora-modules needs --enable-lora")
+    if args.max_loras < 1 or args.max_lora_rank < 1:
+        parser.error("--max-loras and --max-lora-rank must be at least 1")
     keys = args.api_key or [v for v in (os.environ.get(k) for k in KEY_ENV_VARS) if v][:1]
     engine = EngineConfig(
         model=args.model,
@@ -311,6 +347,9 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
             "backend", ENGINE.structured_outputs_backend),
         structured_fast_forward=args.structured_outputs_config.get(
             "fast_forward", ENGINE.structured_fast_forward),
+        enable_lora=args.enable_lora,
+        max_loras=args.max_loras,
+        max_lora_rank=args.max_lora_rank,
     )
     return ServerConfig(
         engine=engine,
@@ -347,6 +386,9 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         enable_offline_docs=args.enable_offline_docs,
         runner=args.runner,
         pooler_config=args.pooler_config,
+        lora_modules=list(args.lora_modules),
+        allow_runtime_lora_updating=args.allow_runtime_lora_updating
+        or os.environ.get(RUNTIME_LORA_ENV, "").strip().lower() in ("1", "true"),
     )
 
 

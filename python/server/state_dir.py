@@ -21,3 +21,18 @@ def state_dir(environ: Mapping[str, str] | None = None) -> Path:
 
 def default_responses_store(environ: Mapping[str, str] | None = None) -> Path:
     return state_dir(environ) / "responses.sqlite"
+
+
+def store_path_problem(path: Path) -> str | None:
+    """Why the server could not keep a store file at ``path`` (None: it can), so a bad
+    --responses-store is refused at start, not as a 500 on the first response stored."""
+    if path.is_dir():
+        return "is a directory"
+    parent = path.parent
+    while not parent.exists():  # the nearest existing ancestor is where the dirs are made
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{parent} is not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        return "is not writable"
+    return None
