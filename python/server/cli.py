@@ -193,6 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--max-num-seqs", type=check.in_range(check.integer, 1),
       default=ENGINE.max_num_seqs,
       help="most sequences running at once (in one engine step)")
+    a("--data-parallel-size", "-dp", type=check.in_range(check.integer, 1, 64), default=1,
+      help="engine cores, each in its own process with its own KV cache, behind this one "
+      "HTTP server; requests go to the least loaded (queued + running). 1: one in-process core")
     a("--max-num-batched-tokens", type=check.in_range(_tokens, 1),
       default=ENGINE.max_num_batched_tokens,
       help="most tokens per engine step (prefill chunks + decodes)")
@@ -368,6 +371,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
             args.responses_store or default_responses_store()),
         responses_store_max_count=args.responses_store_max_count,
         responses_store_max_age=float(args.responses_store_max_age),
+        data_parallel_size=args.data_parallel_size,
         max_queued_requests=args.max_queued_requests,
         max_body_bytes=args.max_body_bytes,
         drain_timeout=args.drain_timeout,

@@ -38,6 +38,8 @@ class ServerConfig:
     responses_store: Path | None = None
     responses_store_max_count: int = 10_000
     responses_store_max_age: float = 30 * 24 * 3600.0
+    # engine cores, each in its own process with its own KV cache (1: one core, in-process)
+    data_parallel_size: int = 1
     # limits and admission
     max_queued_requests: int | None = None  # None: 2 x max_num_seqs
     max_body_bytes: int = 4 * 1024 * 1024

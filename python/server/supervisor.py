@@ -26,6 +26,8 @@ from hypercorn.trio import serve as hypercorn_serve
 
 from actors.runtime import faults
 from actors.core.protocol import EngineCore
+from actors.core.process import ProcessEngineCore
+from actors.runtime.data_parallel import DataParallelSystem, run_data_parallel
 from actors.runtime.system import ActorSystem, run_actor_system
 from server import transport
 from server.app import create_app
@@ -107,8 +109,18 @@ class Supervisor:
 
     async def _start_actors(self, nursery: trio.Nursery) -> None:
         srv, cfg = self.srv, self.config
-        log.info("loading the engine")
-        core: EngineCore = await trio.to_thread.run_sync(self._engine_factory)
+        dp = cfg.data_parallel_size
+        log.info("loading the engine" if dp == 1 else f"loading {dp} engine cores")
+        cores: list[EngineCore] = [None] * dp  # type: ignore[list-item]
+
+        async def build(i: int) -> None:
+            cores[i] = await trio.to_thread.run_sync(
+                self._engine_factory if dp == 1 else partial(ProcessEngineCore, cfg.engine))
+
+        async with trio.open_nursery() as loading:
+            for i in range(dp):
+                loading.start_soon(build, i)
+        core = cores[0]
         info = core.info
         tokenizer = await trio.to_thread.run_sync(load_tokenizer, info.model_dir)
         log.info("engine ready")
@@ -118,9 +130,14 @@ class Supervisor:
         if not cfg.served_model_names:
             name = Path(cfg.model).stem if cfg.model else DEFAULT_MODEL_NAME
             cfg.served_model_names = [str(name)]
-        system: ActorSystem = await nursery.start(partial(
-            run_actor_system, core, tokenizer, capacity=capacity,
-            model_name=cfg.served_model_names[0], on_fatal=self._on_fatal))
+        if dp == 1:
+            system: ActorSystem | DataParallelSystem = await nursery.start(partial(
+                run_actor_system, core, tokenizer, capacity=capacity,
+                model_name=cfg.served_model_names[0], on_fatal=self._on_fatal))
+        else:  # each engine holds max_num_seqs; the front end admits for all of them
+            system = await nursery.start(partial(
+                run_data_parallel, cores, tokenizer, capacity=capacity * dp,
+                model_name=cfg.served_model_names[0], on_fatal=self._on_fatal))
         srv.actors = system
         srv.tokenizer = tokenizer
         srv.token_texts = system.token_texts

@@ -87,6 +87,10 @@ class ProcessEngineCore:
     def pid(self) -> int | None:
         return self._proc.pid
 
+    def alive(self) -> bool:
+        """Whether the child still runs: a watcher's poll, which sends it nothing."""
+        return self._proc.is_alive()
+
     def close(self, timeout: float = 30.0) -> None:
         """Stops the child and reaps it (killed if it does not stop within timeout)."""
         if self._closed:

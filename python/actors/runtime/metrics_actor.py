@@ -81,13 +81,15 @@ class MetricsActor:
         max_model_len: int,
         recv: trio.MemoryReceiveChannel[MetricEvent],
         cache_info: dict[str, str] | None = None,
+        engine: int = 0,
     ) -> None:
-        """cache_info: vllm:cache_config_info's labels (besides engine), fixed at startup."""
+        """cache_info: vllm:cache_config_info's labels (besides engine), fixed at startup.
+        engine: the `engine` label's value, as vLLM numbers its data-parallel engines."""
         self.registry = CollectorRegistry(auto_describe=True)
         self._recv = recv
         self._last: EngineStats | None = None
         labels = ["model_name", "engine"]
-        self._lv = (model_name, "0")
+        self._lv = (model_name, str(engine))
         r = self.registry
 
         def gauge(name: str, doc: str) -> Gauge:
@@ -161,7 +163,7 @@ class MetricsActor:
         for reason in REJECTION_REASONS:
             self.rejections.labels(model_name, reason)
         if cache_info is not None:
-            info = dict(cache_info, engine="0")
+            info = dict(cache_info, engine=str(engine))
             Gauge(
                 "vllm:cache_config_info", "Information of the engine's cache config.",
                 list(info), registry=r,

@@ -101,12 +101,13 @@ async def run_actor_system(
     capacity: int,
     model_name: str,
     on_fatal: Callable[[BaseException], None],
+    engine_index: int = 0,
     task_status: trio.TaskStatus[ActorSystem] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Starts engine -> tokenizer -> metrics and reports the handle; returns once every
     actor has ended. `tokenizer` is a transformers tokenizer of ``core.info.model_dir``;
     `capacity` is the admission capacity in choices, which every channel bound below is
-    stated in."""
+    stated in; `engine_index` is this engine's `engine` label in /metrics."""
     info = core.info
     registry = Registry()
     # Bounds: see tokenizer_actor (submit, admit: `capacity` each), engine_actor
@@ -119,7 +120,7 @@ async def run_actor_system(
     tokenizer_actor = TokenizerActor(tokenizer, registry, engine, submit_recv, admit_send,
                                      batch_recv, vocab_size=info.vocab_size)
     metrics = MetricsActor(model_name, info.max_model_len, metrics_recv,
-                           cache_info=cache_config_info(info))
+                           cache_info=cache_config_info(info), engine=engine_index)
     system = ActorSystem(info, registry, Admission(capacity), engine, tokenizer_actor,
                          metrics, submit_send)
     supervised = partial(_supervised, registry, on_fatal)

@@ -1,0 +1,260 @@
+"""Data parallelism inside one server: N engine cores, each in its own process with its own
+KV cache, behind one HTTP front end (vLLM's --data-parallel-size).
+
+    front end ⇢ DataParallelSystem.submit ⇢ least-loaded ActorSystem i
+                  (tokenizer ⇢ engine actor ⇢ ProcessEngineCore child i ⇢ tokenizer ⇢ Outbox)
+
+Each engine is a whole actor system (run_actor_system with engine_index i): its own
+registry, tokenizer actor, engine actor and metrics actor, so nothing on one engine's path
+waits on another's. This module only fans out over them:
+
+- placement: a request goes, when it is registered, to the engine holding the fewest live
+  sequences (queued + running, counted in choices); ties rotate, so an idle server
+  alternates. The front end's one Admission bounds the total; each engine's channels are
+  sized for the whole capacity, so a skewed placement never blocks a send.
+- /metrics: the engines' expositions merged into one, one HELP/TYPE per family and every
+  engine's samples under it (the `engine` label tells them apart, as in vLLM). The HTTP
+  edge's own counters (http_requests, rejections) live on engine 0's metrics actor.
+- failure: any engine's actor failing calls the same on_fatal (the supervisor then answers
+  /health 503 and exits 1); that engine's requests fail, the others' get the grace period.
+- controls (/pause, /sleep, LoRA loads...) go to every engine; the answer is the first
+  refusal or failure, else engine 0's.
+
+What it does not do: share a prefix cache between engines (a prompt's KV lives on the engine
+that ran it), or place by prefix. On a machine with few cores the engines compete for the
+same cores; N > 1 is then a functional arrangement, not a speed-up.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import trio
+
+from actors.core.process import EngineCoreDied
+from actors.core.protocol import EngineCore
+from actors.messages import Control, ControlResult, EngineInfo
+from actors.runtime.admission import Admission
+from actors.runtime.failures import ServerFailed
+from actors.errors import DuplicateRequest
+from actors.runtime.request import Registry, RequestState
+from actors.runtime.system import ActorSystem, run_actor_system
+
+__all__ = ["DataParallelSystem", "run_data_parallel"]
+
+log = logging.getLogger("actors.runtime.data_parallel")
+WATCH_INTERVAL_S = 0.25  # how soon /health turns 503 after an engine's process dies
+
+
+class DataParallelRegistry:
+    """The front end's view of every engine's registry; `add` is where a request is placed."""
+
+    def __init__(self, registries: Sequence[Registry]) -> None:
+        self.parts = list(registries)
+        self._next = 0
+
+    def load(self, i: int) -> int:
+        """Engine i's live sequences, queued and running."""
+        return sum(s.num_choices for s in self.parts[i].requests.values())
+
+    def add(self, state: RequestState) -> None:
+        if any(state.request_id in r.requests for r in self.parts):
+            raise DuplicateRequest(f"request id {state.request_id!r} is already in flight")
+        n = len(self.parts)
+        order = [(self._next + k) % n for k in range(n)]
+        best = min(order, key=self.load)  # min keeps the first of equals: the rotation
+        self._next = (best + 1) % n
+        self.parts[best].add(state)
+
+    def remove(self, state: RequestState) -> None:
+        i = self.engine_of(state)
+        if i is not None:
+            self.parts[i].remove(state)
+
+    def engine_of(self, state: RequestState) -> int | None:
+        for i, r in enumerate(self.parts):
+            if state.request_id in r.requests:
+                return i
+        return None
+
+    @property
+    def requests(self) -> dict[str, RequestState]:
+        return {k: v for r in self.parts for k, v in r.requests.items()}
+
+    async def wait_empty(self) -> None:
+        for r in self.parts:
+            await r.wait_empty()
+        while len(self):  # one emptied while waiting on another, then got a request
+            for r in self.parts:
+                await r.wait_empty()
+
+    def fail_all(self, error: ServerFailed) -> None:
+        for r in self.parts:
+            r.fail_all(error)
+
+    def __len__(self) -> int:
+        return sum(len(r) for r in self.parts)
+
+
+class DataParallelMetrics:
+    """One /metrics over every engine's metrics actor."""
+
+    def __init__(self, systems: Sequence[ActorSystem]) -> None:
+        self._parts = [s.metrics for s in systems]
+
+    def count_http(self, handler: str, method: str, status: int) -> None:
+        self._parts[0].count_http(handler, method, status)
+
+    def count_rejection(self, reason: str = "max_num_queued_reqs") -> None:
+        self._parts[0].count_rejection(reason)
+
+    def exposition(self) -> bytes:
+        return merge_expositions([m.exposition() for m in self._parts])
+
+
+def merge_expositions(parts: Sequence[bytes]) -> bytes:
+    """Prometheus text expositions merged: each family's HELP and TYPE once, then every
+    part's samples of it; a sample already given (same name and labels) is not repeated."""
+    families: dict[str, tuple[list[str], list[str]]] = {}
+    seen: set[str] = set()
+    for part in parts:
+        current: str | None = None
+        for line in part.decode().splitlines():
+            if line.startswith("# HELP ") or line.startswith("# TYPE "):
+                current = line.split(" ", 3)[2]
+                head, _ = families.setdefault(current, ([], []))
+                if line not in head:
+                    head.append(line)
+            elif line and current is not None:
+                key = line.rsplit(" ", 1)[0]
+                if key not in seen:
+                    seen.add(key)
+                    families[current][1].append(line)
+    out = [line for head, samples in families.values() for line in (*head, *samples)]
+    return ("\n".join(out) + "\n").encode()
+
+
+class _EngineFlags:
+    """What the front end asks of "the engine" before admitting: any engine refusing."""
+
+    def __init__(self, systems: Sequence[ActorSystem]) -> None:
+        self._systems = systems
+
+    @property
+    def refusing_new(self) -> bool:
+        return any(s.engine.refusing_new for s in self._systems)
+
+
+@dataclass(eq=False)
+class DataParallelSystem:
+    """The handle a front end holds, shaped as ActorSystem's, over N actor systems."""
+
+    systems: list[ActorSystem]
+    admission: Admission
+    registry: DataParallelRegistry
+    metrics: DataParallelMetrics
+    engine: _EngineFlags
+    stopped: trio.Event = field(default_factory=trio.Event)
+
+    @property
+    def info(self) -> EngineInfo:
+        return self.systems[0].info
+
+    @property
+    def capacity(self) -> int:
+        return self.admission.capacity
+
+    @property
+    def token_texts(self) -> Any:
+        return self.systems[0].token_texts
+
+    @property
+    def prompt_bound(self) -> Any:
+        return self.systems[0].prompt_bound
+
+    async def submit(self, state: RequestState) -> None:
+        i = self.registry.engine_of(state)
+        if i is None:
+            raise RuntimeError(f"request {state.request_id!r} was not registered")
+        await self.systems[i].submit(state)
+
+    def abort(self, state: RequestState) -> None:
+        i = self.registry.engine_of(state)
+        if i is not None:
+            self.systems[i].abort(state)
+
+    async def control(self, command: Control) -> ControlResult:
+        results: list[ControlResult] = [ControlResult(False)] * len(self.systems)
+
+        async def one(i: int) -> None:
+            results[i] = await self.systems[i].control(command)
+
+        async with trio.open_nursery() as nursery:
+            for i in range(len(self.systems)):
+                nursery.start_soon(one, i)
+        return next((r for r in results if not r.ok), results[0])
+
+    def close_submissions(self) -> None:
+        for s in self.systems:
+            s.close_submissions()
+
+
+async def run_data_parallel(
+    cores: Sequence[EngineCore],
+    tokenizer: Any,
+    *,
+    capacity: int,
+    model_name: str,
+    on_fatal: Callable[[BaseException], None],
+    task_status: trio.TaskStatus[DataParallelSystem] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Starts one actor system per core (engine label i) and reports the fan-out handle;
+    returns once every one has ended. `capacity` bounds the whole server."""
+    stopped = trio.Event()
+    try:
+        async with trio.open_nursery() as nursery:
+            systems: list[ActorSystem] = []
+            for i, core in enumerate(cores):
+                systems.append(await nursery.start(partial(
+                    run_actor_system, core, tokenizer, capacity=capacity,
+                    model_name=model_name, on_fatal=on_fatal, engine_index=i)))
+            for i, core in enumerate(cores):
+                nursery.start_soon(_watch, i, core, systems[i], on_fatal)
+            nursery.start_soon(_cancel_when_stopped, systems, nursery.cancel_scope)
+            task_status.started(DataParallelSystem(
+                systems, Admission(capacity), DataParallelRegistry([s.registry for s in systems]),
+                DataParallelMetrics(systems), _EngineFlags(systems), stopped))
+    finally:
+        stopped.set()
+        for core in cores:
+            close = getattr(core, "close", None)
+            if close is not None:
+                close()
+
+
+async def _watch(i: int, core: EngineCore, system: ActorSystem,
+                 on_fatal: Callable[[BaseException], None]) -> None:
+    """An idle engine actor does not talk to its core, so a dead child would go unseen until
+    the next request placed there: poll the process instead, and fail as the actor would."""
+    alive = getattr(core, "alive", None)
+    if alive is None:
+        return
+    while alive():
+        await trio.sleep(WATCH_INTERVAL_S)
+    if system.stopped.is_set():
+        return
+    log.critical("engine core %d (pid %s) died; failing its requests", i,
+                 getattr(core, "pid", None))
+    system.registry.fail_all(ServerFailed())
+    on_fatal(EngineCoreDied(f"engine core {i} exited"))
+
+
+async def _cancel_when_stopped(systems: Sequence[ActorSystem], scope: trio.CancelScope) -> None:
+    """Once every actor system has ended, the watchers end too."""
+    for s in systems:
+        await s.stopped.wait()
+    scope.cancel()
