@@ -4,9 +4,7 @@ and one batch mixing three adapters and the base model equal to each run alone."
 
 from __future__ import annotations
 
-import copy
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -17,14 +15,14 @@ from actors.core.engine import EngineConfig, LLMEngine
 from actors.messages import Control
 from actors.params.sampling import SamplingParams
 from hf_reference import gguf_reference
+from lora_helpers import ALL_TARGETS, make_adapter
 
 pytestmark = pytest.mark.slow
 
 MiB = 1 << 20
-TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 # (rank, alpha, targets, rslora)
 ADAPTERS = {
-    "a": (8, 16, TARGETS, False),
+    "a": (8, 16, ALL_TARGETS, False),
     "b": (4, 8, ["q_proj", "v_proj"], False),
     "c": (16, 8, ["o_proj", "down_proj", "up_proj"], True),
 }
@@ -39,25 +37,11 @@ def reference(default_model_path: Path) -> Any:
 @pytest.fixture(scope="module")
 def adapters(reference: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """name -> (directory, transformers model with the adapter merged)."""
-    from peft import LoraConfig, get_peft_model
-
     out = {}
     for i, (name, (r, alpha, targets, rslora)) in enumerate(ADAPTERS.items()):
-        torch.manual_seed(100 + i)
-        cfg = LoraConfig(r=r, lora_alpha=alpha, target_modules=targets,
-                         init_lora_weights=False, use_rslora=rslora)
-        with warnings.catch_warnings():  # peft: deprecated transformers names, no hub config
-            warnings.simplefilter("ignore")
-            peft_model = get_peft_model(copy.deepcopy(reference), cfg)
-        with torch.no_grad():  # peft's random B is large for a 135M model: keep it sane
-            for n, p in peft_model.named_parameters():
-                if "lora_B" in n:
-                    p.mul_(0.3)
         d = tmp_path_factory.mktemp(f"lora-{name}")
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            peft_model.save_pretrained(str(d))
-            out[name] = (d, peft_model.merge_and_unload().eval())
+        out[name] = (d, make_adapter(reference, d, seed=100 + i, rank=r, alpha=alpha,
+                                     targets=targets, rslora=rslora))
     return out
 
 

@@ -12,7 +12,7 @@ from quart import Response, g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from server.api import dev, ops, pooling, profile, scale_out
+from server.api import dev, lora, ops, pooling, profile, scale_out
 from server.api.anthropic import errors as anthropic_errors
 from server.api.anthropic import routes as anthropic_messages
 from server.api.openai import (
@@ -28,7 +28,7 @@ log = logging.getLogger("server.http")
 
 # Every module that registers routes, each through its `register(app, srv)`.
 API_MODULES = (ops, completions, chat, batch, models, tokenize, invocations,
-               anthropic_messages, responses, scale_out, dev, profile, pooling)
+               anthropic_messages, responses, scale_out, dev, profile, pooling, lora)
 # Not mounted under the pooling runner (an encoder, or --runner pooling), as vLLM.
 GENERATION_MODULES = (completions, chat, batch, anthropic_messages, responses, scale_out)
 

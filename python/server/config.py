@@ -63,6 +63,10 @@ class ServerConfig:
     # pooling routes beside generation
     runner: str = "auto"  # auto | generate | pooling
     pooler_config: str | None = None
+    # LoRA (server/api/lora.py): adapters loaded at start (name, path); the runtime load and
+    # unload routes (--allow-runtime-lora-updating or VLLM_ALLOW_RUNTIME_LORA_UPDATING=1)
+    lora_modules: list[tuple[str, str]] = field(default_factory=list)
+    allow_runtime_lora_updating: bool = False
 
     # A read-only view for the wiring that names the model; it holds nothing, so it
     # cannot drift from ``engine``.

@@ -52,6 +52,7 @@ class ServerState:
     prompt_bound: Any = None
     write_watchdog: Any = None  # server.write_watchdog.WriteWatchdog, set by create_app
     connections: Any = None  # server.transport.ConnectionTable, set by the supervisor
+    lora_names: Any = None  # server.api.lora.LoraNames: the served adapters, once one loads
     _fingerprint: str | None = field(default=None, repr=False)
 
     @property

@@ -30,6 +30,7 @@ from actors.core.process import ProcessEngineCore
 from actors.runtime.data_parallel import DataParallelSystem, run_data_parallel
 from actors.runtime.system import ActorSystem, run_actor_system
 from server import transport
+from server.api import lora
 from server.app import create_app
 from server.chat_template import ChatRenderer, load_template_arg
 from server.config import ServerConfig
@@ -155,6 +156,7 @@ class Supervisor:
         srv.registry = system.registry
         srv.metrics = system.metrics
         srv.model_root = cfg.model or DEFAULT_MODEL_NAME
+        await lora.load_startup_modules(srv)  # --lora-modules, before the first request
 
     # -- failure and shutdown ----------------------------------------------------------
     def _on_fatal(self, exc: BaseException) -> None:

@@ -6,9 +6,11 @@ Loading reads and checks the PEFT files, then writes the adapter into a free slo
 runner's ``LoraStacks``, between steps (``LLMEngine.control``).
 
 Unloading never fails a request in flight: the adapter stops being routable at once (the
-front end forgets the name), but its slot is only reclaimed when no sequence of the core
-still runs under it; until then it is "retiring" and its weights stay. A load that finds
-every slot taken by live or still-used adapters is refused (``--max-loras``).
+front end forgets the name), but it only becomes "retiring": its weights stay, and a
+request the front end resolved to it just before the unload is still admitted. Its slot
+is reclaimed when a load needs one and no sequence of the core runs under it any more. A
+load that finds every slot taken by live or still-used adapters is refused
+(``--max-loras``).
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ class LoraAdapters:
         self._in_use = in_use
 
     def serves(self, lora_id: int) -> bool:
-        return lora_id in self.slots and lora_id not in self.retiring
+        """Whether a request may run under the adapter (live, or retiring but not gone)."""
+        return lora_id in self.slots
 
     def load(self, lora_id: int, path: str) -> ControlResult:
         if lora_id in self.slots:
@@ -53,11 +56,10 @@ class LoraAdapters:
         return ControlResult(True, value={"rank": adapter.rank})
 
     def unload(self, lora_id: int) -> ControlResult:
-        if not self.serves(lora_id):
+        if lora_id not in self.slots or lora_id in self.retiring:
             return ControlResult(False, error=f"LoRA id {lora_id} is not loaded",
                                  reason="invalid")
         self.retiring.add(lora_id)
-        self._reclaim()
         return ControlResult(True)
 
     def _reclaim(self) -> None:

@@ -108,6 +108,9 @@ class SamplingParams:
     # The output constraint (JSON schema, regex, choice, grammar, ...): plain data, so it
     # crosses the engine-process boundary; the core builds each choice's matcher from it.
     structured: StructuredSpec | None = None
+    # The LoRA adapter the request runs under (the core's id; 0: the base model), set by
+    # the server from the request's ``model``; the engine puts it on the Admit.
+    lora_id: int = 0
 
     def __post_init__(self) -> None:
         # Shape normalisation only: nothing here can fail; validate() judges values.

@@ -251,7 +251,8 @@ class EngineActor:
                 self._core.add(Admit(req.engine_id, tuple(req.prompt_token_ids), req.params,
                                      pooling=req.pooling,
                                      arrival_time=req.admitted_at,
-                                     priority=req.params.priority))
+                                     priority=req.params.priority,
+                                     lora_id=req.params.lora_id))
             except RequestRefused as exc:  # the core's own checks; the edge should catch these
                 log.warning("engine refused %s: %s", req.engine_id, exc)
                 found = self._registry.engine_requests.get(req.engine_id)

@@ -60,11 +60,14 @@ def parse(model: type[M], body: dict[str, Any]) -> M:
         raise bad_request(message, param) from None
 
 
-def check_model(srv: ServerState, name: str | None) -> str:
-    """The served name to report; 404 for a name this server does not serve."""
+def check_model(srv: ServerState, name: str | None, *, adapters: bool = False) -> str:
+    """The served name to report; 404 for a name this server does not serve. adapters: the
+    route runs LoRA adapters too (their names are valid models; server.api.lora)."""
     names = srv.config.served_model_names
     if not name:
         return names[0]
+    if adapters and srv.lora_names is not None:
+        names = names + list(srv.lora_names.adapters)
     if name not in names:
         raise APIError(
             404,

@@ -12,6 +12,7 @@ from actors.runtime.request import PromptInput
 from quart import Quart, Response, request
 
 from server.api.http_io import accepts, built_json_response, check_model, parse, read_json
+from server.api.lora import with_adapter
 from server.api.openai.params import build_params, check_stream_options
 from server.api.openai.protocol.chat import ChatCompletionRequest
 from server.api.openai.render import ChatCompletionRenderer, sse_body
@@ -104,14 +105,14 @@ def checked(srv: ServerState,
             req: ChatCompletionRequest) -> tuple[str, ToolPlan, SamplingParams]:
     """Every check of a chat body that needs no rendering, in vLLM's order: the served name
     to report, the tool plan and the request's SamplingParams (shared by the batch route)."""
-    model = check_model(srv, req.model)
+    model = check_model(srv, req.model, adapters=True)
     check_stream_options(req)
     plan = plan_tools(req, srv.config)
     if plan.forced:
         # As vLLM: the tool-call schema is the output's one constraint.
         req.response_format = None
     check_unsupported(req)
-    return model, plan, apply_plan(sampling_params(srv, req), plan)
+    return model, plan, with_adapter(srv, model, apply_plan(sampling_params(srv, req), plan))
 
 
 async def handle(srv: ServerState, req: ChatCompletionRequest) -> Response:

@@ -10,6 +10,7 @@ from quart import Quart, Response, request
 from actors.params.sampling import SamplingParams
 from actors.runtime.request import PromptInput
 from server.api.http_io import accepts, built_json_response, check_model, parse, read_json
+from server.api.lora import with_adapter
 from server.api.openai.params import MAX_PROMPTS, build_params, check_stream_options
 from server.api.openai.protocol.completions import CompletionRequest
 from server.api.openai.render import CompletionRenderer, sse_body
@@ -71,7 +72,7 @@ def checked(srv: ServerState, req: CompletionRequest
             ) -> tuple[str, list[PromptInput], SamplingParams]:
     """Every check of a completions body that needs no tokenizing, in vLLM's order: the
     served name to report, the prompts and the request's SamplingParams."""
-    model = check_model(srv, req.model)
+    model = check_model(srv, req.model, adapters=True)
     if req.suffix is not None:
         raise bad_request("suffix is not supported by this model", "suffix")
     check_stream_options(req)
@@ -80,7 +81,7 @@ def checked(srv: ServerState, req: CompletionRequest
         # vLLM streams the prompt's logprobs in front of the first chunk; not done here yet.
         raise bad_request("echo with logprobs is not supported with stream=true by this "
                           "server yet", "echo")
-    return model, prompts_of(req), sampling_params(srv, req)
+    return model, prompts_of(req), with_adapter(srv, model, sampling_params(srv, req))
 
 
 async def handle(srv: ServerState, req: CompletionRequest) -> Response:

@@ -6,6 +6,7 @@ from typing import Any
 
 from quart import Quart, Response
 
+from server.api import lora
 from server.api.http_io import json_response
 from server.state import ServerState
 
@@ -29,4 +30,5 @@ def register(app: Quart, srv: ServerState) -> None:
         assert limits is not None
         cards = [model_card(name, srv.model_root, int(srv.started_at), limits.max_model_len)
                  for name in srv.config.served_model_names]
+        cards += lora.cards(srv, int(srv.started_at))
         return json_response({"object": "list", "data": cards})
