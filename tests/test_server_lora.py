@@ -190,3 +190,33 @@ def test_error_bodies(server: Any, client: openai.OpenAI, adapters: dict,
     # The key is needed; the server keeps serving.
     assert httpx.post(server.url + load, json={}).status_code == 401
     assert complete(client, MODEL, 2).choices[0].finish_reason == "length"
+
+
+def test_flags_and_route_gating(monkeypatch: pytest.MonkeyPatch) -> None:
+    from server.app import create_app
+    from server.cli import parse_args
+    from server.state import ServerState
+
+    cfg = parse_args(["--enable-lora", "--max-loras", "3", "--max-lora-rank", "32",
+                      "--lora-modules", "a=/x", '{"name": "b", "path": "/y"}'])
+    assert cfg.lora_modules == [("a", "/x"), ("b", "/y")]
+    assert (cfg.engine.enable_lora, cfg.engine.max_loras, cfg.engine.max_lora_rank) == \
+        (True, 3, 32)
+    for bad in (["--lora-modules", "a=/x"], ["--enable-lora", "--lora-modules", "a"],
+                ["--enable-lora", "--lora-modules", '{"name": "a"}'],
+                ["--enable-lora", "--max-loras", "0"]):
+        with pytest.raises(SystemExit):
+            parse_args(bad)
+
+    def lora_routes(flags: list[str]) -> set[str]:
+        app = create_app(ServerState(parse_args(flags)))
+        return {r.rule for r in app.url_map.iter_rules() if "lora" in r.rule}
+
+    monkeypatch.delenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING", raising=False)
+    assert lora_routes(["--enable-lora"]) == set()
+    both = {"/v1/load_lora_adapter", "/v1/unload_lora_adapter"}
+    assert lora_routes(["--allow-runtime-lora-updating"]) == both
+    monkeypatch.setenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")
+    assert lora_routes([]) == both
+    monkeypatch.setenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "0")
+    assert lora_routes([]) == set()
