@@ -118,8 +118,11 @@ class LLMEngine:
         self.runner.structured_masks = self._structured_mask
         self.lora: LoraAdapters | None = None
         if config.enable_lora:
+            model = loaded.model
             self.lora = LoraAdapters(mc, config.max_loras, config.max_lora_rank,
-                                     self._lora_ids_in_use)
+                                     self._lora_ids_in_use,
+                                     dtype=getattr(model, "compute_dtype", torch.float32),
+                                     device=next(model.parameters()).device)
             self.runner.lora, self.runner.lora_slots = self.lora.stacks, self.lora.slots
         self.operator = Operator(self)
         log.info("engine ready in %.1f s", time.perf_counter() - t0)

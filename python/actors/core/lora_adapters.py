@@ -16,6 +16,7 @@ load that finds every slot taken by live or still-used adapters is refused
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from actors.messages import ControlResult
 from actors.models.config import ModelConfig
@@ -26,10 +27,11 @@ __all__ = ["LoraAdapters"]
 
 class LoraAdapters:
     def __init__(self, cfg: ModelConfig, max_loras: int, max_rank: int,
-                 in_use: Callable[[], set[int]]) -> None:
-        """in_use: the adapter ids of the core's unfinished sequences."""
+                 in_use: Callable[[], set[int]], **stacks_args: Any) -> None:
+        """in_use: the adapter ids of the core's unfinished sequences; stacks_args: the
+        slot tensors' dtype and device (LoraStacks)."""
         self.cfg, self.max_loras, self.max_rank = cfg, max_loras, max_rank
-        self.stacks = LoraStacks(cfg, max_loras, max_rank)
+        self.stacks = LoraStacks(cfg, max_loras, max_rank, **stacks_args)
         self.slots: dict[int, int] = {}  # adapter id -> slot (live and retiring)
         self.retiring: set[int] = set()
         self._in_use = in_use

@@ -143,16 +143,21 @@ class LoraStacks:
     """``max_loras`` slots of adapter weights for every site of every layer."""
 
     def __init__(self, cfg: ModelConfig, max_loras: int, max_rank: int,
-                 dtype: torch.dtype = torch.float32) -> None:
+                 dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu") -> None:
+        """dtype, device: the model's activations' (the deltas are added to them)."""
         self.cfg, self.max_loras, self.max_rank = cfg, max_loras, max_rank
+        self.device = torch.device(device)
         r = max_rank
         self.a: dict[str, torch.Tensor] = {}  # site -> [layers, slots, n_sub * R, in]
         self.b: dict[str, torch.Tensor] = {}  # site -> [layers, slots, out, n_sub * R]
         for site in SITES:
             in_size, outs = _site_dims(cfg, site)
             n = len(outs)
-            self.a[site] = torch.zeros(cfg.num_layers, max_loras, n * r, in_size, dtype=dtype)
-            self.b[site] = torch.zeros(cfg.num_layers, max_loras, sum(outs), n * r, dtype=dtype)
+            self.a[site] = torch.zeros(cfg.num_layers, max_loras, n * r, in_size, dtype=dtype,
+                                       device=device)
+            self.b[site] = torch.zeros(cfg.num_layers, max_loras, sum(outs), n * r, dtype=dtype,
+                                       device=device)
 
     def write(self, slot: int, adapter: LoraAdapter) -> None:
         """Puts an adapter into a slot (zeroing what was there first)."""
@@ -178,7 +183,7 @@ class LoraStacks:
             return None
         if len(used) == 1 and (row_slots == used[0]).all():
             return LoraBatch(self, [(int(used[0]), None)])
-        groups = [(int(s), torch.from_numpy(np.flatnonzero(row_slots == s)))
+        groups = [(int(s), torch.from_numpy(np.flatnonzero(row_slots == s)).to(self.device))
                   for s in used]
         return LoraBatch(self, groups)
 
