@@ -19,7 +19,7 @@ ctest --test-dir build/ctest --output-on-failure -j "$jobs"
 echo "== pytest =="
 # Run from the tests' point of view against the installed package, not the source tree.
 set +e
-python -m pytest "$@"
+python -m pytest --durations=25 "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then
