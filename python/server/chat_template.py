@@ -222,7 +222,8 @@ def _render(template: jinja2.Template, context: dict[str, Any], final: Any) -> s
         raise APIError(400, f"the chat template rejected the request: {exc}"[:500]) from None
     except jinja2.exceptions.SecurityError:
         raise APIError(400, "the chat template attempted an unsafe operation") from None
-    except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError):
+    except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError,
+            OverflowError):  # OverflowError: the sandbox's range bound
         raise APIError(400, "the chat template could not be rendered for these messages") from None
     if len(text) > MAX_RENDERED_CHARS:
         raise APIError(400, "the rendered chat prompt is too long")
