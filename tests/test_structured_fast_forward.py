@@ -10,7 +10,9 @@ fast-forward on and off, and compare.
 
 from __future__ import annotations
 
+import importlib.util
 import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,20 +25,14 @@ from actors.params.structured import StructuredSpec
 
 MiB = 1 << 20
 
-# Long fixed keys and an enum: many positions where one token is all the grammar allows.
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "customer_identification_number": {"type": "integer", "minimum": 0, "maximum": 99999},
-        "shipping_address_first_line": {"type": "string", "maxLength": 24},
-        "preferred_delivery_time_window": {
-            "type": "string", "enum": ["morning_before_noon", "afternoon_after_noon"]},
-        "is_gift_wrapping_requested": {"type": "boolean"},
-    },
-    "required": ["customer_identification_number", "shipping_address_first_line",
-                 "preferred_delivery_time_window", "is_gift_wrapping_requested"],
-    "additionalProperties": False,
-}
+# The benchmark's schema (long fixed keys, an enum): many positions where one token is all
+# the grammar allows.
+_BENCH = Path(__file__).resolve().parents[1] / "scripts" / "bench_fast_forward.py"
+_spec = importlib.util.spec_from_file_location("bench_fast_forward", _BENCH)
+assert _spec is not None and _spec.loader is not None
+_bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_bench)
+SCHEMA = _bench.SCHEMA
 SPEC = StructuredSpec("json", json.dumps(SCHEMA))
 QUESTIONS = ["Give me an order record as JSON.", "Describe a parcel order.",
              "Fill in the delivery form for Ana.", "One more order, please."]
