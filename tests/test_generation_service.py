@@ -107,8 +107,9 @@ async def test_idle_is_reported_and_nothing_is_lost():
         reference = await (await service.start(srv, "ref", inputs()[:1], params)).collect()
         gen = await service.start(srv, "idle", inputs()[:1], params)
         idles, text = 0, ""
-        # Far shorter than one engine step: the wait for the next token reports Idle.
-        async with aclosing(gen.stream(idle_after=1e-6)) as events:
+        # Far shorter than one engine step (tens of ms here), yet long enough that the
+        # waiting loop does not spin and starve the step thread of the GIL.
+        async with aclosing(gen.stream(idle_after=2e-3)) as events:
             async for ev in events:
                 idles += isinstance(ev, Idle)
                 if isinstance(ev, ChoiceDelta):

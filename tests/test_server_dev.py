@@ -211,10 +211,25 @@ def test_pause_wait_drains_then_refuses(server, c):
     assert complete(c).status_code == 200
 
 
+def _settled_length(stream, quiet: float = 0.5, limit: float = 10.0) -> int:
+    """The stream's chunk count once no chunk has arrived for `quiet` seconds."""
+    deadline = time.monotonic() + limit
+    seen = len(stream.chunks)
+    while time.monotonic() < deadline:
+        time.sleep(quiet)
+        now = len(stream.chunks)
+        if now == seen:
+            return now
+        seen = now
+    raise AssertionError(f"the stream kept growing for {limit} s after the pause")
+
+
 def test_pause_keep_freezes_and_queues(server, c):
     stream = start_stream(server.url, max_tokens=60)
     assert c.post("/pause", params={"mode": "keep"}).json() == {"status": "paused"}
-    frozen_at = len(stream.chunks)
+    # The step that ran before the pause took effect may still be on its way to the client
+    # (detokenizer, HTTP, the reader thread): the stream settles, then must stay frozen.
+    frozen_at = _settled_length(stream)
     queued: dict = {}
     waiter = threading.Thread(target=lambda: queued.update(r=in_new_client(server,
                                                                            complete)))

@@ -322,24 +322,41 @@ def test_vllm_request_checks(srv):
         assert err["param"] == "messages" and "text" in err["message"], err
 
 
-# ~0.5 s a render here: long enough for requests to queue, far from the 5 s render deadline.
-SLOW_TEMPLATE = ("{% for i in range(30000) %}{% for j in range(10) %}{% endfor %}{% endfor %}"
-                 "{{ messages[0]['content'] }}")
+def slow_template(turns: int) -> str:
+    """A chat template whose render takes time in proportion to `turns` (x 1,000 loop turns)."""
+    return (f"{{% for i in range({turns}) %}}{{% for j in range(1000) %}}{{% endfor %}}"
+            "{% endfor %}{{ messages[0]['content'] }}")
+
+
+def calibrated_slow_template(srv, seconds: float) -> str:
+    """A template that renders in about `seconds` on this machine, now: machines differ by
+    several times, and a fixed loop either renders too fast for requests to queue or runs
+    into the render deadline."""
+    turns = 20
+    for _ in range(4):
+        t0 = time.monotonic()
+        r = post(srv, "/tokenize", {"messages": HI, "chat_template": slow_template(turns)})
+        took = time.monotonic() - t0
+        assert r.status_code == 200, r.text
+        if took >= 0.7 * seconds:
+            break
+        turns = int(turns * min(seconds / max(took, 1e-3), 50))
+    return slow_template(turns)
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="on this machine the slow template renders too fast for 30 "
-                   "concurrent /tokenize calls to fill the queue (all 200, no 503); a slower "
-                   "template hits the sandbox's bounds (400): the saturation needs another "
-                   "way to hold the tokenizer threads", strict=False)
 def test_tokenizer_routes_are_bounded(srv):
     from server.api.openai.tokenize import TOKENIZE_QUEUE, TOKENIZE_THREADS
 
+    # One second a render: long enough for requests to queue, far from the render deadline.
+    template = calibrated_slow_template(srv, 1.0)
     count = TOKENIZE_THREADS + TOKENIZE_QUEUE + 12
     results: list[httpx.Response] = []
+    go = threading.Barrier(count)
 
     def one() -> None:
-        results.append(post(srv, "/tokenize", {"messages": HI, "chat_template": SLOW_TEMPLATE}))
+        go.wait()
+        results.append(post(srv, "/tokenize", {"messages": HI, "chat_template": template}))
 
     threads = [threading.Thread(target=one) for _ in range(count)]
     for t in threads:
