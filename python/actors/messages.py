@@ -39,6 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from actors.params.encoder import EncoderInput
 from actors.params.pooling import PoolingSpec
 from actors.params.sampling import SamplingParams
 from actors.params.structured import StructuredSpec
@@ -84,6 +85,9 @@ class Admit:
     # The LoRA adapter the prompt runs under (its id in the core's registry; 0: the base
     # model). Part of the prefix-cache key: blocks are never shared across adapters.
     lora_id: int = 0
+    # An encoder-decoder request (Whisper transcription): the encoder's input; the prompt
+    # is the decoder's (<|startoftranscript|>, language, task ...); ``params.n`` is 1.
+    encoder_input: EncoderInput | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,6 +257,9 @@ class NewSeq:
     # the runner may live in another process than the server that compiled it first).
     structured: StructuredSpec | None = None
     lora_id: int = 0  # Admit.lora_id: the runner applies that adapter's deltas to its rows
+    # Admit.encoder_input: the runner encodes it on this sequence's first step and keeps
+    # the cross-attention K/V until the sequence is released (sent again on a resume).
+    encoder_input: EncoderInput | None = None
 
 
 @dataclass(frozen=True, slots=True)

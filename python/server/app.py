@@ -12,11 +12,12 @@ from quart import Response, g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
+from actors.loader.whisper import is_transcription_model
 from server.api import dev, lora, ops, pooling, profile, scale_out
 from server.api.anthropic import errors as anthropic_errors
 from server.api.anthropic import routes as anthropic_messages
 from server.api.openai import (
-    batch, chat, completions, invocations, models, responses, tokenize,
+    audio, batch, chat, completions, invocations, models, responses, tokenize,
 )
 from server.auth import APIKeyMiddleware
 from server.errors import APIError, envelope_bytes
@@ -28,7 +29,7 @@ log = logging.getLogger("server.http")
 
 # Every module that registers routes, each through its `register(app, srv)`.
 API_MODULES = (ops, completions, chat, batch, models, tokenize, invocations,
-               anthropic_messages, responses, scale_out, dev, profile, pooling, lora)
+               anthropic_messages, responses, scale_out, dev, profile, pooling, lora, audio)
 # Not mounted under the pooling runner (an encoder, or --runner pooling), as vLLM.
 GENERATION_MODULES = (completions, chat, batch, anthropic_messages, responses, scale_out)
 
@@ -65,9 +66,11 @@ def create_app(srv: ServerState) -> Any:
         RESPONSE_TIMEOUT=None,  # streams are long; clients and drain decide when they end
         PROVIDE_AUTOMATIC_OPTIONS=True,
     )
-    pooling_only = pooling.pooling_only(cfg)
+    # A Whisper model serves transcription only (vLLM's supported tasks for it): neither
+    # the generation routes nor the pooling ones are mounted.
+    no_generation = pooling.pooling_only(cfg) or is_transcription_model(cfg.model)
     for module in API_MODULES:
-        if not (pooling_only and module in GENERATION_MODULES):
+        if not (no_generation and module in GENERATION_MODULES):
             module.register(app, srv)
 
     @app.before_request

@@ -31,6 +31,7 @@ from typing import Any
 import trio
 
 from actors.errors import RequestRefused
+from actors.params.encoder import EncoderInput
 from actors.params.pooling import PoolingSpec
 from actors.params.sampling import SamplingParams
 from actors.runtime.failures import GenerationPaused, Outcome
@@ -68,9 +69,11 @@ class Generation:
     """Context manager around one admitted request."""
 
     def __init__(self, srv: ServerState, request_id: str, prompts: list[PromptInput],
-                 params: SamplingParams, pooling: PoolingSpec | None = None) -> None:
+                 params: SamplingParams, pooling: PoolingSpec | None = None,
+                 encoder_input: EncoderInput | None = None) -> None:
         """``pooling``: a pooling request (embeddings), answered by one vector per prompt
-        (ChoiceUpdate.pooled) instead of tokens."""
+        (ChoiceUpdate.pooled) instead of tokens. ``encoder_input``: a transcription
+        request (one prompt: the decoder's tokens for this audio window)."""
         self.srv = srv
         self.slots = len(prompts) * params.n
         # Internal ids are ours: a client-chosen X-Request-Id never keys shared state.
@@ -81,6 +84,7 @@ class Generation:
             max_model_len=srv.limits.max_model_len,  # type: ignore[union-attr]
             outbox=HTTPOutbox(len(prompts) * params.n),
             pooling=pooling,
+            encoder_input=encoder_input,
         )
         track_output(self.state.outbox)  # what a slow reader leaves unread counts against it
         self.public_id = request_id

@@ -55,6 +55,12 @@ class LLMEngine:
         self.dtype = loaded.dtype
         self.kv_cache_dtype = _kv_cache_dtype(config.kv_cache_dtype, self.dtype)
         max_model_len = config.max_model_len or mc.max_position_embeddings
+        if mc.model_type == "whisper" and max_model_len > mc.max_position_embeddings:
+            # The decoder's learned position table (448) is Whisper's whole context; a
+            # server-wide --max-model-len above it means "as long as the model allows".
+            log.info("max_model_len %d capped at Whisper's decoder length %d", max_model_len,
+                     mc.max_position_embeddings)
+            max_model_len = mc.max_position_embeddings
         if max_model_len > mc.max_position_embeddings:
             raise ValueError(
                 f"max_model_len={max_model_len} exceeds the model's "
@@ -87,9 +93,13 @@ class LLMEngine:
         )
 
         pool = llmcore.BlockPool(num_blocks, config.block_size)
-        # An encoder (BERT: pooling only) keeps no KV, so it has nothing to share.
+        # An encoder (BERT: pooling only) keeps no KV, so it has nothing to share; nor
+        # does an encoder-decoder (Whisper), whose decoder prompt is the same few tokens
+        # for every audio window: their KV depends on the audio, which no block hash sees.
         causal = bool(getattr(loaded.model, "is_causal", True))
-        self.kv = KVManager(pool, enable_prefix_caching=config.enable_prefix_caching and causal)
+        enc_dec = bool(getattr(loaded.model, "is_encoder_decoder", False))
+        self.kv = KVManager(pool, enable_prefix_caching=(config.enable_prefix_caching and causal
+                                                         and not enc_dec))
         self.scheduler = Scheduler(
             SchedulerConfig(
                 max_num_seqs=config.max_num_seqs,
@@ -100,6 +110,10 @@ class LLMEngine:
                 eos_token_ids=self.eos_token_ids,
                 seed=config.seed,
                 causal=causal,
+                encoder_decoder=enc_dec,
+                suppress_tokens=_suppressed(mc, self.tokenizer) if enc_dec else (),
+                begin_suppress_tokens=(tuple(mc.extra.get("begin_suppress_tokens", ()))
+                                       if enc_dec else ()),
             ),
             self.kv,
         )
@@ -201,6 +215,8 @@ class LLMEngine:
         if admit.lora_id and (self.lora is None or not self.lora.serves(admit.lora_id)):
             raise RequestRefused(f"LoRA adapter id {admit.lora_id} is not loaded")
         try:
+            if admit.encoder_input is not None:
+                admit.encoder_input.check(int(self.model_config.extra["num_mel_bins"]))
             self._compile(admit.params)
             self.scheduler.add_request(admit)
         except RequestRefused:
@@ -268,6 +284,20 @@ class LLMEngine:
     def default_sampling_params(self, **overrides: Any) -> SamplingParams:
         """SamplingParams with the model's generation defaults, then the overrides."""
         return SamplingParams(**{**self.generation_defaults, **overrides})
+
+
+# Whisper's control tokens, never drawn inside a transcript (as Whisper's own decoding and
+# faster-whisper add them to the checkpoint's suppress_tokens).
+_WHISPER_CONTROL = ("<|transcribe|>", "<|translate|>", "<|startoftranscript|>",
+                    "<|startofprev|>", "<|startoflm|>", "<|nospeech|>", "<|nocaptions|>")
+
+
+def _suppressed(mc: Any, tokenizer: Any) -> tuple[int, ...]:
+    """An encoder-decoder model's banned tokens: its config's suppress_tokens and the
+    control tokens its tokenizer has."""
+    vocab = tokenizer.get_vocab()
+    control = {vocab[t] for t in _WHISPER_CONTROL if t in vocab}
+    return tuple(sorted(set(mc.extra.get("suppress_tokens", ())) | control))
 
 
 def _kv_cache_dtype(name: str, model_dtype: Any) -> Any:

@@ -68,6 +68,9 @@ class Sequence:
         "prompt_logprobs",
         "pooling",
         "lora_id",
+        "encoder_input",
+        "suppress",
+        "suppress_first",
     )
 
     def __init__(
@@ -116,6 +119,12 @@ class Sequence:
         # A pooling sequence computes its prompt, yields one vector and finishes.
         self.pooling = pooling
         self.lora_id = 0  # the LoRA adapter it runs under (0: the base model)
+        # An encoder-decoder sequence (transcription): its encoder input, and the tokens
+        # its model never draws (Whisper's suppress_tokens) and never draws first
+        # (begin_suppress_tokens: a blank or the end at the start).
+        self.encoder_input = None
+        self.suppress: tuple[int, ...] = ()
+        self.suppress_first: tuple[int, ...] = ()
 
     def __repr__(self) -> str:
         return (

@@ -4,6 +4,8 @@
     load_model("dir/")            config.json + safetensors
     load_model("x.gguf")          converted once into the cache, then loaded as a directory
     load_model("x.gguf", quantization="gguf")   the same, linear matrices kept quantized
+    load_model("whisper-base")    a named Whisper model (loader/whisper.py), or a
+                                  CTranslate2 Whisper directory: prepared once into the cache
 
 The returned ``model_dir`` is always a Hugging Face-style directory with the tokenizer
 files (and chat template), so the tokenizer is loaded the same way for both sources.
@@ -51,9 +53,20 @@ def prepare_model_dir(source: str | Path | None) -> tuple[Path, Path, bool | Non
     """Returns (source, HF-style directory, cache hit) without building the model."""
     from actors.loader.progress import stage
 
+    from actors.loader import whisper
+
+    if isinstance(source, str) and source in whisper.WHISPER_MODELS:
+        dirs = whisper.resolve_named(source)
+        with stage(f"preparing {source}"):
+            entry, hit = whisper.prepare_ct2(dirs)
+        return dirs[0], entry, hit
     src = default_model_path() if source is None else Path(source).expanduser()
     if not src.exists():
         raise FileNotFoundError(f"model path {src} does not exist")
+    if src.is_dir() and whisper.is_ct2_whisper_dir(src):
+        with stage(f"preparing {src.name}"):
+            entry, hit = whisper.prepare_ct2([src])
+        return src, entry, hit
     if src.is_dir():
         return src, src, None
     if src.suffix != ".gguf":

@@ -59,12 +59,19 @@ def load_hf_dir(
     """pack: move the matrices into the core's packed layout (the fast CPU path); off
     leaves plain torch parameters (tests that edit weights after loading)."""
     cfg = ModelConfig.from_dir(model_dir)
-    files = safetensors_files(model_dir)
+    # A prepared CTranslate2 Whisper entry (loader/whisper.py) keeps its model.bin.
+    ct2 = cfg.model_type == "whisper" and (model_dir / "model.bin").is_file()
+    files = [model_dir / "model.bin"] if ct2 else safetensors_files(model_dir)
     with stage(f"building {cfg.model_type} model ({cfg.num_layers} layers, {dtype})"):
         model = build_model(cfg, dtype=dtype, max_positions=max_positions)
     with stage(f"loading weights from {len(files)} file(s)"):
         # The model's own weight dtype: an encoder keeps float32 under a bf16 default.
-        model.load_weights(iter_weights(files, model.dtype))
+        if ct2:
+            from actors.loader.whisper import ct2_weights
+
+            model.load_weights(ct2_weights(model_dir, model.dtype))
+        else:
+            model.load_weights(iter_weights(files, model.dtype))
     if pack:
         model.pack_weights()
     return model, cfg

@@ -58,7 +58,15 @@ class ModelConfig:
         path = Path(model_dir) / "config.json"
         if not path.is_file():
             raise FileNotFoundError(f"{path} not found: a model directory needs a config.json")
-        cfg = cls.from_hf_dict(json.loads(path.read_text()))
+        hf = json.loads(path.read_text())
+        gen = Path(model_dir) / "generation_config.json"
+        if hf.get("model_type") == "whisper" and gen.is_file():
+            # newer Whisper checkpoints keep their decoding rules there
+            rules = json.loads(gen.read_text())
+            for key in ("suppress_tokens", "begin_suppress_tokens"):
+                if not hf.get(key) and rules.get(key):
+                    hf[key] = rules[key]
+        cfg = cls.from_hf_dict(hf)
         st = Path(model_dir) / "sentence_bert_config.json"
         if st.is_file():
             # A sentence-transformers model is trained (and truncated) to max_seq_length;
@@ -73,6 +81,8 @@ class ModelConfig:
         model_type = hf.get("model_type", "")
         if model_type == "bert":
             return _bert_config(hf)
+        if model_type == "whisper":
+            return _whisper_config(hf)
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise UnsupportedModelError(
                 f"model_type {model_type!r} is not supported (supported: "
@@ -139,6 +149,44 @@ def _bert_config(hf: dict[str, Any]) -> ModelConfig:
         tie_word_embeddings=False,
         extra={"type_vocab_size": int(hf.get("type_vocab_size", 2)),
                "position_table": positions},
+    )
+
+
+def _whisper_config(hf: dict[str, Any]) -> ModelConfig:
+    """Whisper (speech to text): the decoder's facts in the decoder field names (its
+    learned position table bounds the context: 448), the encoder's and the decoding
+    rules (suppressed tokens, the special ids) in ``extra``."""
+    act = hf.get("activation_function", "gelu")
+    if act != "gelu":
+        raise UnsupportedModelError(f"whisper activation_function {act!r} is not supported")
+    d = int(hf["d_model"])
+    heads = int(hf["decoder_attention_heads"])
+    eos = hf.get("eos_token_id", 50257)
+    return ModelConfig(
+        model_type="whisper",
+        vocab_size=int(hf["vocab_size"]),
+        hidden_size=d,
+        intermediate_size=int(hf["decoder_ffn_dim"]),
+        num_layers=int(hf["decoder_layers"]),
+        num_heads=heads,
+        num_kv_heads=heads,
+        head_dim=d // heads,
+        rms_norm_eps=1e-5,
+        rope_theta=0.0,
+        max_position_embeddings=int(hf.get("max_target_positions", 448)),
+        tie_word_embeddings=True,
+        bos_token_id=hf.get("decoder_start_token_id", 50258),
+        eos_token_ids=tuple(eos) if isinstance(eos, list) else (int(eos),),
+        extra={
+            "num_mel_bins": int(hf.get("num_mel_bins", 80)),
+            "encoder_layers": int(hf["encoder_layers"]),
+            "encoder_heads": int(hf["encoder_attention_heads"]),
+            "encoder_ffn_dim": int(hf["encoder_ffn_dim"]),
+            "encoder_positions": int(hf.get("max_source_positions", 1500)),
+            "suppress_tokens": tuple(int(t) for t in hf.get("suppress_tokens") or ()),
+            "begin_suppress_tokens": tuple(int(t) for t in
+                                           hf.get("begin_suppress_tokens") or ()),
+        },
     )
 
 

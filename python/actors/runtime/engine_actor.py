@@ -250,6 +250,7 @@ class EngineActor:
             try:
                 self._core.add(Admit(req.engine_id, tuple(req.prompt_token_ids), req.params,
                                      pooling=req.pooling,
+                                     encoder_input=req.encoder_input,
                                      arrival_time=req.admitted_at,
                                      priority=req.params.priority,
                                      lora_id=req.params.lora_id))

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import trio
 
 from actors.errors import DuplicateRequest
+from actors.params.encoder import EncoderInput
 from actors.params.pooling import PoolingSpec
 from actors.params.sampling import SamplingParams
 from actors.runtime.failures import Outcome, ServerFailed
@@ -78,6 +79,7 @@ class EngineRequest:
     admitted_at: float
     choices: list[Choice] = field(default_factory=list)
     pooling: PoolingSpec | None = None  # a pooling request: one vector, no tokens
+    encoder_input: EncoderInput | None = None  # a transcription request: the audio window
     abort_requested: bool = False  # every choice
     in_engine: bool = False
     prompt_counted: bool = False  # its prompt tokens count once, with its first token
@@ -99,6 +101,7 @@ class RequestState:
         max_model_len: int,
         outbox: Outbox | None = None,
         pooling: PoolingSpec | None = None,
+        encoder_input: EncoderInput | None = None,
     ) -> None:
         """`outbox`: the front end's own (a subclass), else a plain one for n x prompts."""
         self.request_id = request_id
@@ -106,6 +109,7 @@ class RequestState:
         self.params = params
         self.max_model_len = max_model_len
         self.pooling = pooling
+        self.encoder_input = encoder_input  # one prompt: the decoder's, for this window
         self.arrival = time.monotonic()
         self.outbox = Outbox(len(prompts) * params.n) if outbox is None else outbox
         self.engine_requests: list[EngineRequest] = []

@@ -152,6 +152,7 @@ class TokenizerActor:
                 prompt_token_ids=result.token_ids,
                 admitted_at=state.arrival,
                 pooling=state.pooling,
+                encoder_input=state.encoder_input,
             )
             for i in range(n):
                 req.choices.append(Choice(

@@ -28,6 +28,7 @@ from typing import Any, overload
 
 import trio
 
+from actors.params.encoder import EncoderInput
 from actors.params.sampling import SamplingParams
 from actors.runtime.outbox import ChoiceUpdate, OutboxFailed, TokenLogprob
 from actors.runtime.request import PromptInput
@@ -327,13 +328,16 @@ class TextGeneration:
 
 
 async def start(srv: ServerState, request_id: str, prompts: list[PromptInput],
-                params: SamplingParams) -> TextGeneration:
+                params: SamplingParams,
+                encoder_input: EncoderInput | None = None) -> TextGeneration:
     """Admit the request and wait until its prompts are tokenized. Raises APIError (503 when
-    the server is full or not serving, 400 for a prompt the engine cannot take)."""
+    the server is full or not serving, 400 for a prompt the engine cannot take).
+    ``encoder_input``: an encoder-decoder model's (Whisper: one prompt, the decoder's
+    tokens; see server.frontend.transcription)."""
     if params.structured is not None:
         # compiled before admission (a 400 for a spec the backend refuses), off the loop
         await compile_spec(srv, params.structured)
-    gen = Generation(srv, request_id, prompts, params)
+    gen = Generation(srv, request_id, prompts, params, encoder_input=encoder_input)
     await gen.start()
     try:
         return TextGeneration(gen, srv.token_texts)

@@ -80,6 +80,30 @@ class _PagedAttention:
         return out
 
 
+class _CrossPagedAttention(_PagedAttention):
+    """The paged seam of an encoder-decoder's decoder (Whisper), with cross-attention:
+    each sequence's rows attend over its own encoder states' K/V (computed once, on its
+    first step, and held by the runner), no mask and nothing written."""
+
+    __slots__ = ("cross", "spans")
+
+    def __init__(self, plan, k_caches, v_caches, scale: float, windows: list[int],
+                 cross: list, query_start: np.ndarray) -> None:
+        super().__init__(plan, k_caches, v_caches, scale, windows)
+        self.cross = cross  # per batch sequence: per layer (k, v) [heads, S, head_size]
+        self.spans = [(int(a), int(b)) for a, b in zip(query_start[:-1], query_start[1:])]
+
+    def cross_attn(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        # 4-D inputs: CPU SDPA takes its fast kernel only for those (3-D ran 10x slower).
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        out = torch.empty_like(q)
+        for (lo, hi), kv in zip(self.spans, self.cross):
+            k, v = kv[layer]
+            o = sdpa(q[lo:hi].transpose(0, 1)[None], k[None], v[None], scale=self.scale)
+            out[lo:hi] = o[0].transpose(0, 1)
+        return out
+
+
 class _EncoderAttention:
     """The attention seam of an encoder (bidirectional, ``model.is_causal`` False): each
     sequence's rows attend to all of its rows, and nothing is cached (every prompt runs
@@ -125,6 +149,13 @@ class ModelRunner:
         self.windows = [int(w or 0) for w in sliding_windows] or [0] * num_layers
         # An encoder keeps no KV: its blocks are the scheduler's bookkeeping only.
         self.causal = bool(getattr(model, "is_causal", True))
+        # An encoder-decoder (Whisper): per sequence, every decoder layer's cross-attention
+        # K/V, from its encoder input on its first step until it is released (finish,
+        # abort, preemption; a resumed sequence brings its input again). Not paged: it is
+        # fixed-size per sequence and never grows.
+        self.encoder_decoder = bool(getattr(model, "is_encoder_decoder", False))
+        self._cross: dict[int, list] = {}
+        self._to_encode: list[NewSeq] = []
         shape = (num_blocks, num_kv_heads, block_size, head_size)
         layers = num_layers if self.causal else 0
         self.k_caches = [torch.zeros(shape, dtype=dtype) for _ in range(layers)]
@@ -174,8 +205,24 @@ class ModelRunner:
         )
         if ns.lora_id:
             self._lora_of[ns.seq_id] = ns.lora_id
+        if ns.encoder_input is not None:
+            self._to_encode.append(ns)
+
+    def _encode_new(self) -> None:
+        """Runs the encoder once for every sequence that arrived in this plan, in one
+        batch, and keeps each one's cross-attention K/V."""
+        todo, self._to_encode = self._to_encode, []
+        feats = torch.from_numpy(np.stack([ns.encoder_input.features for ns in todo]))
+        with torch.inference_mode():
+            for ns, kv in zip(todo, self.model.cross_kv(self.model.encode(feats))):
+                self._cross[ns.seq_id] = kv
+
+    def num_cross_kv(self) -> int:
+        """Sequences whose cross-attention K/V the runner holds."""
+        return len(self._cross)
 
     def _release(self, seq_id: int) -> None:
+        self._cross.pop(seq_id, None)
         self._pools.pop(seq_id, None)
         self._lora_of.pop(seq_id, None)
         st = self._seqs.pop(seq_id, None)
@@ -195,6 +242,8 @@ class ModelRunner:
                 self._hooks.pop(ref, None)
         for ns in plan.new_seqs:
             self._add(ns)
+        if self._to_encode:
+            self._encode_new()
         if not plan.seqs:
             return StepResult(step_id=plan.step_id, sampled=())
 
@@ -229,8 +278,14 @@ class ModelRunner:
             slot_mapping = block_tables[owner, pos // bs].astype(np.int64) * bs + pos % bs
             attn_plan = llmcore.AttentionPlan(query_start, seq_lens, block_tables,
                                               slot_mapping, num_blocks=self.num_blocks)
-            seam = _PagedAttention(attn_plan, self.k_caches, self.v_caches, self.scale,
-                                   self.windows)
+            if self.encoder_decoder:
+                seam = _CrossPagedAttention(attn_plan, self.k_caches, self.v_caches,
+                                            self.scale, self.windows,
+                                            [self._cross[s.seq_id] for s in plan.seqs],
+                                            query_start)
+            else:
+                seam = _PagedAttention(attn_plan, self.k_caches, self.v_caches, self.scale,
+                                       self.windows)
         else:
             seam = _EncoderAttention(query_start, self.scale)
         logits_rows = torch.from_numpy(query_start[1:][sampling].astype(np.int64) - 1)

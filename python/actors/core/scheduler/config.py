@@ -19,6 +19,11 @@ class SchedulerConfig:
     # False for an encoder (bidirectional attention): a prompt runs whole in one step,
     # from position 0, and only pooling requests are served.
     causal: bool = True
+    # An encoder-decoder model (Whisper): every request carries an EncoderInput and only
+    # such requests are served; the model's banned tokens go on each of their rows.
+    encoder_decoder: bool = False
+    suppress_tokens: tuple[int, ...] = ()
+    begin_suppress_tokens: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:

@@ -61,6 +61,12 @@ class RequestBook:
             raise ValueError("the prompt must hold at least one token")
         if admit.pooling is None and not self.config.causal:
             raise ValueError("this model serves pooling requests only (embeddings)")
+        if (admit.encoder_input is None) == self.config.encoder_decoder:
+            raise ValueError("this model serves transcription requests only"
+                             if self.config.encoder_decoder else
+                             "this model takes no encoder input (not an encoder-decoder)")
+        if admit.encoder_input is not None and params.n != 1:
+            raise ValueError("a transcription request has exactly one choice (n=1)")
         if admit.pooling is not None:
             if n_prompt > self.config.max_model_len:  # no output token: the whole context
                 raise ValueError(f"the prompt has {n_prompt} tokens; max_model_len is "
@@ -78,6 +84,10 @@ class RequestBook:
                                  rng_seed=request_seed(params.seed, self._rng))
         seq.pooling = admit.pooling
         seq.lora_id = admit.lora_id
+        if admit.encoder_input is not None:
+            seq.encoder_input = admit.encoder_input
+            seq.suppress = self.config.suppress_tokens
+            seq.suppress_first = self.config.begin_suppress_tokens
         seq.pending_children = params.n - 1
         self._requests[admit.request_id] = [seq]
         self.waiting.push(seq)

@@ -25,6 +25,8 @@ def sampling_row_of(seq: Sequence) -> SamplingRow:
     p = seq.params
     n_out = len(seq.output_token_ids)
     banned = seq.suppressed_token_ids() if n_out < p.min_tokens else ()
+    if seq.suppress or seq.suppress_first:  # an encoder-decoder model's rules
+        banned = banned + seq.suppress + (seq.suppress_first if n_out == 0 else ())
     return SamplingRow(
         *static,
         position=n_out,
@@ -46,6 +48,7 @@ def new_seq_of(seq: Sequence) -> NewSeq:
         allowed_token_ids=p.allowed_token_ids,
         structured=p.structured,
         lora_id=seq.lora_id,
+        encoder_input=seq.encoder_input,
     )
 
 
