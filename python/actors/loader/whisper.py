@@ -226,4 +226,6 @@ def ct2_weights(model_dir: Path, dtype) -> Iterator[tuple[str, object]]:
         prefix = f"model.{side}.layers.{layer.removeprefix('layer_')}."
         t = tensor(name)
         for part, chunk in zip(hf, t.chunk(len(hf), dim=0), strict=True):
+            if part.endswith("k_proj") and leaf == "bias":
+                continue  # zeros: Whisper's k projections have no bias (nor HF's names)
             yield f"{prefix}{part}.{_LEAF[leaf]}", chunk
