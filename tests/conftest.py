@@ -150,3 +150,15 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     terminalreporter.write_sep("=", "kernel ISA variants executed")
     for line in lines:
         terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="session")
+def plain_server() -> Iterator[Any]:
+    """One `python -m server` with the test defaults and no other flag, shared by the modules
+    that need nothing else (each server start costs seconds of CI time). Tests using it
+    must leave it as they found it: no pause, sleep or weight change."""
+    from server_helpers import ServerProcess
+
+    srv = ServerProcess().wait_ready()
+    yield srv
+    assert srv.stop() == 0, srv.log()

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from actors import SamplingParams
-from server_helpers import ServerProcess, offline_llm
+from server_helpers import offline_llm
 
 pytestmark = pytest.mark.slow
 
@@ -97,10 +97,8 @@ def test_seeded_choices_stop_each_at_their_own_string(llm, prompt_ids) -> None:
 
 
 @pytest.fixture(scope="module")
-def server():
-    srv = ServerProcess().wait_ready()
-    yield srv.url
-    assert srv.stop() == 0, srv.log()
+def server(plain_server):
+    return plain_server.url
 
 
 @pytest.mark.parametrize("include", [False, True])

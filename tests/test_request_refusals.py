@@ -90,12 +90,8 @@ def body_of(fields: dict[str, Any], prompt: Any) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def server():
-    from server_helpers import ServerProcess
-
-    srv = ServerProcess().wait_ready()
-    yield srv
-    assert srv.stop() == 0, srv.log()
+def server(plain_server):
+    return plain_server
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import json
 import httpx
 import pytest
 
-from server_helpers import ServerProcess, metric
+from server_helpers import metric
 
 pytestmark = pytest.mark.slow
 
@@ -25,10 +25,8 @@ GREEDY = {"temperature": 0, "max_tokens": 12, "logprobs": True, "top_logprobs": 
 
 
 @pytest.fixture(scope="module")
-def server():
-    srv = ServerProcess().wait_ready()
-    yield srv.url
-    assert srv.stop() == 0, srv.log()
+def server(plain_server):
+    return plain_server.url
 
 
 def post(url: str, path: str, body: dict) -> httpx.Response:

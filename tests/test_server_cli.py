@@ -115,3 +115,20 @@ def test_an_unusable_responses_store_is_refused_at_start(tmp_path, capsys):
     fine = tmp_path / "new" / "dir" / "r.sqlite"
     assert parse_args(["--responses-store", str(fine)]).responses_store == fine
     assert not fine.parent.exists()  # nothing made before the server runs
+
+
+@pytest.mark.parametrize("case", ["in use", "unknown host"])
+def test_a_port_it_cannot_listen_on_is_one_line_and_exit_1_before_the_model_loads(case):
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        host = "127.0.0.1" if case == "in use" else "no-such-host.invalid"
+        out = subprocess.run([sys.executable, "-m", "server", "--host", host, "--port",
+                              str(port)], capture_output=True, text=True, timeout=120,
+                             env=child_env())
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert f"cannot listen on {host}:{port}" in out.stderr, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr and "loading the engine" not in out.stderr

@@ -12,7 +12,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from server_helpers import ServerProcess, metric, offline_llm
+from server_helpers import metric, offline_llm
 
 pytestmark = pytest.mark.slow
 
@@ -22,10 +22,8 @@ COUNTERS = ("vllm:prompt_tokens_total", "vllm:prefix_cache_queries_total",
 
 
 @pytest.fixture(scope="module")
-def server():
-    srv = ServerProcess().wait_ready()
-    yield srv.url
-    assert srv.stop() == 0, srv.log()
+def server(plain_server):
+    return plain_server.url
 
 
 def counters(url: str) -> dict[str, float]:

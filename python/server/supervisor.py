@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -244,8 +245,27 @@ def setup_logging(config: ServerConfig) -> None:
     root.setLevel(config.log_level.upper())
 
 
+def listen_problem(host: str, port: int) -> str | None:
+    """Why the server could not listen on host:port (in use, no such address, not allowed),
+    found before the model loads, or None. Binding the same way Hypercorn will then (with
+    SO_REUSEADDR) and closing at once leaves nothing behind."""
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(addr)
+    except (OSError, UnicodeError) as exc:
+        return getattr(exc, "strerror", None) or str(exc)
+    return None
+
+
 def serve(config: ServerConfig, engine_factory: Callable[[], Any] | None = None) -> int:
     setup_logging(config)
+    problem = listen_problem(config.host, config.port)
+    if problem is not None:
+        log.error("cannot listen on %s:%d: %s", config.host, config.port, problem)
+        return 1
     supervisor = Supervisor(config, engine_factory)
     started = time.monotonic()
     try:
