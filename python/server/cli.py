@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from actors.config import EngineConfig
+from actors.loader.whisper import WHISPER_MODELS
 from actors.params.pooling import PoolerConfig
 
 from server import flag_checks as check
@@ -356,7 +357,9 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
     )
     return ServerConfig(
         engine=engine,
-        served_model_names=args.served_model_name or [],
+        # a named model (whisper-tiny.en) is served by its name; a path by its stem, later
+        served_model_names=args.served_model_name or (
+            [args.model] if args.model in WHISPER_MODELS else []),
         host=args.host,
         port=args.port,
         api_keys=list(keys),
