@@ -382,11 +382,38 @@ def whole_response(job: Job, results: list[WindowResult]) -> Response:
     return json_response(verbose)
 
 
-async def stream_body(job: Job) -> AsyncIterator[bytes]:
+async def first_window(job: Job) -> tuple[AsyncIterator[Any], list[Any]]:
+    """The first window's deltas, admitted before the response starts (so that a full
+    server is a 503 and a refused prompt a 400, not an error event after a 200): the open
+    iterator and what it has yielded so far."""
+    deltas = job.deltas(0)
+    try:
+        return deltas, [await deltas.__anext__()]
+    except StopAsyncIteration:
+        return deltas, []
+
+
+async def _window(job: Job, i: int, opened: tuple[AsyncIterator[Any], list[Any]] | None
+                  ) -> AsyncIterator[Any]:
+    if opened is None:
+        async for delta in job.deltas(i):
+            yield delta
+        return
+    deltas, head = opened
+    async with aclosing(deltas):  # type: ignore[type-var]
+        for delta in head:
+            yield delta
+        async for delta in deltas:
+            yield delta
+
+
+async def stream_body(job: Job, opened: tuple[AsyncIterator[Any], list[Any]]
+                      ) -> AsyncIterator[bytes]:
     """vLLM's stream: `transcription.chunk` (or `translation.chunk`) events whose one choice
     carries a text delta, finish_reason on each window's last; usage per chunk with
     stream_continuous_usage_stats and in a last, choice-less chunk with
-    stream_include_usage; errors as an error event; then [DONE]. Windows in order."""
+    stream_include_usage; errors as an error event; then [DONE]. Windows in order, the
+    first one already admitted (first_window)."""
     from server.audio.windows import NO_SPACE_LANGUAGES
 
     req = job.req
@@ -405,7 +432,7 @@ async def stream_body(job: Job) -> AsyncIterator[bytes]:
         for i in range(len(job.prepared.windows)):
             prompt_tokens += len(job.prompt_ids)
             started = False
-            async for delta in job.deltas(i):
+            async for delta in _window(job, i, opened if i == 0 else None):
                 completion_tokens += len(delta.token_ids)
                 text = delta.text
                 if not started and text.strip():
@@ -439,7 +466,7 @@ async def handle(srv: ServerState, frontend: AudioFrontend, task: str) -> Respon
     req = parse_form(srv, form, task)
     job = await prepare_job(srv, frontend, req, data)
     if req.stream:
-        return sse.sse_response(stream_body(job))
+        return sse.sse_response(stream_body(job, await first_window(job)))
     return whole_response(job, await job.collect())
 
 
