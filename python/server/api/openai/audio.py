@@ -188,8 +188,11 @@ async def read_upload(frontend: AudioFrontend) -> tuple[MultiDict, bytes]:
         form = await request.form
         files = await request.files
     except RequestEntityTooLarge:
-        raise APIError(400, f"the file is larger than the limit of {limit / 2**20:g} MB "
-                       "(VLLM_MAX_AUDIO_CLIP_FILESIZE_MB)", param="file",
+        # The whole body passed the upload limit, or one text field passed Quart's
+        # MAX_FORM_MEMORY_SIZE (500 KB): either way the audio is what the client resizes.
+        raise APIError(400, f"the request is larger than the limit: the file may be at most "
+                       f"{limit / 2**20:g} MB (VLLM_MAX_AUDIO_CLIP_FILESIZE_MB) and each "
+                       "text field 500 KB", param="file",
                        headers={"Connection": "close"}) from None
     upload: FileStorage | None = files.get("file")
     if upload is None:
