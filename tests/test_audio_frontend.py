@@ -18,7 +18,9 @@ av = pytest.importorskip("av")
 import soundfile as sf  # noqa: E402
 
 from server.audio.decode import AudioInputError, AudioLimits, decode  # noqa: E402
-from server.audio.mel import N_FRAMES, SAMPLE_RATE, WINDOW_SAMPLES, log_mel, mel_filters  # noqa: E402
+from server.audio.mel import (  # noqa: E402
+    N_FRAMES, SAMPLE_RATE, WINDOW_SAMPLES, log_mel, mel_filters,
+)
 from server.audio.prepare import AudioFrontend  # noqa: E402
 from server.audio.segments import Segment, to_srt, to_vtt, window_segments  # noqa: E402
 from server.audio.windows import QUIET_FRAME, join_texts, split  # noqa: E402

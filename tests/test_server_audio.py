@@ -124,6 +124,11 @@ def test_bad_inputs_then_canary(server, client) -> None:
                         files={"file": ("big.wav", bytes(26 * 1024 * 1024))})
         assert big.status_code == 400 and big.json()["error"]["param"] == "file"
         assert "25 MB" in big.json()["error"]["message"]
+        long_wav = io.BytesIO()  # 601 s at 8 kHz: 9.6 MB, over --max-body-bytes' 4 MB too
+        sf.write(long_wav, np.zeros(601 * 8000, np.int16), 8000, format="WAV")
+        r = http.post("/v1/audio/transcriptions", files={"file": ("long.wav", long_wav.getvalue())})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "file"
+        assert "VLLM_MAX_AUDIO_DECODE_DURATION_S" in r.json()["error"]["message"]
         r = http.post("/v1/audio/translations", files=good,
                       data={"language": "fr", "to_language": "de"})
         assert r.status_code == 400 and r.json()["error"]["param"] == "to_language"
