@@ -184,7 +184,9 @@ class LLMEngine:
         ))
 
     def abort_request(self, request_id: str) -> list[RequestOutput]:
-        return self.scheduler.abort(request_id)
+        out = self.scheduler.abort(request_id)
+        self._release_cross_kv()
+        return out
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -229,6 +231,14 @@ class LLMEngine:
 
     def abort(self, abort: Abort) -> None:
         self.scheduler.abort(abort.request_id, abort.index)
+        self._release_cross_kv()
+
+    def _release_cross_kv(self) -> None:
+        """An encoder-decoder's finished or aborted windows give their cross-attention K/V
+        (tens of MB each) back at once, not with the next plan, which an idle engine never
+        makes."""
+        if self.runner.encoder_decoder:
+            self.runner.release(self.scheduler.take_released())
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -237,6 +247,7 @@ class LLMEngine:
         sched = self.scheduler
         plan = sched.schedule()
         outputs = () if plan.is_empty else tuple(sched.update(self.runner.execute(plan)))
+        self._release_cross_kv()
         return TokenBatch(outputs, tuple(sched.last_admitted), tuple(sched.last_preempted))
 
     def stats(self) -> EngineStats:

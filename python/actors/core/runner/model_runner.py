@@ -217,6 +217,11 @@ class ModelRunner:
             for ns, kv in zip(todo, self.model.cross_kv(self.model.encode(feats))):
                 self._cross[ns.seq_id] = kv
 
+    def release(self, seq_ids: tuple[int, ...]) -> None:
+        """Forgets these sequences now, between steps (as a plan's released_seq_ids)."""
+        for sid in seq_ids:
+            self._release(sid)
+
     def num_cross_kv(self) -> int:
         """Sequences whose cross-attention K/V the runner holds."""
         return len(self._cross)

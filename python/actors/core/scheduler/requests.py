@@ -160,6 +160,15 @@ class RequestBook:
     def has_unfinished(self) -> bool:
         return bool(self._requests)
 
+    def take_released(self) -> tuple[int, ...]:
+        """The sequences to release that no plan has carried yet, handed over now (the
+        next plan will not carry them): for a runner state too large to keep until the
+        next step that runs anything (an encoder-decoder's cross-attention K/V)."""
+        if self._in_flight is not None:
+            raise RuntimeError("take_released while a plan awaits its result")
+        released, self._released = tuple(self._released), []
+        return released
+
     # ------------------------------------------------------------------ results in
 
     def update(self, result: StepResult) -> list[RequestOutput]:
