@@ -16,6 +16,7 @@ import io
 import json
 import re
 import string
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -141,19 +142,61 @@ def test_bad_inputs_then_canary(server, client) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         client.audio.transcriptions.create(model=MODEL, file=("x.mp3", b"\xff\xfb" + bytes(500)))
     assert info.value.body["param"] == "file"
-    canary = transcribe(client, "en_coffee")  # response_format json
+    with open(CLIPS / "en_coffee.wav", "rb") as f:  # response_format json
+        canary = client.audio.transcriptions.create(model=MODEL, file=f, language="en")
     assert isinstance(canary, Transcription)
     assert wer(reference("en_coffee"), canary.text) <= WER_BOUND, canary.text
     assert canary.usage.seconds == 5  # 4.35 s, rounded up as OpenAI bills
 
 
-def test_every_response_format(client) -> None:
-    """text, verbose_json and vtt (json: the canary above; srt: over 30 s, below)."""
-    formats = ["text", "verbose_json", "vtt"]
-    with ThreadPoolExecutor(len(formats)) as pool:
+def _long_audio() -> tuple[bytes, float]:
+    """~34 s: en_coffee, 27 s of silence, whisper_numbers (two windows)."""
+    first, rate = sf.read(CLIPS / "en_coffee.wav", dtype="int16")
+    second, _ = sf.read(CLIPS / "whisper_numbers.wav", dtype="int16")
+    audio = np.concatenate([first, np.zeros(27 * rate, np.int16), second])
+    buf = io.BytesIO()
+    sf.write(buf, audio, rate, format="WAV", subtype="PCM_16")
+    return buf.getvalue(), audio.shape[0] / rate
+
+
+def _stream_lines(url: str) -> tuple[int, str, list[str]]:
+    with httpx.Client(timeout=120) as http:
+        with http.stream("POST", url + "/v1/audio/transcriptions",
+                         files={"file": ("en_coffee.wav", clip("en_coffee"))},
+                         data={"model": MODEL, "language": "en", "stream": "true",
+                               "stream_include_usage": "true",
+                               "prompt": "Coffee and water."}) as r:
+            return (r.status_code, r.headers["content-type"],
+                    [line for line in r.iter_lines() if line])
+
+
+def _translate(client: openai.OpenAI):
+    with warnings.catch_warnings():  # the SDK marks translations deprecated
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return client.audio.translations.create(
+            model=MODEL, file=("fr_cafe.wav", clip("fr_cafe")), response_format="verbose_json")
+
+
+@pytest.fixture(scope="module")
+def answers(server, client) -> dict:
+    """Every request below that runs the model, sent at once after the canary (the engine
+    batches their encoder passes and decoder steps; one after the other they took twice as
+    long here)."""
+    long_wav, _ = _long_audio()
+    with ThreadPoolExecutor(6) as pool:
         futures = {f: pool.submit(transcribe, client, "en_coffee", response_format=f)
-                   for f in formats}
-        out = {f: fut.result() for f, fut in futures.items()}
+                   for f in ("text", "verbose_json", "vtt")}
+        futures["translation"] = pool.submit(_translate, client)
+        futures["long srt"] = pool.submit(
+            client.audio.transcriptions.create, model=MODEL, file=("long.wav", long_wav),
+            language="en", response_format="srt")
+        futures["stream"] = pool.submit(_stream_lines, server.url)
+        return {name: fut.result() for name, fut in futures.items()}
+
+
+def test_every_response_format(answers) -> None:
+    """text, verbose_json and vtt (json: the canary above; srt: over 30 s, below)."""
+    out = answers
     ref = reference("en_coffee")
     duration = sf.info(CLIPS / "en_coffee.wav").duration
 
@@ -184,10 +227,8 @@ def test_every_response_format(client) -> None:
     assert wer(ref, " ".join(texts)) <= WER_BOUND
 
 
-@pytest.mark.filterwarnings("ignore:deprecated:DeprecationWarning")  # the SDK's, on translations
-def test_translation_with_detected_language(client) -> None:
-    out = client.audio.translations.create(model=MODEL, file=("fr_cafe.wav", clip("fr_cafe")),
-                                           response_format="verbose_json")
+def test_translation_with_detected_language(answers) -> None:
+    out = answers["translation"]
     assert isinstance(out, TranslationVerbose)
     assert out.language == "fr"  # detected: the request names none
     said = words(out.text)
@@ -197,17 +238,10 @@ def test_translation_with_detected_language(client) -> None:
     assert out.duration == pytest.approx(sf.info(CLIPS / "fr_cafe.wav").duration, abs=0.01)
 
 
-def test_stream(server) -> None:
+def test_stream(answers) -> None:
     ref = reference("en_coffee")
-    with httpx.Client(timeout=120) as http:
-        with http.stream("POST", server.url + "/v1/audio/transcriptions",
-                         files={"file": ("en_coffee.wav", clip("en_coffee"))},
-                         data={"model": MODEL, "language": "en", "stream": "true",
-                               "stream_include_usage": "true",
-                               "prompt": "Coffee and water."}) as r:
-            assert r.status_code == 200
-            assert r.headers["content-type"].startswith("text/event-stream")
-            lines = [line for line in r.iter_lines() if line]
+    status, ctype, lines = answers["stream"]
+    assert status == 200 and ctype.startswith("text/event-stream")
     assert lines[-1] == "data: [DONE]"
     chunks = [json.loads(line[len("data: "):]) for line in lines[:-1]]
     assert {c["object"] for c in chunks} == {"transcription.chunk"}
@@ -227,15 +261,9 @@ def test_stream(server) -> None:
                                               + usage["usage"]["completion_tokens"])
 
 
-def test_audio_over_30_s_in_two_windows(client) -> None:
-    first, rate = sf.read(CLIPS / "en_coffee.wav", dtype="int16")
-    second, _ = sf.read(CLIPS / "whisper_numbers.wav", dtype="int16")
-    audio = np.concatenate([first, np.zeros(27 * rate, np.int16), second])  # ~34 s
-    buf = io.BytesIO()
-    sf.write(buf, audio, rate, format="WAV", subtype="PCM_16")
-    duration = audio.shape[0] / rate
-    srt = client.audio.transcriptions.create(model=MODEL, file=("long.wav", buf.getvalue()),
-                                             language="en", response_format="srt")
+def test_audio_over_30_s_in_two_windows(answers) -> None:
+    _, duration = _long_audio()
+    srt = answers["long srt"]
     assert isinstance(srt, str) and srt.endswith("\n\n")
     parsed = [SRT_CUE.fullmatch(c) for c in srt.strip("\n").split("\n\n")]
     assert all(parsed), srt
