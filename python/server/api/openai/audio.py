@@ -26,7 +26,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -161,17 +161,21 @@ def parse_form(srv: ServerState, form: MultiDict, task: str) -> SpeechRequest:
         sampling=sampling, max_tokens=_number(form, "max_completion_tokens", int))
 
 
-def sampling_params(srv: ServerState, req: SpeechRequest) -> SamplingParams:
+def sampling_params(srv: ServerState, req: SpeechRequest, positions: int) -> SamplingParams:
     """As vLLM's: temperature 0 (greedy) unless asked; max_tokens up to the decoder's
-    positions unless max_completion_tokens bounds it."""
-    params = SamplingParams(temperature=req.temperature, max_tokens=req.max_tokens,
+    positions, fewer if max_completion_tokens says so (more is capped, not refused: the
+    audio, not the client, decides how long a transcript is)."""
+    max_tokens = None if req.max_tokens is None else min(req.max_tokens, positions - 1)
+    params = SamplingParams(temperature=req.temperature, max_tokens=max_tokens,
                             **req.sampling)
     assert srv.limits is not None
     try:
         params.validate(srv.limits)
     except RequestRefused as exc:
-        raise bad_request(exc.message, "max_completion_tokens" if exc.param == "max_tokens"
-                          else exc.param) from None
+        if exc.param == "max_tokens":  # the form's name for it
+            raise bad_request(exc.message.replace("max_tokens", "max_completion_tokens"),
+                              "max_completion_tokens") from None
+        raise bad_request(exc.message, exc.param) from None
     return params
 
 
@@ -303,7 +307,7 @@ async def prepare_job(srv: ServerState, frontend: AudioFrontend, req: SpeechRequ
         raise bad_request("this model is English-only: language must be en", "language")
     if not toks.multilingual and req.task == "translate":
         raise bad_request("this model is English-only and cannot translate", "model")
-    params = sampling_params(srv, req)
+    params = sampling_params(srv, req, toks.max_decoder_len)
     try:
         prepared = await frontend.prepare(data, toks.n_mels)
     except AudioInputError as exc:
@@ -322,6 +326,9 @@ async def prepare_job(srv: ServerState, frontend: AudioFrontend, req: SpeechRequ
         # As vLLM: the prompt ends in <|0.00|>, which keeps the decoder in timestamp mode
         # (left to itself, a model may answer <|notimestamps|> and no times at all).
         prompt_ids.append(toks.timestamp_begin)
+    if params.max_tokens is not None:
+        room = max(1, toks.max_decoder_len - len(prompt_ids))
+        params = replace(params, max_tokens=min(params.max_tokens, room))
     return Job(srv, f"{req.task}-{rid}", req, prepared, prompt_ids, params, language)
 
 
