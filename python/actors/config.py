@@ -20,7 +20,8 @@ GiB = 1 << 30
 class EngineConfig:
     model: str | None = None  # None: the default SmolLM2-135M-Instruct GGUF
     dtype: str = "auto"  # auto | float32 | bfloat16
-    # None | "gguf" (vLLM's name): a GGUF model's Q8_0/Q4_0/Q4_1 matrices stay quantized
+    # None | "gguf" (vLLM's name): a GGUF model's Q8_0/Q4_0/Q4_1 matrices stay quantized |
+    # "int8": any model's linear matrices quantized to Q8_0 blocks at load (loader/int8.py)
     quantization: str | None = None
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     max_num_seqs: int = 128

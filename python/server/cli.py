@@ -218,9 +218,11 @@ def build_parser() -> argparse.ArgumentParser:
       "running request is preempted")
     a("--dtype", type=check.dtype, default=ENGINE.dtype, help="weight dtype: auto, float32 (or "
       "float) or bfloat16; activations are float32 on CPUs. float16/half are refused")
-    a("--quantization", "-q", default=ENGINE.quantization, choices=["gguf"],
+    a("--quantization", "-q", default=ENGINE.quantization, choices=["gguf", "int8"],
       help="'gguf': keep a .gguf model's Q8_0/Q4_0/Q4_1 matrices in their blocks (CPU; "
-      "about a quarter of bf16's bytes per token). Default: none, the matrices in --dtype")
+      "about a quarter of bf16's bytes per token); 'int8': quantize any model's linear "
+      "matrices to int8 at load (Q8_0 blocks, a scale per 32 weights; about half of bf16's "
+      "bytes). Default: none, the matrices in --dtype")
     a("--seed", type=check.in_range(check.integer, check.INT64_MIN, check.INT64_MAX),
       default=SERVER_SEED, help="engine seed for unseeded requests")
     a("--generation-config", type=check.generation_config, default=ENGINE.generation_config,

@@ -4,6 +4,7 @@
     load_model("dir/")            config.json + safetensors
     load_model("x.gguf")          converted once into the cache, then loaded as a directory
     load_model("x.gguf", quantization="gguf")   the same, linear matrices kept quantized
+    load_model("dir/", quantization="int8")     linear matrices quantized to Q8_0 at load
     load_model("whisper-base")    a named Whisper model (loader/whisper.py), or a
                                   CTranslate2 Whisper directory: prepared once into the cache
 
@@ -79,7 +80,7 @@ def prepare_model_dir(source: str | Path | None) -> tuple[Path, Path, bool | Non
     return src, entry, hit
 
 
-QUANTIZATION_CHOICES = ("gguf",)
+QUANTIZATION_CHOICES = ("gguf", "int8")
 
 
 def load_model(
@@ -88,7 +89,9 @@ def load_model(
 ) -> LoadedModel:
     """quantization: None (the matrices in ``dtype``) or "gguf" (vLLM's name): a .gguf
     model's Q8_0/Q4_0/Q4_1 matrices stay in their blocks in the core (CPU only; the rest,
-    norms included, comes in ``dtype`` as usual)."""
+    norms included, comes in ``dtype`` as usual); "int8": any model's linear matrices are
+    quantized from their float32 values into Q8_0 blocks (loader/int8.py); the rest stays
+    float32 and ``dtype`` sets only the KV cache's default."""
     from actors.loader.hf import load_hf_dir
 
     if quantization not in (None, *QUANTIZATION_CHOICES):
@@ -98,6 +101,15 @@ def load_model(
     if quantization == "gguf" and src.suffix != ".gguf":
         raise ValueError(f"--quantization gguf needs a .gguf model, got {src}")
     torch_dtype = resolve_dtype(dtype)
+    if quantization == "int8":
+        from actors.loader.int8 import int8_weights
+        from actors.loader.progress import log, stage
+
+        model, cfg = load_hf_dir(model_dir, resolve_dtype("float32"), max_positions, pack=False)
+        with stage(f"quantizing the matrices of {src.name} to int8 (Q8_0)"):
+            model.pack_weights(int8_weights(model))
+        log.info("weights: %s", model.weight_formats())
+        return LoadedModel(model, cfg, torch_dtype, model_dir, src, hit)
     model, cfg = load_hf_dir(model_dir, torch_dtype, max_positions,
                              pack=pack and quantization is None)
     if quantization == "gguf":
