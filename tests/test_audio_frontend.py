@@ -328,3 +328,34 @@ def test_srt_and_vtt_syntax() -> None:
     assert all(vparsed) and len(vparsed) == 2, vtt
     assert vparsed[0].group(1) == "00:00:00.000" and vparsed[0].group(2) == "00:00:01.500"
     assert vparsed[1].group(3) == "a -&gt; b c &amp; &lt;d&gt;"
+
+
+def test_corrupted_files_are_refused_or_decoded(clip: np.ndarray) -> None:
+    """Random damage to every format: each either decodes to finite samples or is an
+    AudioInputError, never another exception."""
+    rng = np.random.default_rng(7)
+    sources = {
+        "wav": (CLIPS / "en_paris.wav").read_bytes(),
+        "flac": _soundfile_bytes(clip, SAMPLE_RATE, "FLAC"),
+        "ogg": _soundfile_bytes(clip, SAMPLE_RATE, "OGG", "VORBIS"),
+        "mp3": _encode(clip, SAMPLE_RATE, "mp3", "libmp3lame", 16_000),
+        "webm": _encode(clip, SAMPLE_RATE, "webm", "libopus", 48_000),
+    }
+    outcomes = {"decoded": 0, "refused": 0}
+    for name, data in sources.items():
+        for _ in range(25):
+            damaged = bytearray(data)
+            where = rng.integers(0, min(len(damaged), 4096), size=int(rng.integers(1, 16)))
+            for i in where:  # the headers and first frames, where parsers decide
+                damaged[i] = int(rng.integers(0, 256))
+            if rng.random() < 0.3:
+                damaged = damaged[: int(rng.integers(1, len(damaged)))]
+            try:
+                out = decode(bytes(damaged), AudioLimits())
+            except AudioInputError as exc:
+                assert exc.message and exc.param == "file"
+                outcomes["refused"] += 1
+            else:
+                assert out.dtype == np.float32 and np.isfinite(out).all(), name
+                outcomes["decoded"] += 1
+    assert outcomes["decoded"] and outcomes["refused"], outcomes

@@ -101,9 +101,14 @@ def decode(data: bytes, limits: AudioLimits) -> np.ndarray:
     if not data:
         raise AudioInputError("the file is empty")
     limits.check_upload(len(data))
-    decoded = _decode_soundfile(data, limits)
-    if decoded is None:
-        decoded = _decode_pyav(data, limits)
+    try:
+        decoded = _decode_soundfile(data, limits)
+        if decoded is None:
+            decoded = _decode_pyav(data, limits)
+    except (AudioInputError, MemoryError):
+        raise
+    except Exception as exc:  # a library's failure on untrusted bytes is the file's fault
+        raise AudioInputError("the file could not be decoded: it is corrupt") from exc
     samples, rate = decoded
     if samples.shape[0] == 0:
         raise AudioInputError("the file holds no audio samples")
