@@ -101,18 +101,18 @@ def vocab(engine: LLMEngine) -> dict[str, int]:
     return engine.tokenizer.get_vocab()
 
 
-def prompt_of(engine: LLMEngine, language: str | None) -> list[int]:
+def prompt_of(engine: LLMEngine, language: str | None, timestamps: bool = False) -> list[int]:
     v = vocab(engine)
     langs = [v[f"<|{language}|>"], v["<|transcribe|>"]] if language else []
-    return [v["<|startoftranscript|>"], *langs, v["<|notimestamps|>"]]
+    return [v["<|startoftranscript|>"], *langs, *([] if timestamps else [v["<|notimestamps|>"]])]
 
 
 def run(engine: LLMEngine, clips: dict[str, str], language: str | None = None,
-        params: SamplingParams = GREEDY) -> dict[str, list[int]]:
+        params: SamplingParams = GREEDY, timestamps: bool = False) -> dict[str, list[int]]:
     """request id -> its tokens (without the final <|endoftext|>), all in one engine."""
     for rid, clip in clips.items():
-        engine.add(Admit(rid, tuple(prompt_of(engine, language)), params, time.monotonic(),
-                         encoder_input=EncoderInput(features(clip))))
+        engine.add(Admit(rid, tuple(prompt_of(engine, language, timestamps)), params,
+                         time.monotonic(), encoder_input=EncoderInput(features(clip))))
     out: dict[str, list[int]] = {rid: [] for rid in clips}
     while engine.has_unfinished():
         for o in engine.step().outputs:
@@ -126,15 +126,24 @@ def text(engine: LLMEngine, ids: list[int]) -> str:
     return engine.tokenizer.decode(ids, skip_special_tokens=True).strip()
 
 
-def faster_whisper_tokens(src: Path, engine: LLMEngine, clip: str,
-                          language: str | None) -> list[int]:
+_FASTER_WHISPER: dict[str, object] = {}
+
+
+def faster_whisper_tokens(src: Path, engine: LLMEngine, clip: str, language: str | None,
+                          timestamps: bool = False) -> list[int]:
     """CTranslate2's greedy tokens through faster-whisper on the same features, prompt
-    and suppressed tokens (what our engine bans on every row)."""
+    and suppressed tokens (what our engine bans on every row); with timestamps, its
+    timestamp rules (max initial timestamp 1.0 s, as ours)."""
     from faster_whisper import WhisperModel
 
-    wm = WhisperModel(str(src), device="cpu", compute_type="float32", cpu_threads=2)
-    res = wm.model.generate(wm.encode(features(clip)), [prompt_of(engine, language)],
+    wm = _FASTER_WHISPER.get(str(src))
+    if wm is None:
+        wm = _FASTER_WHISPER[str(src)] = WhisperModel(str(src), device="cpu",
+                                                      compute_type="float32", cpu_threads=2)
+    res = wm.model.generate(wm.encode(features(clip)),
+                            [prompt_of(engine, language, timestamps)],
                             beam_size=1, suppress_blank=True, max_length=448,
+                            max_initial_timestamp_index=50,
                             suppress_tokens=list(engine.scheduler.config.suppress_tokens))
     return list(res[0].sequences_ids[0])
 
@@ -237,6 +246,18 @@ def test_tiny_en_tokens_equal_faster_whisper(tiny, alone):
     ours = alone["numbers"]
     assert ours == faster_whisper_tokens(src, tiny, "numbers", None)
     assert wer(spoken("numbers"), text(tiny, ours)) <= 0.15
+
+
+def test_timestamp_tokens_equal_faster_whisper(tiny):
+    """With timestamps (no <|notimestamps|> in the prompt) the engine applies Whisper's
+    timestamp rules: tiny.en left alone draws <|notimestamps|> first; with them, its
+    segments (a timestamp pair between the sentences) equal CTranslate2's."""
+    (src,) = named_or_skip("whisper-tiny.en")
+    ours = run(tiny, {"t": "fox"}, timestamps=True)["t"]
+    tb = vocab(tiny)["<|notimestamps|>"] + 1
+    stamps = [t - tb for t in ours if t >= tb]
+    assert ours[0] >= tb and len(stamps) == 4 and stamps == sorted(stamps)
+    assert ours == faster_whisper_tokens(src, tiny, "fox", None, timestamps=True)
 
 
 def test_base_tokens_equal_faster_whisper_and_wer(base, tmp_path):

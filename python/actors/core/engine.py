@@ -130,6 +130,8 @@ class LLMEngine:
             fast_forward=config.structured_fast_forward,
         )
         self.runner.structured_masks = self._structured_mask
+        if enc_dec:
+            self.runner.timestamp_rules = self._timestamp_rules
         self.lora: LoraAdapters | None = None
         if config.enable_lora:
             model = loaded.model
@@ -165,6 +167,20 @@ class LLMEngine:
         cache = self.grammar_cache(spec.backend)
         return mask_for(lambda: (cache.get(spec), cache.backend.vocab_size), self.vocab_size,
                         tuple(self.eos_token_ids), outputs)
+
+    def _timestamp_rules(self, prompt: tuple[int, ...]) -> Any:
+        """A Whisper window's timestamp rules when its prompt asks for timestamps (no
+        <|notimestamps|> in it), as sampling hooks; None otherwise."""
+        from actors.core.runner.sampler import SamplingHooks
+        from actors.core.runner.timestamp_rules import TimestampRules
+
+        nots = self.tokenizer.get_vocab().get("<|notimestamps|>")
+        if nots is None or nots in prompt:
+            return None
+        c = self.scheduler.config
+        return SamplingHooks(logits_processors=(TimestampRules(
+            self.eos_token_ids[0], nots, nots + 1, c.suppress_tokens,
+            c.begin_suppress_tokens),))
 
     # ------------------------------------------------------------------ requests
 

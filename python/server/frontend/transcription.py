@@ -18,9 +18,12 @@ decoder steps with every other running window; admission, metrics, disconnect-ab
 drain are the generation service's, as for chat. ``params`` is a SamplingParams
 (temperature 0 = greedy; ``max_tokens`` None = up to the decoder's 448 positions); the
 model's suppress_tokens and begin_suppress_tokens are applied by the engine, and decoding
-stops at <|endoftext|>. Token ids include timestamp tokens (>= ``toks.timestamp_begin``)
-when the prompt asks for timestamps; ``text`` is the tokens decoded without special
-tokens (timestamps included among those), for callers that need no timestamps.
+stops at <|endoftext|>. When the prompt asks for timestamps (no <|notimestamps|>), the
+engine applies Whisper's timestamp rules (the first token a timestamp <= 1.0 s, pairs
+between segments, never decreasing: actors/core/runner/timestamp_rules.py) and the token
+ids include the timestamp tokens (>= ``toks.timestamp_begin``: t seconds is
+timestamp_begin + round(t / 0.02), relative to the window's start); ``text`` is the tokens
+decoded without special tokens (timestamps among those), for callers that need none.
 
 Errors: APIError (400 for features of the wrong shape or dtype, or a prompt the model
 cannot take; 503 when the server is full or not serving); a failure after admission

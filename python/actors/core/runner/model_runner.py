@@ -156,6 +156,9 @@ class ModelRunner:
         self.encoder_decoder = bool(getattr(model, "is_encoder_decoder", False))
         self._cross: dict[int, list] = {}
         self._to_encode: list[NewSeq] = []
+        # prompt -> the window's timestamp rules (a logits processor), None without
+        # timestamps; set by the engine for an encoder-decoder (timestamp_rules.py)
+        self.timestamp_rules: Callable[[tuple[int, ...]], SamplingHooks | None] | None = None
         shape = (num_blocks, num_kv_heads, block_size, head_size)
         layers = num_layers if self.causal else 0
         self.k_caches = [torch.zeros(shape, dtype=dtype) for _ in range(layers)]
@@ -189,6 +192,10 @@ class ModelRunner:
                                                                    ns.output_token_ids),
                                   accepted=len(ns.output_token_ids))
             self._hooks[(ns.request_id, ns.index)] = hooks
+        if hooks is None and ns.encoder_input is not None and self.timestamp_rules is not None:
+            hooks = self.timestamp_rules(ns.prompt_token_ids)
+            if hooks is not None:
+                self._hooks[(ns.request_id, ns.index)] = hooks
         if hooks is not None:
             self._num_hooked += 1
             # Back after preemption with fewer tokens than the mask took: undo the rest.
