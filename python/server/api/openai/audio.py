@@ -322,10 +322,6 @@ async def prepare_job(srv: ServerState, frontend: AudioFrontend, req: SpeechRequ
         previous = srv.tokenizer.encode(" " + tail, add_special_tokens=False)
     prompt_ids = toks.prompt(language=language, task=req.task, timestamps=req.timestamps,
                              previous=previous)
-    if req.timestamps:
-        # As vLLM: the prompt ends in <|0.00|>, which keeps the decoder in timestamp mode
-        # (left to itself, a model may answer <|notimestamps|> and no times at all).
-        prompt_ids.append(toks.timestamp_begin)
     if params.max_tokens is not None:
         room = max(1, toks.max_decoder_len - len(prompt_ids))
         params = replace(params, max_tokens=min(params.max_tokens, room))
@@ -351,9 +347,9 @@ def _segments(job: Job, results: list[WindowResult]) -> list[Any]:
 
     out = []
     for window, result in zip(job.prepared.windows, results):
-        # Text tokens and timestamps; the prompt's <|0.00|> opens the first segment.
-        ids = [toks.timestamp_begin] + [t for t in result.token_ids
-                                        if t < toks.eot or t >= toks.timestamp_begin]
+        # Text tokens and timestamps (the engine's timestamp rules open a window with one;
+        # text before any is timed from the window's start).
+        ids = [t for t in result.token_ids if t < toks.eot or t >= toks.timestamp_begin]
         out += window_segments(ids, timestamp_begin=toks.timestamp_begin, decode=decode,
                                offset_s=window.start_s, duration_s=window.duration_s,
                                temperature=job.req.temperature)
