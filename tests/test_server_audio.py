@@ -210,7 +210,7 @@ def test_every_response_format(answers) -> None:
     assert isinstance(verbose, TranscriptionVerbose)
     assert verbose.language == "en" and verbose.duration == pytest.approx(duration, abs=0.01)
     assert wer(ref, verbose.text) <= WER_BOUND
-    assert verbose.segments and verbose.segments[0].start == 0.0
+    assert verbose.segments and verbose.segments[0].start <= 1.0  # Whisper's first stamp
     for seg in verbose.segments:
         assert 0.0 <= seg.start <= seg.end <= duration + 0.01, seg
         assert seg.tokens and all(t < 50257 for t in seg.tokens)  # text tokens only
@@ -237,7 +237,7 @@ def test_translation_with_detected_language(answers) -> None:
     said = words(out.text)
     assert "coffee" in said and "morning" in said, out.text
     assert "bonjour" not in said and out.text.isascii()
-    assert out.segments and out.segments[0].start == 0.0
+    assert out.segments and out.segments[0].start <= 1.0
     assert out.duration == pytest.approx(sf.info(CLIPS / "fr_cafe.wav").duration, abs=0.01)
 
 
