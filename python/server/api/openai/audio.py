@@ -237,7 +237,6 @@ def upload_request_class(base: type, paths: frozenset[str], limit: int) -> type:
 class WindowResult:
     token_ids: list[int] = field(default_factory=list)
     text: list[str] = field(default_factory=list)
-    prompt_tokens: int = 0
 
 
 @dataclass
@@ -265,8 +264,7 @@ class Job:
                 yield delta
 
     async def collect(self) -> list[WindowResult]:
-        results = [WindowResult(prompt_tokens=len(self.prompt_ids))
-                   for _ in self.prepared.windows]
+        results = [WindowResult() for _ in self.prepared.windows]
         limiter = trio.CapacityLimiter(WINDOWS_IN_FLIGHT)
 
         async def one(i: int) -> None:
