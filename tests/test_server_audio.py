@@ -194,12 +194,20 @@ def answers(server, client) -> dict:
             client.audio.transcriptions.create, model=MODEL, file=("long.wav", long_wav),
             language="en", response_format="srt")
         futures["stream"] = pool.submit(_stream_lines, server.url)
-        return {name: fut.result() for name, fut in futures.items()}
+        # Each test raises its own request's failure, so one broken feature fails one test.
+        return {name: fut.exception() or fut.result() for name, fut in futures.items()}
+
+
+def answer(answers: dict, name: str):
+    out = answers[name]
+    if isinstance(out, BaseException):
+        raise out
+    return out
 
 
 def test_every_response_format(answers) -> None:
     """text, verbose_json and vtt (json: the canary above; srt: over 30 s, below)."""
-    out = answers
+    out = {f: answer(answers, f) for f in ("text", "verbose_json", "vtt")}
     ref = reference("en_coffee")
     duration = sf.info(CLIPS / "en_coffee.wav").duration
 
@@ -231,7 +239,7 @@ def test_every_response_format(answers) -> None:
 
 
 def test_translation_with_detected_language(answers) -> None:
-    out = answers["translation"]
+    out = answer(answers, "translation")
     assert isinstance(out, TranslationVerbose)
     assert out.language == "fr"  # detected: the request names none
     said = words(out.text)
@@ -243,7 +251,7 @@ def test_translation_with_detected_language(answers) -> None:
 
 def test_stream(answers) -> None:
     ref = reference("en_coffee")
-    status, ctype, lines = answers["stream"]
+    status, ctype, lines = answer(answers, "stream")
     assert status == 200 and ctype.startswith("text/event-stream")
     assert lines[-1] == "data: [DONE]"
     chunks = [json.loads(line[len("data: "):]) for line in lines[:-1]]
@@ -266,7 +274,7 @@ def test_stream(answers) -> None:
 
 def test_audio_over_30_s_in_two_windows(answers) -> None:
     _, duration = _long_audio()
-    srt = answers["long srt"]
+    srt = answer(answers, "long srt")
     assert isinstance(srt, str) and srt.endswith("\n\n")
     parsed = [SRT_CUE.fullmatch(c) for c in srt.strip("\n").split("\n\n")]
     assert all(parsed), srt
