@@ -34,6 +34,7 @@ import llmcore
 import numpy as np
 import torch
 
+from actors.core.runner.cross_kv import CrossKVPool
 from actors.core.runner.sampler import (Sampler, SamplingHooks, SeqState, TokenMask,
                                         allowed_mask_of)
 from actors.messages import (Logprobs, NewSeq, PooledOutput, PromptLogprobs, SeqRef, StepPlan,
@@ -82,25 +83,21 @@ class _PagedAttention:
 
 class _CrossPagedAttention(_PagedAttention):
     """The paged seam of an encoder-decoder's decoder (Whisper), with cross-attention:
-    each sequence's rows attend over its own encoder states' K/V (computed once, on its
-    first step, and held by the runner), no mask and nothing written."""
+    each row attends over its own sequence's encoder K/V (CrossKVPool: computed once, on
+    the sequence's first step), unmasked and without writing; one core call a layer."""
 
-    __slots__ = ("cross", "spans")
+    __slots__ = ("cross_plan", "pool")
 
     def __init__(self, plan, k_caches, v_caches, scale: float, windows: list[int],
-                 cross: list, query_start: np.ndarray) -> None:
+                 pool: CrossKVPool, row_seq_ids: np.ndarray) -> None:
         super().__init__(plan, k_caches, v_caches, scale, windows)
-        self.cross = cross  # per batch sequence: per layer (k, v) [heads, S, head_size]
-        self.spans = [(int(a), int(b)) for a, b in zip(query_start[:-1], query_start[1:])]
+        self.pool = pool
+        self.cross_plan = pool.plan(row_seq_ids.tolist())
 
     def cross_attn(self, layer: int, q: torch.Tensor) -> torch.Tensor:
-        # 4-D inputs: CPU SDPA takes its fast kernel only for those (3-D ran 10x slower).
-        sdpa = torch.nn.functional.scaled_dot_product_attention
         out = torch.empty_like(q)
-        for (lo, hi), kv in zip(self.spans, self.cross):
-            k, v = kv[layer]
-            o = sdpa(q[lo:hi].transpose(0, 1)[None], k[None], v[None], scale=self.scale)
-            out[lo:hi] = o[0].transpose(0, 1)
+        llmcore.paged_attention(self.cross_plan, q, self.pool.k[layer], self.pool.v[layer],
+                                out, self.scale)
         return out
 
 
@@ -151,10 +148,10 @@ class ModelRunner:
         self.causal = bool(getattr(model, "is_causal", True))
         # An encoder-decoder (Whisper): per sequence, every decoder layer's cross-attention
         # K/V, from its encoder input on its first step until it is released (finish,
-        # abort, preemption; a resumed sequence brings its input again). Not paged: it is
-        # fixed-size per sequence and never grows.
+        # abort, preemption; a resumed sequence brings its input again). Not in the paged
+        # cache: a fixed-size slot per sequence (cross_kv.py), in the KV cache's dtype.
         self.encoder_decoder = bool(getattr(model, "is_encoder_decoder", False))
-        self._cross: dict[int, list] = {}
+        self._cross = CrossKVPool(num_layers, num_kv_heads, head_size, block_size, dtype)
         self._to_encode: list[NewSeq] = []
         # prompt -> the window's timestamp rules (a logits processor), None without
         # timestamps; set by the engine for an encoder-decoder (timestamp_rules.py)
@@ -192,7 +189,10 @@ class ModelRunner:
                                                                    ns.output_token_ids),
                                   accepted=len(ns.output_token_ids))
             self._hooks[(ns.request_id, ns.index)] = hooks
-        if hooks is None and ns.encoder_input is not None and self.timestamp_rules is not None:
+        # A window that names its allowed tokens (language detection: one step among the
+        # language tokens) is constrained by them alone, not by the timestamp rules.
+        if (hooks is None and ns.encoder_input is not None and ns.allowed_token_ids is None
+                and self.timestamp_rules is not None):
             hooks = self.timestamp_rules(ns.prompt_token_ids)
             if hooks is not None:
                 self._hooks[(ns.request_id, ns.index)] = hooks
@@ -222,7 +222,7 @@ class ModelRunner:
         feats = torch.from_numpy(np.stack([ns.encoder_input.features for ns in todo]))
         with torch.inference_mode():
             for ns, kv in zip(todo, self.model.cross_kv(self.model.encode(feats))):
-                self._cross[ns.seq_id] = kv
+                self._cross.add(ns.seq_id, kv)
 
     def release(self, seq_ids: tuple[int, ...]) -> None:
         """Forgets these sequences now, between steps (as a plan's released_seq_ids)."""
@@ -234,7 +234,7 @@ class ModelRunner:
         return len(self._cross)
 
     def _release(self, seq_id: int) -> None:
-        self._cross.pop(seq_id, None)
+        self._cross.release(seq_id)
         self._pools.pop(seq_id, None)
         self._lora_of.pop(seq_id, None)
         st = self._seqs.pop(seq_id, None)
@@ -291,10 +291,10 @@ class ModelRunner:
             attn_plan = llmcore.AttentionPlan(query_start, seq_lens, block_tables,
                                               slot_mapping, num_blocks=self.num_blocks)
             if self.encoder_decoder:
+                seq_ids = np.fromiter((s.seq_id for s in plan.seqs), np.int64, num_seqs)
                 seam = _CrossPagedAttention(attn_plan, self.k_caches, self.v_caches,
-                                            self.scale, self.windows,
-                                            [self._cross[s.seq_id] for s in plan.seqs],
-                                            query_start)
+                                            self.scale, self.windows, self._cross,
+                                            seq_ids[owner])
             else:
                 seam = _PagedAttention(attn_plan, self.k_caches, self.v_caches, self.scale,
                                        self.windows)
