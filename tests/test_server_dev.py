@@ -416,6 +416,15 @@ def test_server_info(c):
     assert info["system"]["rss_bytes"] > 0
     assert isinstance(c.get("/server_info", params={"config_format": "text"}).json()["config"],
                       str)
+    # The linear routing chosen at load: each of the default model's five matrix shapes
+    # (qkv, o, gate/up, down, the tied embedding as LM head) at every M bucket.
+    table = info["linear_routing"]
+    assert info["config"]["engine"]["linear_routing"] is True
+    assert table["buckets"] == [1, 8, 64, 256] and table["elapsed_s"] > 0
+    shapes = {(r["n"], r["k"]) for r in table["routes"]}
+    assert shapes == {(960, 576), (576, 576), (3072, 576), (576, 1536), (49152, 576)}, shapes
+    assert len(table["routes"]) == 20
+    assert {r["kernel"] for r in table["routes"]} <= {"core", "torch"}
 
 
 def test_collective_rpc_allow_list(c):

@@ -23,6 +23,9 @@ class EngineConfig:
     # None | "gguf" (vLLM's name): a GGUF model's Q8_0/Q4_0/Q4_1 matrices stay quantized |
     # "int8": any model's linear matrices quantized to Q8_0 blocks at load (loader/int8.py)
     quantization: str | None = None
+    # Time the core's linear kernels against torch's on the model's shapes at load (about
+    # 1.5 s) and route each (shape, M bucket) to the faster (actors.models.linear_routing)
+    linear_routing: bool = True
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     max_num_seqs: int = 128
     max_num_batched_tokens: int = 2048

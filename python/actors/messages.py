@@ -105,7 +105,8 @@ class Control:
     The engine actor handles ``pause``, ``resume``, ``is_paused``, ``abort_requests``,
     ``sleep``, ``wake_up`` and ``is_sleeping`` (they decide whether it steps); the core
     ``reset_prefix_cache``, ``sleep``/``wake_up`` (its memory), ``update_weights``,
-    ``weight_info``, ``start_profile`` and ``stop_profile`` (actors.core.operator)."""
+    ``weight_info``, ``start_profile`` and ``stop_profile`` (actors.core.operator), and
+    ``linear_routing`` (the kernel table chosen at load)."""
 
     command: str
     args: tuple[tuple[str, Any], ...] = ()

@@ -223,6 +223,10 @@ def build_parser() -> argparse.ArgumentParser:
       "about a quarter of bf16's bytes per token); 'int8': quantize any model's linear "
       "matrices to int8 at load (Q8_0 blocks, a scale per 32 weights; about half of bf16's "
       "bytes). Default: none, the matrices in --dtype")
+    a("--linear-routing", default="on" if ENGINE.linear_routing else "off",
+      choices=["on", "off"], help="'on': at load, time the core's linear kernels against "
+      "torch's on the model's shapes (about 1.5 s) and route each shape and batch size to the "
+      "faster; the table is logged and shown by /server_info. 'off': the core's kernels only")
     a("--seed", type=check.in_range(check.integer, check.INT64_MIN, check.INT64_MAX),
       default=SERVER_SEED, help="engine seed for unseeded requests")
     a("--generation-config", type=check.generation_config, default=ENGINE.generation_config,
@@ -338,6 +342,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         model=args.model,
         dtype=args.dtype,
         quantization=args.quantization,
+        linear_routing=args.linear_routing == "on",
         max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,

@@ -49,6 +49,12 @@ class LLMEngine:
             loaded = load_model(config.model, config.dtype,
                                 quantization=config.quantization)
         self.loaded = loaded
+        self.linear_routing = None  # actors.models.linear_routing.RoutingTable, once timed
+        route = getattr(loaded.model, "route_linears", None)
+        if config.linear_routing and route is not None:
+            self.linear_routing = route()
+            if self.linear_routing is not None:
+                log.info("%s", self.linear_routing.summary())
         mc = loaded.config
         self.model_config = mc
         self.model_dir: Path = loaded.model_dir
@@ -296,6 +302,9 @@ class LLMEngine:
                 return op.update_weights(str(args.get("path", "")))
             case "weight_info":
                 return op.weight_info()
+            case "linear_routing":
+                table = self.linear_routing
+                return ControlResult(True, None if table is None else table.as_dict())
             case "start_profile":
                 return op.start_profile(args["config"], args.get("prefix"))
             case "stop_profile":

@@ -191,6 +191,8 @@ class Operator:
         engine = self._engine
         engine.runner.model = model
         engine.loaded = dataclasses.replace(engine.loaded, model=model)
+        if engine.linear_routing is not None:  # the same shapes: keep their routes
+            engine.linear_routing = model.route_linears(table=engine.linear_routing)
         _trim_heap()  # the old model's packed weights
 
     # ------------------------------------------------------------------ profiler

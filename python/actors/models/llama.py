@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from actors.models import lora
+from actors.models import linear_routing, lora
 from actors.models.attention import AttentionBackend, LayerAttentionSpec
 from actors.models.config import ModelConfig
 from actors.models.rope import RotaryEmbedding, apply_rotary_
@@ -226,6 +226,9 @@ class LlamaForCausalLM(nn.Module):
         self.config = cfg
         self._native = True
         self._plan: list[tuple] | None = None
+        self._routing: linear_routing.RoutingTable | None = None
+        self._routed: dict[int, list[tuple]] = {}  # M bucket -> plan, where torch takes some
+        self._dense: dict[int, torch.Tensor] = {}  # id(PackedWeight) -> its matrix for torch
         self._tied_packed: llmcore.PackedWeight | None = None
         self.dtype = dtype
         self.compute_dtype = compute_dtype
@@ -279,7 +282,7 @@ class LlamaForCausalLM(nn.Module):
         c = self.config
         t, eps = x.shape[0], c.rms_norm_eps
         cos, sin = rope[0][:, 0], rope[1][:, 0]
-        plan = self._native_plan()
+        plan = self._native_plan(t)
         residual = x  # the embedding rows: a fresh tensor, updated in place from here on
         h = torch.empty_like(x)
         # One buffer per projection output, reused by every layer: each is consumed before
@@ -291,23 +294,28 @@ class LlamaForCausalLM(nn.Module):
         q = qkv[:, :c.q_size].view(t, c.num_heads, c.head_dim)
         k = qkv[:, c.q_size:c.q_size + c.kv_size].view(t, c.num_kv_heads, c.head_dim)
         v = qkv[:, c.q_size + c.kv_size:].view(t, c.num_kv_heads, c.head_dim)
-        lin, norm, rope_, q_size = llmcore._C.linear, llmcore._C.rms_norm, llmcore._C.rope, c.q_size
+        norm, rope_, q_size = llmcore._C.rms_norm, llmcore._C.rope, c.q_size
         norm(residual, plan[0][0], eps, h, None)
-        for i, (_, qkv_w, qkv_b, o_w, post_norm, gu_w, down_w, next_norm) in enumerate(plan):
-            lora.apply(lin(h, qkv_w, qkv_b, qkv), h, i, "qkv")
+        # Each matrix comes with its kernel (the core's linear, or torch's where routing
+        # chose it for this row count); both write into the same buffers.
+        for i, (_, qkv_f, qkv_w, qkv_b, o_f, o_w, post_norm, gu_f, gu_w, down_f, down_w,
+                next_norm) in enumerate(plan):
+            lora.apply(qkv_f(h, qkv_w, qkv_b, qkv), h, i, "qkv")
             rope_(q, k, cos, sin)
             o = attn.attn(i, q, k, v).reshape(t, q_size)
-            norm(lora.apply(lin(o, o_w, None, mid), o, i, "o"), post_norm, eps, h, residual)
-            llmcore._C.silu_mul(lora.apply(lin(h, gu_w, None, gu), h, i, "gate_up"), act)
-            norm(lora.apply(lin(act, down_w, None, mid), act, i, "down"), next_norm, eps, h,
+            norm(lora.apply(o_f(o, o_w, None, mid), o, i, "o"), post_norm, eps, h, residual)
+            llmcore._C.silu_mul(lora.apply(gu_f(h, gu_w, None, gu), h, i, "gate_up"), act)
+            norm(lora.apply(down_f(act, down_w, None, mid), act, i, "down"), next_norm, eps, h,
                  residual)
         return h
 
-    def _native_plan(self) -> list[tuple]:
-        """Per layer, what the fused forward reads: (input norm, qkv matrix, qkv bias,
-        o matrix, post-attention norm, gate/up matrix, down matrix, next norm), built
-        once so that a step does no module attribute lookups. It snapshots the weights at
-        the first forward pass (serving never edits them; pack_weights rebuilds it)."""
+    def _native_plan(self, rows: int) -> list[tuple]:
+        """Per layer, what the fused forward reads: (input norm, qkv kernel, qkv matrix,
+        qkv bias, o kernel, o matrix, post-attention norm, gate/up kernel, gate/up matrix,
+        down kernel, down matrix, next norm), built once so that a step does no module
+        attribute lookups. It snapshots the weights at the first forward pass (serving
+        never edits them; pack_weights rebuilds it). ``rows``: the step's row count, whose
+        M bucket picks the routed plan where route_linears sent some shapes to torch."""
         if self._plan is None:
             layers = self.model.layers
             plan = []
@@ -321,11 +329,74 @@ class LlamaForCausalLM(nn.Module):
                 # Norm weights and the qkv bias as fp32 once (no-op copies for an fp32
                 # model), so the core does not widen bf16 vectors on every call.
                 qkv_bias = None if sa.qkv_proj.bias is None else sa.qkv_proj.bias.float()
-                plan.append((layer.input_layernorm.weight.float(), w(sa.qkv_proj), qkv_bias,
-                             w(sa.o_proj), layer.post_attention_layernorm.weight.float(),
-                             w(mlp.gate_up_proj), w(mlp.down_proj), nxt.weight.float()))
+                lin = llmcore._C.linear
+                plan.append((layer.input_layernorm.weight.float(), lin, w(sa.qkv_proj),
+                             qkv_bias, lin, w(sa.o_proj),
+                             layer.post_attention_layernorm.weight.float(),
+                             lin, w(mlp.gate_up_proj), lin, w(mlp.down_proj),
+                             nxt.weight.float()))
             self._plan = plan
-        return self._plan
+            self._routed = {}
+        if self._routing is None:
+            return self._plan
+        b = linear_routing.bucket(rows)
+        if b not in self._routed:
+            self._routed[b] = [tuple(self._route(v, plan_row[j + 1], b)
+                                     if j in (1, 4, 7, 9) else v
+                                     for j, v in enumerate(plan_row))
+                               for plan_row in self._plan]
+        return self._routed[b]
+
+    def _route(self, fn: object, weight: object, b: int) -> object:
+        """The kernel for one plan entry in bucket ``b`` (``fn`` is the core's)."""
+        if not isinstance(weight, llmcore.PackedWeight) or self._routing is None:
+            return fn
+        n, k = weight.shape
+        if self._routing.kernel(n, k, weight.dtype, b) != "torch":
+            return fn
+        dense = self._dense[id(weight)]
+        return lambda x, _w, bias, out: linear_routing.torch_linear(x, dense, bias, out)
+
+    def _logits_matrix(self) -> llmcore.PackedWeight | None:
+        if self._tied_packed is not None:
+            return self._tied_packed
+        return self.lm_head.packed if self.lm_head is not None else None
+
+    def route_linears(self, budget_s: float = linear_routing.DEFAULT_BUDGET_S,
+                      force: str | None = None,
+                      table: linear_routing.RoutingTable | None = None,
+                      ) -> linear_routing.RoutingTable | None:
+        """Times the core against torch on this model's packed shapes (linear_routing) and
+        routes each (shape, M bucket) to the faster from the next forward pass on; the
+        matrices of shapes torch takes anywhere get a torch copy beside the packed one.
+        Measured once per model (a shared model keeps its table); ``table``: apply one
+        measured before instead (the same shapes reloaded: the same routes, so the same
+        results). None when the model runs no packed matrices (another device, or the
+        module-by-module path)."""
+        if self._routing is not None:
+            return self._routing
+        plan = self._native_plan(1) if self.native else []
+        mats = [w for row in plan for w in (row[2], row[5], row[8], row[10])
+                if isinstance(w, llmcore.PackedWeight)]
+        head = self._logits_matrix()
+        if head is not None:
+            mats.append(head)
+        if not mats:
+            return None
+        if table is None:
+            table = linear_routing.measure(mats, budget_s, force)
+        torch_shapes = {(r.n, r.k, r.weight_format) for r in table.routes if r.kernel == "torch"}
+        for w in mats:
+            if (*w.shape, w.dtype) in torch_shapes:
+                self._dense[id(w)] = linear_routing.unpacked(w)
+        self._routing = table
+        self._routed = {}
+        return table
+
+    @property
+    def routing(self) -> linear_routing.RoutingTable | None:
+        """The table route_linears chose, or None (not measured, or turned off)."""
+        return self._routing
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self._tied_packed is not None:  # the tied matrix lives packed: gather its rows
@@ -335,6 +406,12 @@ class LlamaForCausalLM(nn.Module):
         return F.embedding(input_ids, self.model.embed_tokens.weight).to(self.compute_dtype)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        head = self._logits_matrix()
+        if head is not None and id(head) in self._dense and self._routing is not None:
+            b = linear_routing.bucket(hidden.shape[0])
+            if self._routing.kernel(*head.shape, head.dtype, b) == "torch":
+                out = hidden.new_empty((hidden.shape[0], head.shape[0]))
+                return linear_routing.torch_linear(hidden, self._dense[id(head)], None, out)
         if self._tied_packed is not None:
             return linear_packed(hidden, self._tied_packed, None)
         if self.lm_head is not None:
@@ -357,6 +434,7 @@ class LlamaForCausalLM(nn.Module):
         if llmcore.linear_isa() == "scalar" and not prepacked:
             return  # the portable packed kernel is far slower than torch's BLAS
         self._plan = None
+        self._routing, self._routed, self._dense = None, {}, {}
         for name, mod in self.named_modules():
             if isinstance(mod, Linear) and mod.packed is None:
                 mod.pack(prepacked.get(name))

@@ -177,6 +177,8 @@ def register(app: Quart, srv: ServerState) -> None:
             "env": env,
             "system": {"python": platform.python_version(), "platform": platform.platform(),
                        "cpu_count": os.cpu_count(), "rss_bytes": resident_bytes()},
+            # Which kernel runs each linear shape at each batch size (chosen at load).
+            "linear_routing": await control(srv, "linear_routing"),
         })
 
     @app.post("/collective_rpc")

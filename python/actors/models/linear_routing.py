@@ -1,0 +1,190 @@
+"""Per-shape kernel routing, chosen at load: the core's packed kernel or torch's F.linear,
+whichever this machine runs faster for a (matrix shape, M bucket).
+
+Neither wins everywhere: the core's packed kernels read bf16 weights at half the bytes and
+win at M = 1 (memory bound), while torch's BLAS (oneDNN; with AVX512_BF16 in bf16) can win
+the compute-bound large M of prefill and big decode batches. Rather than hand-tuned
+thresholds, ``measure`` times both on the model's own shapes at M in ``BUCKETS`` (medians of
+a few alternated calls, so the cost of handing the cores from one thread pool to the other
+is in both figures, as it is in a routed step) within a time budget, and the forward pass routes each product by
+the bucket of its row count. Quantized matrices (Q8_0, Q4_0, Q4_1) have no torch kernel
+and stay on the core; so does every entry the budget did not reach, and a bf16 matrix on a
+CPU without native bf16 arithmetic (AVX512_BF16, AMX): there torch would round the fp32
+activations to bf16, a loss the core's widening kernel does not have, and its speed swings
+with the machine's load (measured here from 0.2 to 15 ms for one 576x576 product at M = 1),
+so the route, and with it the results, would change from one start to the next.
+
+Routing changes only the kernel, never the weights or the activations' dtype outside it:
+torch runs in the weight's dtype (a bf16 matrix multiplies x rounded to bf16, as torch's
+bf16 path does), so a routed output differs from the core's by those kernels' rounding.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import llmcore
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger("actors.models.linear_routing")
+
+BUCKETS = (1, 8, 64, 256)
+# Row counts up to each bound fall in the bucket of the same index (geometric midpoints).
+_BOUNDS = (2, 22, 127)
+REPEATS = 3
+# torch must be this much faster to take a shape: a tie stays on the core, which needs no
+# second copy of the matrix, and a noisy machine should not flip routes on a few percent.
+MARGIN = 0.8
+DEFAULT_BUDGET_S = 1.5
+CLEAR = 3.0  # a first timing this lopsided decides without the other repeats
+
+LinearFn = Callable[[torch.Tensor, Any, torch.Tensor | None, torch.Tensor], torch.Tensor]
+
+
+def bucket(m: int) -> int:
+    """Index in BUCKETS of the bucket a product of ``m`` rows falls in."""
+    return bisect.bisect_left(_BOUNDS, m)
+
+
+def torch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                 out: torch.Tensor) -> torch.Tensor:
+    """``out = x @ weight.T (+ bias)`` by torch in the weight's dtype; the core's signature."""
+    if weight.dtype == x.dtype:
+        if bias is None:
+            return torch.mm(x, weight.t(), out=out)
+        return torch.addmm(bias, x, weight.t(), out=out)
+    b = None if bias is None else bias.to(weight.dtype)
+    return out.copy_(F.linear(x.to(weight.dtype), weight, b))
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """One (matrix shape, M bucket): the kernel chosen and the medians it was chosen on."""
+
+    n: int
+    k: int
+    weight_format: str  # PackedWeight.dtype: float32 | bfloat16 | q8_0 | q4_0 | q4_1
+    m: int  # the bucket's row count
+    kernel: str  # "core" | "torch"
+    core_us: float | None  # None: not measured (quantized, or past the budget)
+    torch_us: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingTable:
+    routes: tuple[Route, ...]
+    budget_s: float
+    elapsed_s: float
+    threads: int
+
+    def kernel(self, n: int, k: int, weight_format: str, m_bucket: int) -> str:
+        for r in self.routes:
+            if (r.n, r.k, r.weight_format, r.m) == (n, k, weight_format, BUCKETS[m_bucket]):
+                return r.kernel
+        return "core"
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready: what /server_info shows."""
+        return {"buckets": list(BUCKETS), "budget_s": self.budget_s,
+                "elapsed_s": round(self.elapsed_s, 3), "threads": self.threads,
+                "margin": MARGIN, "routes": [asdict(r) for r in self.routes]}
+
+    def summary(self) -> str:
+        """The table as log lines: one per shape, a column per bucket."""
+        lines = [f"linear routing ({self.elapsed_s:.2f} s of {self.budget_s} s, "
+                 f"{self.threads} threads), us core/torch per M {list(BUCKETS)}:"]
+        by_shape: dict[tuple[int, int, str], list[Route]] = {}
+        for r in self.routes:
+            by_shape.setdefault((r.n, r.k, r.weight_format), []).append(r)
+        for (n, k, fmt), rs in by_shape.items():
+            cells = []
+            for r in rs:
+                if r.core_us is None or r.torch_us is None:
+                    cells.append(f"M={r.m} {r.kernel} (unmeasured)")
+                else:
+                    cells.append(f"M={r.m} {r.kernel} ({r.core_us:.0f}/{r.torch_us:.0f})")
+            lines.append(f"  [{n}x{k}] {fmt}: " + ", ".join(cells))
+        return "\n".join(lines)
+
+
+def unpacked(packed: llmcore.PackedWeight) -> torch.Tensor | None:
+    """The float matrix a packed one holds, in its dtype (for torch), or None if quantized."""
+    if packed.dtype not in ("float32", "bfloat16"):
+        return None
+    n, k = packed.shape
+    rows = packed.rows(np.arange(n, dtype=np.int64), torch.empty((n, k), dtype=torch.float32))
+    return rows.to(getattr(torch, packed.dtype))  # bf16 values widened and back: exact
+
+
+def _time(fn: Callable[[], Any]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def measure(matrices: list[llmcore.PackedWeight], budget_s: float = DEFAULT_BUDGET_S,
+            force: str | None = None) -> RoutingTable:
+    """Times the core against torch for each distinct (shape, format) among ``matrices`` at
+    every bucket, cheapest products first, until ``budget_s`` is spent; a product whose
+    predicted cost (from the same shape's smaller bucket) would overrun it is skipped.
+
+    force: "core" or "torch" routes every float entry that way without timing (tests)."""
+    from actors.loader.dtype import cpu_has_fast_bf16
+
+    racing = ("float32", "bfloat16") if cpu_has_fast_bf16() else ("float32",)
+    t0 = time.perf_counter()
+    gen = torch.Generator().manual_seed(0)
+    shapes: dict[tuple[int, int, str], llmcore.PackedWeight] = {}
+    for w in matrices:
+        shapes.setdefault((*w.shape, w.dtype), w)
+    entries = sorted(((n * k * m, n, k, fmt, m) for (n, k, fmt) in shapes for m in BUCKETS))
+    routes: dict[tuple[int, int, str, int], Route] = {}
+    dense: dict[tuple[int, int, str], torch.Tensor] = {}
+    last: dict[tuple[int, int, str], tuple[int, float, float]] = {}  # m, core s, torch s
+    for _, n, k, fmt, m in entries:
+        key = (n, k, fmt)
+        route = Route(n, k, fmt, m, "core", None, None)
+        if fmt in ("float32", "bfloat16") and force is not None:
+            route = Route(n, k, fmt, m, force, None, None)
+        elif fmt in racing:
+            prev = last.get(key)
+            left = budget_s - (time.perf_counter() - t0)
+            # Both kernels, warm-up included; cost grows about linearly in M here.
+            predicted = (0.0 if prev is None
+                         else (prev[1] + prev[2]) * (m / prev[0]) * (REPEATS + 1))
+            if left > 0 and predicted < left:
+                if key not in dense:
+                    dense[key] = unpacked(shapes[key])
+                    assert dense[key] is not None  # a float format
+                route = _race(shapes[key], dense[key], m, gen)
+                last[key] = (m, route.core_us / 1e6, route.torch_us / 1e6)
+        routes[(n, k, fmt, m)] = route
+    ordered = tuple(routes[(n, k, fmt, m)] for (n, k, fmt) in shapes for m in BUCKETS)
+    return RoutingTable(ordered, budget_s, time.perf_counter() - t0, torch.get_num_threads())
+
+
+def _race(packed: llmcore.PackedWeight, dense: torch.Tensor, m: int,
+          gen: torch.Generator) -> Route:
+    n, k = packed.shape
+    x = torch.randn((m, k), generator=gen)
+    out = torch.empty((m, n))
+    core = lambda: llmcore._C.linear(x, packed, None, out)  # noqa: E731
+    other = lambda: torch_linear(x, dense, None, out)  # noqa: E731
+    core(), other()  # warm-up: first-touch pages, BLAS packing, caches
+    ct, tt = [], []
+    for i in range(REPEATS):  # alternated, so a burst of load falls on both
+        ct.append(_time(core))
+        tt.append(_time(other))
+        if i == 0 and max(ct[0], tt[0]) > CLEAR * min(ct[0], tt[0]):
+            break  # one kernel is several times the other: more calls would not change it
+    c, t = statistics.median(ct), statistics.median(tt)
+    kernel = "torch" if t < MARGIN * c else "core"
+    return Route(n, k, packed.dtype, m, kernel, round(c * 1e6, 1), round(t * 1e6, 1))

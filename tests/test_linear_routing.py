@@ -1,0 +1,107 @@
+"""Per-shape kernel routing (actors.models.linear_routing): the table the timing builds, and
+that a routed model computes what the unrouted one does up to the kernels' rounding, fp32
+and bf16 weights, every projection and the LM head sent to torch. /server_info's copy of
+the table is checked in tests/test_server_dev.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import llmcore
+import pytest
+import torch
+
+from actors.loader import load_model
+from actors.models import linear_routing
+from actors.models.linear_routing import BUCKETS, bucket
+
+
+def _logits(model: Any, ids: list[int]) -> torch.Tensor:
+    from actors.models.attention import DenseCausalAttention
+
+    attn = DenseCausalAttention(model.attention_specs(), [len(ids)])
+    with torch.inference_mode():
+        return model(torch.tensor(ids), torch.arange(len(ids)), attn).float()
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Qwen2 (qkv bias, untied LM head) saved as a HF checkpoint."""
+    from conftest import TINY_SIZES, _randomize_
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    model = AutoModelForCausalLM.from_config(Qwen2Config(**TINY_SIZES, tie_word_embeddings=False),
+                                             dtype=torch.float32)
+    _randomize_(model, seed=99)
+    out = tmp_path_factory.mktemp("routing") / "qwen2"
+    model.save_pretrained(out)
+    return out
+
+
+def test_buckets() -> None:
+    assert [bucket(m) for m in (1, 2, 3, 8, 22, 23, 64, 127, 128, 256, 4096)] == \
+        [0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
+    assert BUCKETS == (1, 8, 64, 256)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_routed_outputs_match_unrouted(tiny_dir: Path, dtype: str) -> None:
+    """Every float matrix forced to torch: logits at each bucket's row count against the
+    same model on the core's kernels (fp32: summation order only; bf16: torch multiplies
+    x rounded to bf16, the core widens the weights, so the bf16 tolerance applies)."""
+    if llmcore.linear_isa() == "scalar":
+        pytest.skip("no packed path without AVX2: nothing to route")
+    core = load_model(tiny_dir, dtype=dtype).model
+    routed = load_model(tiny_dir, dtype=dtype).model
+    table = routed.route_linears(force="torch")
+    assert table is not None and {r.kernel for r in table.routes} == {"torch"}
+    # qkv, o, gate/up, down and the untied LM head: five shapes, four buckets each.
+    assert len({(r.n, r.k) for r in table.routes}) == 5 and len(table.routes) == 20
+    assert routed.route_linears() is table  # measured once per model
+    gen = torch.Generator().manual_seed(4)
+    tol = 1e-4 if dtype == "float32" else 0.05
+    for rows in (1, 5, 40, 200):
+        ids = [int(i) for i in torch.randint(0, 320, (rows,), generator=gen)]
+        want, got = _logits(core, ids), _logits(routed, ids)
+        err = float((got - want).abs().max())
+        # Measured: fp32 at most 7e-7, bf16 at most 0.014 (logits' spread ~1).
+        assert err < tol, (dtype, rows, err)
+        assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.95
+    # A reload of the same weights (sleep/wake, weight updates) takes the table as it is:
+    # the same routes, so the same bits.
+    again = load_model(tiny_dir, dtype=dtype).model
+    assert again.route_linears(table=table) is table
+    torch.testing.assert_close(_logits(again, ids), got, rtol=0, atol=0)
+
+
+def test_measured_table(tiny_dir: Path) -> None:
+    """Real timing within a small budget: every (shape, bucket) has a route, the measured
+    ones with both medians, the choice the faster by the margin; a quantized model's
+    entries stay on the core untimed."""
+    model = load_model(tiny_dir, dtype="float32").model
+    if llmcore.linear_isa() == "scalar":
+        assert model.route_linears() is None
+        return
+    table = model.route_linears(budget_s=0.5)
+    assert table is not None and table.elapsed_s < 2.0 and len(table.routes) == 20
+    measured = [r for r in table.routes if r.core_us is not None]
+    assert measured, table.summary()
+    for r in measured:
+        assert r.torch_us is not None and r.torch_us > 0 and r.core_us > 0
+        assert r.kernel == ("torch" if r.torch_us < linear_routing.MARGIN * r.core_us
+                            else "core")
+    d = table.as_dict()
+    assert d["buckets"] == [1, 8, 64, 256] and len(d["routes"]) == 20
+    assert "[64x64] float32" in table.summary()
+    q = load_model(tiny_dir, quantization="int8").model.route_linears()
+    assert q is not None and all(r.kernel == "core" and r.core_us is None for r in q.routes)
+
+
+def test_flag() -> None:
+    from server.cli import parse_args
+
+    assert parse_args([]).engine.linear_routing is True
+    assert parse_args(["--linear-routing", "off"]).engine.linear_routing is False
+    with pytest.raises(SystemExit):
+        parse_args(["--linear-routing", "maybe"])
