@@ -9,7 +9,10 @@ second and torch-fp32 time / ours. torch's own bf16 F.linear is timed too (slow 
 native bf16; skipped once a single call exceeds --bf16-limit-ms).
 
 Engine (--engine): decode ms per step of the real model through the engine, batch 1 and 64,
-for dtype float32, bfloat16 and bfloat16 with --quantization gguf.
+for dtype float32, bfloat16, and bfloat16 with --quantization gguf and int8: every engine
+loaded first, then --rounds rounds each running every mode in turn, the order reversed every
+other round (so a burst of load on the shared machine falls on all of them), with each
+round's ratios against bf16 and their medians. The q8_0 kernel rows are the kernel --quantization int8 runs.
 
 Prints one JSON object on stdout; progress on stderr.
 
@@ -156,37 +159,67 @@ def bench_kernels(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
-def bench_engine(args: argparse.Namespace) -> list[dict[str, Any]]:
-    from actors import LLM, SamplingParams
+ENGINE_MODES = (("float32", None), ("bfloat16", None), ("bfloat16", "gguf"),
+                ("bfloat16", "int8"))
 
-    rows = []
-    for dtype, quantization in (("float32", None), ("bfloat16", None), ("bfloat16", "gguf")):
+
+def _decode(eng: Any, tag: str, batch: int, new_tokens: int) -> dict[str, Any]:
+    from actors import SamplingParams
+
+    params = SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True)
+    for i in range(batch):
+        eng.add_request(f"{tag}-{batch}-{i}", [1 + (i * 7 + j) % 1000 for j in range(16)],
+                        params)
+    steps: list[tuple[float, int]] = []
+    while eng.has_unfinished_requests():
+        t = time.perf_counter()
+        outs = eng.step().outputs
+        steps.append((time.perf_counter() - t, sum(len(o.new_token_ids) for o in outs)))
+    # Steps that produce one token per sequence are decode steps (the first also
+    # finishes the prompts, so it is skipped).
+    decode = [s for s, n in steps[1:] if n == batch]
+    step_ms = statistics.median(decode) * 1e3
+    return {"batch": batch, "decode_steps": len(decode), "step_ms": round(step_ms, 2),
+            "ms_per_token": round(step_ms / batch, 3),
+            "tok_s": round(batch * 1e3 / step_ms, 1)}
+
+
+def bench_engine(args: argparse.Namespace) -> dict[str, Any]:
+    from actors import LLM
+
+    engines = {}
+    for dtype, quantization in ENGINE_MODES:
         llm = LLM(dtype=dtype, quantization=quantization, num_threads=args.threads,
-                  max_num_seqs=64, kv_cache_memory=256 << 20, max_model_len=2048)
-        eng = llm.engine
-        for batch in args.batch:
-            params = SamplingParams(max_tokens=args.new_tokens, temperature=0, ignore_eos=True)
-            for i in range(batch):
-                eng.add_request(f"{dtype}-{batch}-{i}", [1 + (i * 7 + j) % 1000 for j in range(16)],
-                                params)
-            steps: list[tuple[float, int]] = []
-            while eng.has_unfinished_requests():
-                t = time.perf_counter()
-                outs = eng.step().outputs
-                steps.append((time.perf_counter() - t, sum(len(o.new_token_ids) for o in outs)))
-            # Steps that produce one token per sequence are decode steps (the first also
-            # finishes the prompts, so it is skipped).
-            decode = [s for s, n in steps[1:] if n == batch]
-            step_ms = statistics.median(decode) * 1e3
-            row = {"dtype": dtype, "quantization": quantization, "batch": batch,
-                   "decode_steps": len(decode),
-                   "step_ms": round(step_ms, 2), "ms_per_token": round(step_ms / batch, 3),
-                   "tok_s": round(batch * 1e3 / step_ms, 1)}
-            log(f"engine {dtype:8s} {quantization or '-':4s} batch {batch:3d}: {row['step_ms']} ms/step, "
-                f"{row['ms_per_token']} ms/token, {row['tok_s']} tok/s")
-            rows.append(row)
-        del llm, eng
-    return rows
+                  max_num_seqs=64, kv_cache_memory=256 << 20, max_model_len=2048,
+                  linear_routing=args.linear_routing == "on")
+        engines[(dtype, quantization)] = llm.engine
+    rounds: list[list[dict[str, Any]]] = []
+    for r in range(args.rounds):
+        rows = []
+        order = list(engines.items())
+        for (dtype, quantization), eng in order if r % 2 == 0 else order[::-1]:
+            for batch in args.batch:
+                row = {"dtype": dtype, "quantization": quantization,
+                       **_decode(eng, f"{r}-{dtype}-{quantization}", batch, args.new_tokens)}
+                log(f"round {r} engine {dtype:8s} {quantization or '-':4s} batch {batch:3d}: "
+                    f"{row['step_ms']} ms/step, {row['tok_s']} tok/s")
+                rows.append(row)
+        rounds.append(rows)
+    ratios: dict[str, dict[str, list[float]]] = {}
+    for rows in rounds:
+        base = {row["batch"]: row["tok_s"] for row in rows
+                if row["dtype"] == "bfloat16" and row["quantization"] is None}
+        for row in rows:
+            mode = row["quantization"] or row["dtype"]
+            ratios.setdefault(mode, {}).setdefault(str(row["batch"]), []).append(
+                round(row["tok_s"] / base[row["batch"]], 3))
+    medians = {mode: {b: statistics.median(v) for b, v in per.items()}
+               for mode, per in ratios.items()}
+    routing = {quantization or dtype: (None if eng.linear_routing is None
+                                       else eng.linear_routing.as_dict())
+               for (dtype, quantization), eng in engines.items()}
+    return {"rounds": rounds, "tok_s_ratio_vs_bf16": ratios,
+            "tok_s_ratio_vs_bf16_median": medians, "linear_routing": routing}
 
 
 def main() -> None:
@@ -203,6 +236,9 @@ def main() -> None:
     p.add_argument("--engine", action="store_true", help="measure engine decode instead")
     p.add_argument("--batch", type=int, nargs="+", default=[1, 64])
     p.add_argument("--new-tokens", type=int, default=24)
+    p.add_argument("--rounds", type=int, default=3, help="engine rounds (all modes each)")
+    p.add_argument("--linear-routing", choices=["on", "off"], default="on",
+                   help="the engines' kernel routing (on: as the server starts)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     llmcore.set_num_threads(args.threads)

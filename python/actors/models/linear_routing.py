@@ -6,13 +6,14 @@ win at M = 1 (memory bound), while torch's BLAS (oneDNN; with AVX512_BF16 in bf1
 the compute-bound large M of prefill and big decode batches. Rather than hand-tuned
 thresholds, ``measure`` times both on the model's own shapes at M in ``BUCKETS`` (medians of
 a few alternated calls, so the cost of handing the cores from one thread pool to the other
-is in both figures, as it is in a routed step) within a time budget, and the forward pass routes each product by
-the bucket of its row count. Quantized matrices (Q8_0, Q4_0, Q4_1) have no torch kernel
-and stay on the core; so does every entry the budget did not reach, and a bf16 matrix on a
-CPU without native bf16 arithmetic (AVX512_BF16, AMX): there torch would round the fp32
-activations to bf16, a loss the core's widening kernel does not have, and its speed swings
-with the machine's load (measured here from 0.2 to 15 ms for one 576x576 product at M = 1),
-so the route, and with it the results, would change from one start to the next.
+is in both figures, as it is in a routed step) within a time budget, and the forward pass
+routes each product by the bucket of its row count. Quantized matrices (Q8_0, Q4_0, Q4_1)
+have no torch kernel and stay on the core; so does every entry the budget did not reach,
+and a bf16 matrix on a CPU without native bf16 arithmetic (AVX512_BF16, AMX): there torch
+would round the fp32 activations to bf16, a loss the core's widening kernel does not have,
+and its speed swings with the machine's load (measured here from 0.2 to 15 ms for one
+576x576 product at M = 1), so the route, and with it the results, would change from one
+start to the next.
 
 Routing changes only the kernel, never the weights or the activations' dtype outside it:
 torch runs in the weight's dtype (a bf16 matrix multiplies x rounded to bf16, as torch's
