@@ -1,6 +1,6 @@
 """Prompts longer than --max-num-batched-tokens on a real `python -m server`.
 
-A 3,000- and an 8,000-token prompt (the model's context is 8,192) take several chunked steps,
+A 3,000- and a 6,000-token prompt (the server's context is 8,192) take several chunked steps,
 the first ones carrying only mid-prompt chunks (no row samples). Alone (both) and while 16
 streams decode beside it (the 3,000-token one), the greedy output equals the offline engine's
 on the same prompt computed in one unchunked step.
@@ -98,7 +98,7 @@ def test_the_kv_cache_holds_the_context_and_the_streams(server):
     assert tokens >= 8000 + NEW_TOKENS + STREAMS * (32 + STREAM_TOKENS)
 
 
-@pytest.mark.parametrize("num_tokens", [3000, 8000])
+@pytest.mark.parametrize("num_tokens", [3000, 6000])
 def test_long_prompt_alone_matches_the_offline_engine(server, offline: Offline,
                                                       num_tokens: int):
     prompt = long_prompt(num_tokens)
@@ -125,7 +125,7 @@ def stream(url: str, prompt: list[int], out: dict, first: threading.Event) -> No
 
 
 # 3,000 tokens take two chunks (the first carries no sampling row) beside the decode rows;
-# 8,000 would add only more of the same mid-prompt chunks, at two minutes a run here.
+# 6,000 would add only more of the same mid-prompt chunks, at a minute a run here.
 @pytest.mark.parametrize("num_tokens", [3000])
 def test_long_prompt_beside_16_decoding_streams(server, offline: Offline, num_tokens: int):
     prompt = long_prompt(num_tokens)

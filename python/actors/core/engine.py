@@ -51,7 +51,10 @@ class LLMEngine:
         self.loaded = loaded
         self.linear_routing = None  # actors.models.linear_routing.RoutingTable, once timed
         route = getattr(loaded.model, "route_linears", None)
-        if config.linear_routing and route is not None:
+        # float32 is the exact mode (the tests' and the references'): a shape routed to
+        # torch at one row count and not another would make a sequence's result depend on
+        # its batch, so float32 weights keep the core's kernels everywhere.
+        if config.linear_routing and route is not None and loaded.dtype != torch.float32:
             self.linear_routing = route()
             if self.linear_routing is not None:
                 log.info("%s", self.linear_routing.summary())
