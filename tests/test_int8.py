@@ -13,22 +13,9 @@ import torch
 
 from actors.loader import load_model
 from actors.loader.int8 import q8_0_blocks
+from accuracy_helpers import accuracy, logits_of
 
 gguf = pytest.importorskip("gguf")
-
-
-def _logits(loaded: Any, ids: list[int]) -> torch.Tensor:
-    from actors.models.attention import DenseCausalAttention
-
-    model = loaded.model
-    attn = DenseCausalAttention(model.attention_specs(), [len(ids)])
-    with torch.inference_mode():
-        return model(torch.tensor(ids), torch.arange(len(ids)), attn).float()
-
-
-def _accuracy(got: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
-    return {"max_abs": float((got - ref).abs().max()),
-            "top1": float((got.argmax(-1) == ref.argmax(-1)).float().mean())}
 
 
 def test_blocks_are_gguf_q8_0() -> None:
@@ -56,8 +43,8 @@ def test_tiny_checkpoint_logits_against_fp32(make_tiny_model: Any) -> None:
     q = load_model(path, quantization="int8")
     assert q.model.weight_formats() == {"q8_0": 3 * 4 + 1}, q.model.weight_formats()
     ids = [int(i) for i in torch.randint(0, 320, (40,), generator=torch.Generator().manual_seed(1))]
-    ref = _logits(ref_model, ids)
-    acc = _accuracy(_logits(q, ids), ref)
+    ref = logits_of(ref_model, ids)
+    acc = accuracy(logits_of(q, ids), ref)
     print(f"tiny qwen2 int8 vs fp32 over {len(ids)} positions: {acc}, logits spread "
           f"{float(ref.std()):.2f}")
     # Measured: max 0.033 (logits' std 0.6), top-1 1.0. A wrong layout or scale is off by
@@ -80,7 +67,7 @@ def test_default_model_logits_against_fp32(default_model: tuple[Any, float]) -> 
     q = load_model(fp32.model_dir, quantization="int8")
     assert q.model.weight_formats() == {"q8_0": 121}, q.model.weight_formats()
     ids = AutoTokenizer.from_pretrained(str(fp32.model_dir)).encode(TEXT, add_special_tokens=False)
-    acc = _accuracy(_logits(q, ids), _logits(fp32, ids))
+    acc = accuracy(logits_of(q, ids), logits_of(fp32, ids))
     print(f"default model int8 vs fp32 over {len(ids)} positions: {acc}")
     # Measured on AVX2: max 1.16-1.31, top-1 1.0 (the embedding kept fp32: 1.27, 0.978, so the
     # LM head is quantized too); as gguf's Q4_1 path, the int8 activations dominate.

@@ -10,10 +10,10 @@ from typing import Any
 import llmcore
 import numpy as np
 import pytest
-import torch
 
 from actors import LLM, SamplingParams
 from actors.loader import load_model
+from accuracy_helpers import accuracy, logits_of
 
 gguf = pytest.importorskip("gguf")
 
@@ -110,20 +110,6 @@ def models(default_model: tuple[Any, float]) -> dict[str, Any]:
             "gguf": load_model(src, dtype="bfloat16", quantization="gguf")}
 
 
-def _logits(loaded: Any, ids: list[int]) -> torch.Tensor:
-    from actors.models.attention import DenseCausalAttention
-
-    model = loaded.model
-    attn = DenseCausalAttention(model.attention_specs(), [len(ids)])
-    with torch.inference_mode():
-        return model(torch.tensor(ids), torch.arange(len(ids)), attn).float()
-
-
-def _accuracy(got: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
-    return {"max_abs": float((got - ref).abs().max()),
-            "top1": float((got.argmax(-1) == ref.argmax(-1)).float().mean())}
-
-
 @pytest.mark.slow
 def test_logits_against_fp32_of_the_same_weights(models: dict[str, Any]) -> None:
     """Every position of a fixed text: gguf (Q4_1/Q8_0 blocks, int8 activations) and bf16
@@ -133,8 +119,8 @@ def test_logits_against_fp32_of_the_same_weights(models: dict[str, Any]) -> None
 
     tok = AutoTokenizer.from_pretrained(str(models["fp32"].model_dir))
     ids = tok.encode(TEXT, add_special_tokens=False)
-    ref = _logits(models["fp32"], ids)
-    acc = {name: _accuracy(_logits(models[name], ids), ref) for name in ("bf16", "gguf")}
+    ref = logits_of(models["fp32"], ids)
+    acc = {name: accuracy(logits_of(models[name], ids), ref) for name in ("bf16", "gguf")}
     print(f"logits vs fp32 over {len(ids)} positions ({llmcore.linear_isa()}): {acc}")
     # Measured on an AVX2 CPU: bf16 max 0.15, top-1 1.0; gguf max 1.03, top-1 0.978 — the
     # int8 activations (error relative to each block's largest |x|) cost more than bf16

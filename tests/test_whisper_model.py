@@ -36,6 +36,7 @@ from actors.loader.whisper import resolve_named  # noqa: E402
 from actors.messages import Abort, Admit  # noqa: E402
 from actors.params.encoder import EncoderInput  # noqa: E402
 from actors.params.sampling import SamplingParams  # noqa: E402
+from accuracy_helpers import word_error_rate  # noqa: E402
 
 AUDIO = Path(__file__).parent / "data" / "audio"
 GREEDY = SamplingParams(temperature=0.0, max_tokens=None)
@@ -62,18 +63,6 @@ def features(clip: str) -> np.ndarray:
 
 def spoken(clip: str) -> str:
     return (AUDIO / f"whisper_{clip}.txt").read_text().strip()
-
-
-def wer(ref: str, hyp: str) -> float:
-    """Word error rate (substitutions + deletions + insertions) / reference words, on
-    lower-cased words without punctuation."""
-    r, h = (re.findall(r"[\w']+", s.lower()) for s in (ref, hyp))
-    d = list(range(len(h) + 1))
-    for i, rw in enumerate(r, 1):
-        prev, d[0] = d[0], i
-        for j, hw in enumerate(h, 1):
-            prev, d[j] = d[j], min(d[j] + 1, d[j - 1] + 1, prev + (rw != hw))
-    return d[len(h)] / len(r)
 
 
 def make_engine(name: str) -> LLMEngine:
@@ -245,7 +234,7 @@ def test_tiny_en_tokens_equal_faster_whisper(tiny, alone):
     (src,) = named_or_skip("whisper-tiny.en")
     ours = alone["numbers"]
     assert ours == faster_whisper_tokens(src, tiny, "numbers", None)
-    assert wer(spoken("numbers"), text(tiny, ours)) <= 0.15
+    assert word_error_rate(spoken("numbers"), text(tiny, ours)) <= 0.15
 
 
 def test_timestamp_tokens_equal_faster_whisper(tiny):
@@ -268,7 +257,7 @@ def test_base_tokens_equal_faster_whisper_and_wer(base, tmp_path):
     for f in ("config.json", "tokenizer.json", "vocabulary.txt"):
         (tmp_path / f).symlink_to(src / f)
     assert ours == faster_whisper_tokens(tmp_path, base, "fox", "en")
-    assert wer(spoken("fox"), text(base, ours)) <= 0.15
+    assert word_error_rate(spoken("fox"), text(base, ours)) <= 0.15
 
 
 def test_base_language_detection_step(base):

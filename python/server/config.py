@@ -75,9 +75,10 @@ class ServerConfig:
         return self.engine.model
 
 
-def env_seconds(name: str, default: float, environ: Mapping[str, str] | None = None) -> float:
-    """A positive number of seconds from the environment variable `name`, else `default`;
-    anything else is a startup error naming the variable."""
+def env_number(name: str, default: float, environ: Mapping[str, str] | None = None,
+               unit: str = "") -> float:
+    """A positive finite number from the environment variable `name`, else `default`;
+    anything else is a startup error naming the variable (and the unit, when given)."""
     raw = (os.environ if environ is None else environ).get(name, "").strip()
     if not raw:
         return default
@@ -86,5 +87,11 @@ def env_seconds(name: str, default: float, environ: Mapping[str, str] | None = N
     except ValueError:
         value = float("nan")
     if not value > 0 or value == float("inf"):
-        raise ValueError(f"{name} must be a positive number of seconds, got {raw!r}")
+        what = f"a positive number of {unit}" if unit else "a positive number"
+        raise ValueError(f"{name} must be {what}, got {raw!r}")
     return value
+
+
+def env_seconds(name: str, default: float, environ: Mapping[str, str] | None = None) -> float:
+    """A positive number of seconds from the environment variable `name`, else `default`."""
+    return env_number(name, default, environ, unit="seconds")

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from server.audio.mel import SAMPLE_RATE
+from server.config import env_number
 
 MIB = 1024 * 1024
 # libsndfile reads these itself; anything else goes to FFmpeg (libsndfile's MP3 reader
@@ -48,19 +49,6 @@ class AudioInputError(Exception):
         self.param = param
 
 
-def _env_number(environ: Mapping[str, str], name: str, default: float) -> float:
-    raw = environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
-    if not value > 0 or value == float("inf"):
-        raise ValueError(f"{name} must be a positive number, got {raw!r}")
-    return value
-
-
 @dataclass(frozen=True)
 class AudioLimits:
     """Per-upload bounds. Defaults are vLLM's: 25 MB uploads, 600 s decoded, 256 MiB of
@@ -74,9 +62,9 @@ class AudioLimits:
     def from_env(cls, environ: Mapping[str, str] | None = None) -> AudioLimits:
         env = os.environ if environ is None else environ
         return cls(
-            max_upload_bytes=int(_env_number(env, "VLLM_MAX_AUDIO_CLIP_FILESIZE_MB", 25) * MIB),
-            max_duration_s=_env_number(env, "VLLM_MAX_AUDIO_DECODE_DURATION_S", 600.0),
-            max_decode_bytes=int(_env_number(env, "VLLM_MAX_AUDIO_DECODE_BYTES", 256 * MIB)),
+            max_upload_bytes=int(env_number("VLLM_MAX_AUDIO_CLIP_FILESIZE_MB", 25, env) * MIB),
+            max_duration_s=env_number("VLLM_MAX_AUDIO_DECODE_DURATION_S", 600.0, env),
+            max_decode_bytes=int(env_number("VLLM_MAX_AUDIO_DECODE_BYTES", 256 * MIB, env)),
         )
 
     def check_upload(self, size: int) -> None:
