@@ -101,6 +101,10 @@ def load_model(
     if quantization == "gguf" and src.suffix != ".gguf":
         raise ValueError(f"--quantization gguf needs a .gguf model, got {src}")
     torch_dtype = resolve_dtype(dtype)
+    if dtype == "auto" and _is_whisper(model_dir):
+        # Whisper's checkpoints are small (39-74 M parameters) and its greedy transcripts
+        # lost words with bf16 weights (tiny.en) where float32 equals faster-whisper's tokens.
+        torch_dtype = resolve_dtype("float32")
     if quantization == "int8":
         from actors.loader.int8 import int8_weights
         from actors.loader.progress import log, stage
@@ -123,3 +127,13 @@ def load_model(
             model.pack_weights(quantized_weights(src, hf_cfg))
         log.info("weights: %s", model.weight_formats())
     return LoadedModel(model, cfg, torch_dtype, model_dir, src, hit)
+
+
+def _is_whisper(model_dir: Path) -> bool:
+    import json
+
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and config.get("model_type") == "whisper"
