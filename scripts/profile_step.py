@@ -113,6 +113,11 @@ def main() -> None:
     llmcore.paged_attention = timers.wrap(llmcore.paged_attention, "attention.paged")
     llmcore.AttentionPlan = timers.wrap(llmcore.AttentionPlan, "attention.plan")
     llmcore.sample = timers.wrap(llmcore.sample, "sampling")
+    # The forward's per-layer plan holds the kernels it found at the first step: rebuilt,
+    # it takes the wrapped ones.
+    forget = getattr(eng.runner.model, "forget_plan", None)
+    if forget is not None:
+        forget()
 
     wrapped = []
     timers.on = True

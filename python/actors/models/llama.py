@@ -309,6 +309,11 @@ class LlamaForCausalLM(nn.Module):
                  residual)
         return h
 
+    def forget_plan(self) -> None:
+        """The next forward pass builds its per-layer plan again, taking the core's kernels
+        as they are then (scripts/profile_step.py wraps them with timers after warm-up)."""
+        self._plan, self._routed = None, {}
+
     def _native_plan(self, rows: int) -> list[tuple]:
         """Per layer, what the fused forward reads: (input norm, qkv kernel, qkv matrix,
         qkv bias, o kernel, o matrix, post-attention norm, gate/up kernel, gate/up matrix,
