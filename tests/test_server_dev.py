@@ -420,7 +420,8 @@ def test_server_info(c):
     # (qkv, o, gate/up, down, the tied embedding as LM head) at every M bucket.
     table = info["linear_routing"]
     assert info["config"]["engine"]["linear_routing"] is True
-    assert table["buckets"] == [1, 8, 64, 256] and table["elapsed_s"] > 0
+    # elapsed_s is 0 where nothing is raced (bf16 on a CPU without native bf16)
+    assert table["buckets"] == [1, 8, 64, 256] and table["elapsed_s"] >= 0
     shapes = {(r["n"], r["k"]) for r in table["routes"]}
     assert shapes == {(960, 576), (576, 576), (3072, 576), (576, 1536), (49152, 576)}, shapes
     assert len(table["routes"]) == 20
