@@ -7,7 +7,8 @@ Two workloads, both measured in this run on the default model (or --model):
 Each side runs in its own subprocess so its peak memory (max RSS) is its own.
 Prints one JSON document; progress goes to stderr.
 
-    python scripts/bench_engine.py [--quick] [--dtype auto] [--quantization gguf] [--threads N]
+    python scripts/bench_engine.py [--quick] [--dtype auto] [--quantization gguf]
+        [--quantization-activations int16|int8] [--threads N]
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
 
     t0 = time.perf_counter()
     llm = LLM(args.model, dtype=args.dtype, quantization=args.quantization,
+              quantization_activations=args.quantization_activations,
               num_threads=args.threads, max_num_seqs=64, max_num_batched_tokens=args.max_num_batched_tokens,
               kv_cache_memory=args.kv_cache_memory, kv_cache_dtype=args.kv_cache_dtype,
               max_model_len=2048)
@@ -98,6 +100,7 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
         "load_s": round(load_s, 2),
         "dtype": str(eng.dtype).removeprefix("torch."),
         "quantization": args.quantization,
+        "quantization_activations": args.quantization_activations,
         "kv_cache_dtype": str(eng.kv_cache_dtype).removeprefix("torch."),
         "prefill_s": round(prefill_s, 4),
         "prefill_tokens": len(prompt),
@@ -192,8 +195,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="model path (default: SmolLM2 GGUF)")
     ap.add_argument("--dtype", default="auto")
-    ap.add_argument("--quantization", default=None, choices=["gguf"],
-                    help="keep the GGUF matrices quantized (our side only)")
+    ap.add_argument("--quantization", default=None, choices=["gguf", "int8"],
+                    help="keep the GGUF matrices quantized, or quantize to int8 (our side "
+                    "only)")
+    ap.add_argument("--quantization-activations", default="int16", choices=["int16", "int8"],
+                    help="what quantized matrices meet (our side only)")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads (default: all)")
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
     ap.add_argument("--kv-cache-memory", type=int, default=1 << 30)

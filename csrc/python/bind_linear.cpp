@@ -150,6 +150,17 @@ NotImplementedError). Raises ValueError for inconsistent shapes or dtypes.)doc")
         },
         py::arg("isa"), "Caps the linear kernels' instruction set (tests); returns the one in effect.");
     m.def(
+        "set_quant_activation_bits",
+        [](int bits) {
+            check(lc_set_quant_activation_bits(bits));
+            return lc_get_quant_activation_bits();
+        },
+        py::arg("bits"),
+        "Quantized linears round activations to this many bits per block of 32: 16 (the "
+        "default) or 8 (llama.cpp's q8); process-wide. Returns the width in effect.");
+    m.def("quant_activation_bits", [] { return lc_get_quant_activation_bits(); },
+          "The activation width quantized linears use: 16 or 8.");
+    m.def(
         "linear_isa",
         [] { return std::string(lc::linear::isa_name(lc::linear::current_isa())); },
         "The instruction set the CPU linear kernel runs with: avx2 or scalar.");

@@ -2,6 +2,7 @@
 // variant, and the scalar reference microkernel (linear_quant.h).
 #include "linear_quant.h"
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -19,15 +20,23 @@ bool cpu_has_avx512_vnni() {
 
 namespace {
 
+std::atomic<int> g_activation_bits{16};
+
 struct QuantXBuf {
     std::vector<int8_t> q;
+    std::vector<int16_t> q16;
     std::vector<float> scale, ssum;
     std::vector<int32_t> isum;
 };
 
-QuantX quantize(const Job& job, QuantXBuf& buf) {
+// Row blocks of x to `bits`-bit integers: q = round(x / s), s = max|x| / qmax,
+// |q| <= qmax; int16 ones stored in x16_index order.
+QuantX quantize(const Job& job, QuantXBuf& buf, int bits) {
     const int64_t nb = job.K / quant::kBlock, M = job.M;
-    buf.q.resize(size_t(M * job.K));
+    const bool wide = bits == 16;
+    const float qmax = wide ? 32767.0f : 127.0f;
+    (wide ? buf.q.clear() : buf.q.resize(size_t(M * job.K)));
+    (wide ? buf.q16.resize(size_t(M * job.K)) : buf.q16.clear());
     buf.scale.resize(size_t(M * nb));
     buf.ssum.resize(size_t(M * nb));
     buf.isum.resize(size_t(M * nb));
@@ -36,20 +45,25 @@ QuantX quantize(const Job& job, QuantXBuf& buf) {
             const float* x = job.x + (i / nb) * job.ldx + (i % nb) * quant::kBlock;
             float amax = 0.0f;
             for (int e = 0; e < quant::kBlock; ++e) amax = std::max(amax, std::fabs(x[e]));
-            const float s = amax / 127.0f, inv = s != 0.0f ? 1.0f / s : 0.0f;
-            int8_t* q = buf.q.data() + i * quant::kBlock;
+            const float s = amax / qmax, inv = s != 0.0f ? 1.0f / s : 0.0f;
+            const long lim = long(qmax);
             int32_t sum = 0;
             for (int e = 0; e < quant::kBlock; ++e) {
-                const long v = std::lrint(x[e] * inv);  // |v| <= 127: x[e] * inv <= 127 (+1 ulp)
-                q[e] = int8_t(std::max<long>(-127, std::min<long>(127, v)));
-                sum += q[e];
+                // |v| <= qmax: x[e] * inv <= qmax (+1 ulp)
+                const long v = std::max(-lim, std::min(lim, std::lrint(x[e] * inv)));
+                if (wide)
+                    buf.q16[size_t(i * quant::kBlock + x16_index(e))] = int16_t(v);
+                else
+                    buf.q[size_t(i * quant::kBlock + e)] = int8_t(v);
+                sum += int32_t(v);
             }
             buf.scale[size_t(i)] = s;
             buf.isum[size_t(i)] = sum;
             buf.ssum[size_t(i)] = s * float(sum);
         }
     });
-    return QuantX{buf.q.data(), buf.scale.data(), buf.ssum.data(), buf.isum.data(), nb};
+    return QuantX{wide ? nullptr : buf.q.data(), wide ? buf.q16.data() : nullptr,
+                  buf.scale.data(), buf.ssum.data(), buf.isum.data(), nb};
 }
 
 constexpr int kScalarMR = 4;
@@ -77,7 +91,10 @@ struct ScalarMicro {
             }
             for (int r = 0; r < R; ++r) {
                 const int64_t i = (m0 + r) * qx.nb + b;
-                const int8_t* q = qx.q + i * quant::kBlock;
+                int q[quant::kBlock];
+                for (int e = 0; e < quant::kBlock; ++e)
+                    q[e] = qx.q16 ? qx.q16[i * quant::kBlock + x16_index(e)]
+                                  : qx.q[i * quant::kBlock + e];
                 for (int c = 0; c < kP; ++c) {
                     int32_t dot = -quant::offset(T) * qx.isum[i];
                     for (int e = 0; e < quant::kBlock; ++e) dot += u[c][e] * q[e];
@@ -98,9 +115,19 @@ void run_quant_scalar(const Job& job, const QuantX& qx) {
     });
 }
 
+int quant_activation_bits() { return g_activation_bits.load(std::memory_order_relaxed); }
+
+void set_quant_activation_bits(int bits) {
+    if (bits != 8 && bits != 16)
+        fail(LC_ERR_INVALID_ARGUMENT, "quantized linear activations are 8 or 16 bits, not " +
+                                          std::to_string(bits));
+    g_activation_bits.store(bits, std::memory_order_relaxed);
+}
+
 void run_quant(const Job& job) {
     thread_local QuantXBuf buf;
-    const QuantX qx = quantize(job, buf);  // the workers read this thread's buffer
+    // the workers read this thread's buffer
+    const QuantX qx = quantize(job, buf, quant_activation_bits());
     const Isa isa = current_isa();
     static const bool vnni = cpu_has_avx512_vnni();
     if (isa == Isa::kAvx512 && vnni)
@@ -112,3 +139,11 @@ void run_quant(const Job& job) {
 }
 
 }  // namespace lc::linear
+
+extern "C" lc_status lc_set_quant_activation_bits(int32_t bits) {
+    return lc::guard([&] { lc::linear::set_quant_activation_bits(bits); });
+}
+
+extern "C" int32_t lc_get_quant_activation_bits(void) {
+    return lc::linear::quant_activation_bits();
+}

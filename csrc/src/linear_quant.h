@@ -1,11 +1,15 @@
 // The packed linear on quantized weights (weight_quant.h): one driver and one
 // per-block formula, each instruction set supplying only its microkernel.
 //
-// Activations are quantized per row and block of 32 to int8 (q = round(x / s),
-// s = max|x| / 127) with the block's integer sum kept, so that per block
+// Activations are quantized per row and block of 32 to int16 (q = round(x / s),
+// s = max|x| / 32767; the default) or int8 (s = max|x| / 127, as llama.cpp's q8
+// path) with the block's integer sum kept, so that per block
 //   sum_e w_e x_e = d * s * (sum_e u_e q_e - off * sum_e q_e)   (Q8_0, Q4_0)
 //                 = d * s * sum_e u_e q_e + m * (s * sum_e q_e)  (Q4_1)
-// with the bracket an exact integer (vpdpbusd: u8 x s8 -> s32). Every variant
+// with the bracket an exact integer (int8: vpdpbusd, u8 x s8 -> s32; int16:
+// vpdpwssd / vpmaddwd, s16 x s16 pairs -> s32, the u8 quants taken as words: a
+// 32-bit lane's four quants u0..u3 are the words (u0, u2) and (u1, u3), met by
+// the activations stored in that order). Every variant
 // accumulates the block terms in the same order with the same fp32 roundings
 // (d * s, then one fused multiply-add per term), so they agree with the scalar
 // one to the last bit unless the compiler reorders nothing it may not.
@@ -25,12 +29,21 @@ namespace lc::linear {
 
 // The activations of one call, quantized: row m, block b at index m * nb + b.
 struct QuantX {
-    const int8_t* q;      // [M][K]
+    const int8_t* q;      // [M][K] (int8 activations), or null
+    const int16_t* q16;   // [M][K] (int16), each 4 as x0 x2 x1 x3 (x16_index), or null
     const float* scale;   // s
     const float* ssum;    // s * sum(q), for the Q4_1 min term
     const int32_t* isum;  // sum(q)
     int64_t nb;           // blocks per row (K / 32)
 };
+
+// Where element e of a block sits in the int16 activations: within each 4,
+// the order x0 x2 x1 x3.
+inline int x16_index(int e) { return (e & ~3) | ((e & 1) << 1) | ((e >> 1) & 1); }
+
+// The activation width quantized linears use (16 or 8; process-wide).
+int quant_activation_bits();
+void set_quant_activation_bits(int bits);
 
 void run_quant_scalar(const Job& job, const QuantX& qx);
 void run_quant_avx2(const Job& job, const QuantX& qx);

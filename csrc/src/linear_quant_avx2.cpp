@@ -3,7 +3,9 @@
 // u8 x s8 dot of four quants is vpmaddubsw (pairs into s16) then vpmaddwd by
 // ones (into s32). Q4 products fit s16; a Q8 pair could not (255 * 127 * 2),
 // so Q8 quants are taken back to signed q = u - 128 and multiplied as
-// |q| x sign(x, q), which fits, with no offset term.
+// |q| x sign(x, q), which fits, with no offset term. With int16 activations
+// each 32-byte load splits into words (u0, u2) and (u1, u3) per lane and
+// vpmaddwd adds their products with two activations straight into s32.
 #include "linear_quant.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -72,11 +74,67 @@ struct Micro {
     }
 };
 
+// The int16-activation kernel: Micro's loads, halves and fp32 steps, groups
+// outside rows so that a group's two word vectors are made once per block.
+template <int32_t T, int R>
+struct Micro16 {
+    static void run(const Job& job, const QuantX& qx, int64_t p, int64_t m0, int nvalid) {
+        const int64_t bb = quant::block_bytes(T), qb = quant::quant_bytes(T);
+        const uint8_t* base = quant::block_at(*job.packed, p, 0);
+        const __m256i lo4 = _mm256_set1_epi8(0x0f), words = _mm256_set1_epi32(0x00ff00ff);
+        alignas(32) float out[R][weight::kPanel];
+        for (int h = 0; h < 2; ++h) {  // columns 8h .. 8h + 7
+            __m256 acc[R];
+            for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+            const uint8_t* blk = base + 32 * h;
+            for (int64_t b = 0; b < qx.nb; ++b, blk += bb) {
+                const int32_t* q[R];
+                __m256i dot[R];
+                for (int r = 0; r < R; ++r) {
+                    const int64_t i = (m0 + r) * qx.nb + b;
+                    q[r] = reinterpret_cast<const int32_t*>(qx.q16 + i * quant::kBlock);
+                    dot[r] = _mm256_set1_epi32(-quant::offset(T) * qx.isum[i]);
+                }
+                for (int g = 0; g < 8; ++g) {
+                    __m256i v;
+                    if (T == quant::kQ8_0) {
+                        v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * g));
+                    } else {
+                        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * (g % 4)));
+                        v = _mm256_and_si256(g < 4 ? raw : _mm256_srli_epi16(raw, 4), lo4);
+                    }
+                    const __m256i even = _mm256_and_si256(v, words);
+                    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(v, 8), words);
+                    for (int r = 0; r < R; ++r) {
+                        dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(even, _mm256_set1_epi32(q[r][2 * g])));
+                        dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(odd, _mm256_set1_epi32(q[r][2 * g + 1])));
+                    }
+                }
+                const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk - 32 * h + qb + 16 * h)));
+                const __m256 m = T == quant::kQ4_1
+                    ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk - 32 * h + qb + 32 + 16 * h)))
+                    : _mm256_setzero_ps();
+                for (int r = 0; r < R; ++r) {
+                    const int64_t i = (m0 + r) * qx.nb + b;
+                    const __m256 s = _mm256_mul_ps(d, _mm256_set1_ps(qx.scale[i]));
+                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r]), s, acc[r]);
+                    if (T == quant::kQ4_1) acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(qx.ssum[i]), acc[r]);
+                }
+            }
+            for (int r = 0; r < R; ++r) _mm256_store_ps(out[r] + 8 * h, acc[r]);
+        }
+        for (int r = 0; r < R; ++r) store_row(job, m0 + r, p * weight::kPanel, out[r], nvalid);
+    }
+};
+
 }  // namespace
 
 void run_quant_avx2(const Job& job, const QuantX& qx) {
     drive_quant<kMR>(job, [&](int64_t p, int64_t m0, int rows, int nvalid) {
-        dispatch_rows<kMR, Micro>(job.packed->qtype, rows, job, qx, p, m0, nvalid);
+        if (qx.q16)
+            dispatch_rows<kMR, Micro16>(job.packed->qtype, rows, job, qx, p, m0, nvalid);
+        else
+            dispatch_rows<kMR, Micro>(job.packed->qtype, rows, job, qx, p, m0, nvalid);
     });
 }
 

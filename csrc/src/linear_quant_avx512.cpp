@@ -1,7 +1,9 @@
 // Quantized packed linear with AVX512_VNNI (linear_quant.h): per block, the
 // 16 columns' quants come as 4 (Q4) or 8 (Q8) 64-byte loads, each lane four
 // consecutive quants of one column, and vpdpbusd adds four u8 x s8 products
-// per lane against four activations broadcast to all lanes.
+// per lane against four activations broadcast to all lanes (int8), or each
+// load splits into two of words and vpdpwssd adds two s16 x s16 products per
+// lane against two activations (int16: the same loads, two dots per group).
 #include "linear_quant.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -60,6 +62,10 @@ struct Micro {
                 if (T == quant::kQ4_1) acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(qx.ssum[i]), acc[r]);
             }
         }
+        store(job, acc, p, m0, nvalid);
+    }
+
+    static void store(const Job& job, const __m512* acc, int64_t p, int64_t m0, int nvalid) {
         const int64_t c0 = p * weight::kPanel;
         for (int r = 0; r < R; ++r) {
             if (job.out_dtype == LC_DTYPE_F32 && nvalid == weight::kPanel) {
@@ -75,11 +81,64 @@ struct Micro {
     }
 };
 
+// The int16-activation kernel: Micro's loads and fp32 steps; per group g the
+// lane's quants (u0..u3) become the words (u0, u2) and (u1, u3), made once and
+// met by every row (groups outside rows: R dot registers, two word vectors).
+template <int32_t T, int R>
+struct Micro16 {
+    static void run(const Job& job, const QuantX& qx, int64_t p, int64_t m0, int nvalid) {
+        const int64_t bb = quant::block_bytes(T), qb = quant::quant_bytes(T);
+        const uint8_t* blk = quant::block_at(*job.packed, p, 0);
+        const __m512i lo4 = _mm512_set1_epi8(0x0f), words = _mm512_set1_epi32(0x00ff00ff);
+        __m512 acc[R];
+        for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+        for (int64_t b = 0; b < qx.nb; ++b, blk += bb) {
+            if (m0 == 0) _mm_prefetch(reinterpret_cast<const char*>(blk) + kPrefetchBytes, _MM_HINT_T0);
+            const int32_t* q[R];
+            __m512i dot[R];
+            for (int r = 0; r < R; ++r) {
+                const int64_t i = (m0 + r) * qx.nb + b;
+                q[r] = reinterpret_cast<const int32_t*>(qx.q16 + i * quant::kBlock);
+                dot[r] = _mm512_set1_epi32(-quant::offset(T) * qx.isum[i]);
+            }
+            for (int g = 0; g < 8; ++g) {
+                __m512i v;
+                if (T == quant::kQ8_0) {
+                    v = _mm512_loadu_si512(blk + 64 * g);
+                } else {
+                    const __m512i raw = _mm512_loadu_si512(blk + 64 * (g % 4));
+                    v = _mm512_and_si512(g < 4 ? raw : _mm512_srli_epi16(raw, 4), lo4);
+                }
+                const __m512i even = _mm512_and_si512(v, words);
+                const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(v, 8), words);
+                for (int r = 0; r < R; ++r) {
+                    dot[r] = _mm512_dpwssd_epi32(dot[r], even, _mm512_set1_epi32(q[r][2 * g]));
+                    dot[r] = _mm512_dpwssd_epi32(dot[r], odd, _mm512_set1_epi32(q[r][2 * g + 1]));
+                }
+            }
+            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + qb)));
+            const __m512 m = T == quant::kQ4_1
+                ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + qb + 32)))
+                : _mm512_setzero_ps();
+            for (int r = 0; r < R; ++r) {
+                const int64_t i = (m0 + r) * qx.nb + b;
+                const __m512 s = _mm512_mul_ps(d, _mm512_set1_ps(qx.scale[i]));
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r]), s, acc[r]);
+                if (T == quant::kQ4_1) acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(qx.ssum[i]), acc[r]);
+            }
+        }
+        Micro<T, R>::store(job, acc, p, m0, nvalid);
+    }
+};
+
 }  // namespace
 
 void run_quant_avx512(const Job& job, const QuantX& qx) {
     drive_quant<kMR>(job, [&](int64_t p, int64_t m0, int rows, int nvalid) {
-        dispatch_rows<kMR, Micro>(job.packed->qtype, rows, job, qx, p, m0, nvalid);
+        if (qx.q16)
+            dispatch_rows<kMR, Micro16>(job.packed->qtype, rows, job, qx, p, m0, nvalid);
+        else
+            dispatch_rows<kMR, Micro>(job.packed->qtype, rows, job, qx, p, m0, nvalid);
     });
 }
 

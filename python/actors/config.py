@@ -23,6 +23,9 @@ class EngineConfig:
     # None | "gguf" (vLLM's name): a GGUF model's Q8_0/Q4_0/Q4_1 matrices stay quantized |
     # "int8": any model's linear matrices quantized to Q8_0 blocks at load (loader/int8.py)
     quantization: str | None = None
+    # What quantized matrices (gguf, int8) meet: activations rounded per 32-block to "int16"
+    # (the default: within ~2^-15 of each block's largest value) or "int8" (llama.cpp's q8)
+    quantization_activations: str = "int16"
     # Time the core's linear kernels against torch's on the model's shapes at load (about
     # 1.5 s) and route each (shape, M bucket) to the faster (actors.models.linear_routing)
     linear_routing: bool = True

@@ -223,6 +223,11 @@ def build_parser() -> argparse.ArgumentParser:
       "about a quarter of bf16's bytes per token); 'int8': quantize any model's linear "
       "matrices to int8 at load (Q8_0 blocks, a scale per 32 weights; about half of bf16's "
       "bytes). Default: none, the matrices in --dtype")
+    a("--quantization-activations", default=ENGINE.quantization_activations,
+      choices=["int16", "int8"], help="with --quantization: the activations quantized "
+      "matrices meet, rounded per block of 32 values: 'int16' (the default; logits within "
+      "~0.01 of fp32 on the same weights, more accurate than a bf16 copy) or 'int8' "
+      "(llama.cpp's q8 activations; ~1 logit of error, a little faster on AVX2-only CPUs)")
     a("--linear-routing", default="on" if ENGINE.linear_routing else "off",
       choices=["on", "off"], help="'on': at load, time the core's linear kernels against "
       "torch's on the model's shapes (about 1.5 s) and route each shape and batch size to the "
@@ -342,6 +347,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         model=args.model,
         dtype=args.dtype,
         quantization=args.quantization,
+        quantization_activations=args.quantization_activations,
         linear_routing=args.linear_routing == "on",
         max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs,

@@ -78,13 +78,14 @@ std::vector<uint8_t> random_blocks(int32_t type, int64_t N, int64_t K, std::mt19
     return raw;
 }
 
-// x as the kernel rounds it: per block of 32, s = max|x| / 127, q = round(x / s).
-std::vector<double> rounded(const std::vector<float>& x, int64_t M, int64_t K) {
+// x as the kernel rounds it: per block of 32, s = max|x| / qmax, q = round(x / s)
+// (qmax 127 for int8 activations, 32767 for int16).
+std::vector<double> rounded(const std::vector<float>& x, int64_t M, int64_t K, float qmax) {
     std::vector<double> r(x.size());
     for (int64_t i = 0; i < M * K; i += 32) {
         float amax = 0;
         for (int e = 0; e < 32; ++e) amax = std::max(amax, std::fabs(x[size_t(i + e)]));
-        const float s = amax / 127.0f, inv = s != 0 ? 1.0f / s : 0.0f;
+        const float s = amax / qmax, inv = s != 0 ? 1.0f / s : 0.0f;
         for (int e = 0; e < 32; ++e)
             r[size_t(i + e)] = double(s) * double(std::lrint(x[size_t(i + e)] * inv));
     }
@@ -128,7 +129,8 @@ void check_case(int32_t type, int64_t M, int64_t N, int64_t K, bool with_bias, s
     std::vector<float> x(static_cast<size_t>(M * K)), bias(static_cast<size_t>(N));
     for (float& v : x) v = dist(rng);
     for (float& v : bias) v = dist(rng);
-    const std::vector<double> xr = rounded(x, M, K);
+    const int bits = lc_get_quant_activation_bits();
+    const std::vector<double> xr = rounded(x, M, K, bits == 16 ? 32767.0f : 127.0f);
     std::vector<float> scalar_out;
     for (lc::Isa isa : isas) {
         lc::linear::set_isa(isa);
@@ -150,9 +152,9 @@ void check_case(int32_t type, int64_t M, int64_t N, int64_t K, bool with_bias, s
                 worst_exact = std::max(worst_exact, std::fabs(got - ref) / tol);
                 worst_true = std::max(worst_true, std::fabs(got - ref_true) / (err + tol));
             }
-        CHECK(worst_exact <= 1.0, "%s %s M=%lld N=%lld K=%lld: %.2f x tol vs exact",
-              lc::quant::name(type), lc::isa_name(isa), (long long)M, (long long)N, (long long)K,
-              worst_exact);
+        CHECK(worst_exact <= 1.0, "%s %s int%d M=%lld N=%lld K=%lld: %.2f x tol vs exact",
+              lc::quant::name(type), lc::isa_name(isa), bits, (long long)M, (long long)N,
+              (long long)K, worst_exact);
         CHECK(worst_true <= 1.0, "%s %s: %.2f x the activation rounding bound",
               lc::quant::name(type), lc::isa_name(isa), worst_true);
         if (isa == lc::Isa::kScalar) {
@@ -212,6 +214,8 @@ int main() {
     std::mt19937 rng(99);
     for (int threads : {1, 2}) {
         lc_set_num_threads(threads);
+        // int16 activations (the default) on one thread count, int8 on the other
+        CHECK(lc_set_quant_activation_bits(threads == 1 ? 16 : 8) == LC_OK, "%s", lc_last_error());
         for (int32_t type : {LC_QUANT_Q8_0, LC_QUANT_Q4_0, LC_QUANT_Q4_1}) {
             for (int64_t M : {1, 2, 3, 5, 8, 9, 17})
                 for (int64_t N : {1, 16, 40})
@@ -220,6 +224,8 @@ int main() {
             check_case(type, 64, 192, 1536, true, rng, isas);
         }
     }
+    CHECK(lc_set_quant_activation_bits(12) == LC_ERR_INVALID_ARGUMENT, "12-bit activations");
+    CHECK(lc_get_quant_activation_bits() == 8, "width kept after a refused one");
     errors();
     lc::linear::set_isa(lc::linear::best_isa());
     return lctest::finish();

@@ -43,6 +43,8 @@ class LLMEngine:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         llmcore.set_num_threads(torch.get_num_threads())
+        llmcore._C.set_quant_activation_bits(
+            {"int16": 16, "int8": 8}[config.quantization_activations])
 
         t0 = time.perf_counter()
         if loaded is None:
