@@ -11,6 +11,10 @@ by that schema (structured_outputs.json): each level then runs unconstrained and
 rounds alternately (--rounds of each) on the same server and reports the ratio of their
 median throughputs, constrained/unconstrained. A schema whose shortest output is longer
 than --max-tokens keeps every request generating to its limit, like ignore_eos does.
+--prompt-tokens N gives every request its own prompt of about N tokens (distinct from its
+first word, so no server's prefix cache serves one request from another's); without it every
+request sends the one short PROMPT. A server that sends no usage chunk has its output tokens
+counted as streamed text chunks (one token each on the servers this is run against).
 """
 
 from __future__ import annotations
@@ -26,6 +30,17 @@ import httpx
 import trio
 
 PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
+WORDS = ("the harbour light turned slowly over the water while the keeper wrote down every "
+         "ship he saw and the weather of each night in a small book").split()
+
+
+def prompts_of(tokens: int | None, count: int) -> list[str]:
+    """`count` prompts of about `tokens` tokens each (common English words are one token in
+    the Llama-family vocabularies), each starting with its own number; [PROMPT] when None."""
+    if not tokens:
+        return [PROMPT]
+    return [f"Request {i}: " + " ".join(WORDS[(i + j) % len(WORDS)] for j in range(tokens - 4))
+            for i in range(count)]
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -36,14 +51,15 @@ def pct(values: list[float], q: float) -> float | None:
 
 
 async def one(client: httpx.AsyncClient, args, ttfts, itls, counts, errors,
-              schema=None) -> None:
-    body = {"model": args.model, "prompt": PROMPT, "max_tokens": args.max_tokens,
+              schema=None, prompt: str = PROMPT) -> None:
+    body = {"model": args.model, "prompt": prompt, "max_tokens": args.max_tokens,
             "stream": True, "ignore_eos": True, "temperature": 0.0,
             "stream_options": {"include_usage": True}}
     if schema is not None:
         body["structured_outputs"] = {"json": schema}
     start = time.perf_counter()
     last = None
+    chunks, usage = 0, None
     try:
         async with client.stream("POST", "/v1/completions", json=body) as r:
             if r.status_code != 200:
@@ -55,9 +71,10 @@ async def one(client: httpx.AsyncClient, args, ttfts, itls, counts, errors,
                     continue
                 chunk = json.loads(line[6:])
                 if chunk.get("usage"):
-                    counts.append(chunk["usage"]["completion_tokens"])
+                    usage = chunk["usage"]["completion_tokens"]
                 if not chunk.get("choices") or not chunk["choices"][0].get("text"):
                     continue
+                chunks += 1
                 now = time.perf_counter()
                 if last is None:
                     ttfts.append(now - start)
@@ -66,6 +83,8 @@ async def one(client: httpx.AsyncClient, args, ttfts, itls, counts, errors,
                 last = now
     except httpx.HTTPError as exc:
         errors.append(type(exc).__name__)
+        return
+    counts.append(usage if usage is not None else chunks)
 
 
 async def level(args, concurrency: int, schema=None) -> dict:
@@ -78,15 +97,17 @@ async def level(args, concurrency: int, schema=None) -> dict:
     async with httpx.AsyncClient(base_url=args.url, headers=headers, timeout=600,
                                  limits=limits) as client:
         sem = trio.Semaphore(concurrency)
+        prompts = prompts_of(getattr(args, "prompt_tokens", None), args.requests)
 
-        async def guarded():
+        async def guarded(i: int):
             async with sem:
-                await one(client, args, ttfts, itls, counts, errors, schema)
+                await one(client, args, ttfts, itls, counts, errors, schema,
+                          prompts[i % len(prompts)])
 
         start = time.perf_counter()
         async with trio.open_nursery() as n:
-            for _ in range(args.requests):
-                n.start_soon(guarded)
+            for i in range(args.requests):
+                n.start_soon(guarded, i)
         elapsed = time.perf_counter() - start
     return {
         "concurrency": concurrency, "requests": args.requests, "errors": len(errors),
@@ -107,11 +128,12 @@ def offline(args, concurrency: int) -> dict:
 
     engine = LLMEngine(EngineConfig(max_num_seqs=concurrency, max_model_len=args.max_model_len,
                                     kv_cache_memory=args.kv_cache_memory))
-    ids = engine.tokenizer.encode(PROMPT)
+    prompts = [engine.tokenizer.encode(p)
+               for p in prompts_of(args.prompt_tokens, args.requests)]
     params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True, temperature=0.0)
     start = time.perf_counter()
     for i in range(args.requests):
-        engine.add_request(f"r{i}", ids, params)
+        engine.add_request(f"r{i}", prompts[i % len(prompts)], params)
     tokens = 0
     while engine.has_unfinished_requests():
         tokens += sum(len(o.new_token_ids) for o in engine.step().outputs)
@@ -148,6 +170,8 @@ def main() -> int:
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--requests", type=int, default=64)
     p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--prompt-tokens", type=int, default=None,
+                   help="a distinct prompt of about this many tokens per request")
     p.add_argument("--offline", action="store_true")
     p.add_argument("--json-schema", default=None, metavar="FILE",
                    help="constrain requests by this JSON schema, alternated with "

