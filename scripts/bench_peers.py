@@ -12,7 +12,8 @@ flight; `--vllm-model` is a Hugging Face directory for `vllm serve` (vLLM's CPU 
 
 Every server is started first and stays up (idle servers cost no CPU), then each round runs
 every concurrency level on every server in turn, so a noisy moment falls on all of them; the
-figures are medians over the rounds. The workload is issue 13's: streaming /v1/completions,
+figures are medians over the rounds. Each level of each round sends prompts no earlier level
+sent (every server the same ones), so no prefix cache serves a prompt from an earlier run. The workload is issue 13's: streaming /v1/completions,
 a distinct prompt of ~250 tokens per request, 128 tokens out with ignore_eos, temperature 0.
 The JSON ends with the three target ratios (ours / peer): c=32 output tokens/s over vLLM's,
 ITL p50 at c=1 over llama-server's, TTFT p50 at c=1 over vLLM's; a ratio whose peer did not
@@ -110,9 +111,10 @@ def ours_name(extra: str) -> str:
     return f"ours {extra}".strip()
 
 
-def load_args(args, url: str, model: str | None, concurrency: int) -> argparse.Namespace:
+def load_args(args, url: str, model: str | None, concurrency: int,
+              first_prompt: int = 0) -> argparse.Namespace:
     return argparse.Namespace(url=url, model=model, api_key=None, max_tokens=args.max_tokens,
-                              prompt_tokens=args.prompt_tokens,
+                              prompt_tokens=args.prompt_tokens, first_prompt=first_prompt,
                               requests=max(args.requests_per_slot * concurrency, 8))
 
 
@@ -165,17 +167,20 @@ def main() -> int:
                                               for x in peers}
     try:
         names = {x.name: model_name(x.url) for x in peers}
-        for x in peers:  # one short warm-up request each
+        for x in peers:  # one warm-up request each, on a prompt no level sends
             trio.run(level, argparse.Namespace(**{**vars(load_args(args, x.url, names[x.name],
-                                                                    1)), "requests": 1}), 1)
+                                                                    1, 10**6)),
+                                                  "requests": 1}), 1)
+        first = 0  # every level of every round gets prompts of its own: no prefix-cache hits
         for r in range(args.rounds):
             for c in args.concurrency:
-                for x in peers:
-                    out = trio.run(level, load_args(args, x.url, names[x.name], c), c)
+                for x in peers:  # ... but every server the same ones
+                    out = trio.run(level, load_args(args, x.url, names[x.name], c, first), c)
                     runs[x.name][c].append(out)
                     log(f"round {r + 1} {x.name} c={c}: {out['output_tokens_per_s']} tok/s, "
                         f"TTFT p50 {out['ttft_p50']}, ITL p50 {out['itl_p50']}, "
                         f"errors {out['errors']}")
+                first += max(args.requests_per_slot * c, 8)
     finally:
         for x in peers:
             x.close()

@@ -34,13 +34,15 @@ WORDS = ("the harbour light turned slowly over the water while the keeper wrote 
          "ship he saw and the weather of each night in a small book").split()
 
 
-def prompts_of(tokens: int | None, count: int) -> list[str]:
+def prompts_of(tokens: int | None, count: int, first: int = 0) -> list[str]:
     """`count` prompts of about `tokens` tokens each (common English words are one token in
-    the Llama-family vocabularies), each starting with its own number; [PROMPT] when None."""
+    the Llama-family vocabularies), each starting with its own number, from `first` on (a
+    run that must not meet its own earlier prompts in a prefix cache starts past them);
+    [PROMPT] when None."""
     if not tokens:
         return [PROMPT]
     return [f"Request {i}: " + " ".join(WORDS[(i + j) % len(WORDS)] for j in range(tokens - 4))
-            for i in range(count)]
+            for i in range(first, first + count)]
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -97,7 +99,8 @@ async def level(args, concurrency: int, schema=None) -> dict:
     async with httpx.AsyncClient(base_url=args.url, headers=headers, timeout=600,
                                  limits=limits) as client:
         sem = trio.Semaphore(concurrency)
-        prompts = prompts_of(getattr(args, "prompt_tokens", None), args.requests)
+        prompts = prompts_of(getattr(args, "prompt_tokens", None), args.requests,
+                             getattr(args, "first_prompt", 0))
 
         async def guarded(i: int):
             async with sem:
@@ -111,6 +114,7 @@ async def level(args, concurrency: int, schema=None) -> dict:
         elapsed = time.perf_counter() - start
     return {
         "concurrency": concurrency, "requests": args.requests, "errors": len(errors),
+        "error_kinds": sorted({str(e) for e in errors}),
         "output_tokens": sum(counts), "seconds": round(elapsed, 3),
         "output_tokens_per_s": round(sum(counts) / elapsed, 2),
         "ttft_p50": pct(ttfts, 0.5), "ttft_p99": pct(ttfts, 0.99),
