@@ -106,6 +106,11 @@ def main() -> None:
         return "linear." + shapes.get(n, f"n{n}")
 
     c.linear = timers.wrap(c.linear, lin_name)
+    # A shape the load-time routing sent to torch (actors.models.linear_routing) runs there
+    # instead, under the same name: the split is by projection, whichever kernel ran it.
+    from actors.models import linear_routing
+
+    linear_routing.torch_linear = timers.wrap(linear_routing.torch_linear, lin_name)
     c.rms_norm = timers.wrap(c.rms_norm, "rms_norm")
     c.rope = timers.wrap(c.rope, "rope")
     c.silu_mul = timers.wrap(c.silu_mul, "silu_mul")
