@@ -93,6 +93,12 @@ def test_rows_dequantize_exactly(qtype: str) -> None:
     np.testing.assert_array_equal(out, w[ids].astype(np.float32))
 
 
+def test_engine_refuses_an_unknown_activation_width(default_model: tuple[Any, float]) -> None:
+    loaded = default_model[0]
+    with pytest.raises(ValueError, match="quantization_activations must be one of"):
+        LLM(str(loaded.source), loaded=loaded, quantization_activations="int4")
+
+
 def test_activation_width_is_8_or_16() -> None:
     assert llmcore._C.quant_activation_bits() == 16  # the default
     for bad in (0, 4, 12, 32, -16):
@@ -181,9 +187,6 @@ def test_greedy_outputs_against_fp32(models: dict[str, Any]) -> None:
                         [lp.top_logprobs[0] - lp.top_logprobs[1] for lp in o.logprobs]))
         return out
 
-    def runs_int8(loaded: Any) -> list[tuple[list[int], list[float]]]:
-        return runs(loaded, quantization_activations="int8")
-
     def divergences(got: list[tuple[list[int], list[float]]]) -> list[tuple[int, int, float]]:
         found = []
         for p, ((w_tokens, w_gaps), (g_tokens, _)) in enumerate(zip(want, got)):
@@ -196,7 +199,7 @@ def test_greedy_outputs_against_fp32(models: dict[str, Any]) -> None:
     div = {name: divergences(runs(models[name])) for name in ("bf16", "gguf")}
     before = llmcore._C.quant_activation_bits()
     try:  # LLM() sets the width from its config: int8 here
-        div["gguf_int8"] = divergences(runs_int8(models["gguf"]))
+        div["gguf_int8"] = divergences(runs(models["gguf"], quantization_activations="int8"))
     finally:
         llmcore._C.set_quant_activation_bits(before)
     print(f"greedy vs fp32 over {len(want)} prompts, (prompt, first differing token, fp32 "

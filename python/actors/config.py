@@ -16,6 +16,10 @@ __all__ = ["EngineConfig", "GiB"]
 GiB = 1 << 30
 
 
+# EngineConfig.quantization_activations -> the core's activation width (bits)
+QUANT_ACTIVATION_BITS = {"int16": 16, "int8": 8}
+
+
 @dataclass(slots=True)
 class EngineConfig:
     model: str | None = None  # None: the default SmolLM2-135M-Instruct GGUF
@@ -25,7 +29,7 @@ class EngineConfig:
     quantization: str | None = None
     # What quantized matrices (gguf, int8) meet: activations rounded per 32-block to "int16"
     # (the default: within ~2^-15 of each block's largest value) or "int8" (llama.cpp's q8)
-    quantization_activations: str = "int16"
+    quantization_activations: str = "int16"  # a key of QUANT_ACTIVATION_BITS
     # Time the core's linear kernels against torch's on the model's shapes at load (about
     # 1.5 s) and route each (shape, M bucket) to the faster (actors.models.linear_routing)
     linear_routing: bool = True

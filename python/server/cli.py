@@ -9,7 +9,7 @@ import re
 import sys
 from pathlib import Path
 
-from actors.config import EngineConfig
+from actors.config import QUANT_ACTIVATION_BITS, EngineConfig
 from actors.loader.whisper import WHISPER_MODELS
 from actors.params.pooling import PoolerConfig
 
@@ -224,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
       "matrices to int8 at load (Q8_0 blocks, a scale per 32 weights; about half of bf16's "
       "bytes). Default: none, the matrices in --dtype")
     a("--quantization-activations", default=ENGINE.quantization_activations,
-      choices=["int16", "int8"], help="with --quantization: the activations quantized "
+      choices=list(QUANT_ACTIVATION_BITS), help="with --quantization: the activations quantized "
       "matrices meet, rounded per block of 32 values: 'int16' (the default; logits within "
       "~0.01 of fp32 on the same weights, more accurate than a bf16 copy) or 'int8' "
       "(llama.cpp's q8 activations; ~1 logit of error, a little faster on AVX2-only CPUs)")

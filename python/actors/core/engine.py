@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import llmcore
-from actors.config import EngineConfig, GiB  # EngineConfig re-exported: its old home
+from actors.config import QUANT_ACTIVATION_BITS, EngineConfig, GiB  # EngineConfig re-exported
 from actors.core.kv_manager import KVManager
 from actors.core.lora_adapters import LoraAdapters
 from actors.core.operator import Operator
@@ -43,8 +43,12 @@ class LLMEngine:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         llmcore.set_num_threads(torch.get_num_threads())
-        llmcore._C.set_quant_activation_bits(
-            {"int16": 16, "int8": 8}[config.quantization_activations])
+        bits = QUANT_ACTIVATION_BITS.get(config.quantization_activations)
+        if bits is None:
+            raise ValueError(f"quantization_activations must be one of "
+                             f"{', '.join(QUANT_ACTIVATION_BITS)}, got "
+                             f"{config.quantization_activations!r}")
+        llmcore._C.set_quant_activation_bits(bits)
 
         t0 = time.perf_counter()
         if loaded is None:
