@@ -13,6 +13,7 @@ Skipped, with the import error, when Ray Serve is not installed (pip install "ll
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -24,6 +25,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import openai
@@ -279,3 +281,61 @@ def test_builder_refuses_bad_flags_before_any_replica(flags: str, message: str) 
     with pytest.raises(ValueError, match="server_args") as refused:
         build_app({"server_args": flags})
     assert message in str(refused.value)
+
+
+# -- a replica's host, in this process (no cluster) ---------------------------------------
+def _asgi_post(path: str, body: dict) -> tuple[dict, list[dict], asyncio.Event]:
+    raw = json.dumps(body).encode()
+    delivered = False
+    gone = asyncio.Event()
+
+    async def receive() -> dict:
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": raw, "more_body": False}
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    sent: list[dict] = []
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+             "method": "POST", "scheme": "http", "path": path, "raw_path": path.encode(),
+             "query_string": b"", "root_path": "", "client": ("127.0.0.1", 1),
+             "server": ("127.0.0.1", 2),
+             "headers": [(b"content-type", b"application/json"), (b"host", b"replica")]}
+    return scope, sent, (receive, send, gone)  # type: ignore[return-value]
+
+
+def test_a_failed_engine_fails_the_replicas_health_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine fails on its 3rd step: the request in flight gets an error, the host's
+    loop ends, and check_health raises (Ray then replaces the replica)."""
+    from server.cli import parse_args
+    from server.ray_serve import LLMServer, TrioHost, _Bridge
+
+    monkeypatch.setenv("LLMSERVE_FAULT_INJECT", "engine:3")
+
+    async def scenario() -> tuple[int, bytes, bool, bool]:
+        host = TrioHost(parse_args(SERVER_ARGS.split()))
+        host.start()
+        await host.wait_ready()
+        healthy_before = host.healthy
+        scope, sent, (receive, send, _) = _asgi_post(
+            "/v1/completions", {"model": MODEL, "prompt": "Hello", "max_tokens": 50})
+        await asyncio.wait_for(_Bridge(host)(scope, receive, send), 60)
+        for _ in range(200):  # the supervisor stops serving once the failure is handled
+            if not host.alive:
+                break
+            await asyncio.sleep(0.1)
+        with pytest.raises(RuntimeError, match="engine has failed"):
+            LLMServer.check_health(SimpleNamespace(_host=host))  # the probe, on this host
+        body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+        return sent[0]["status"], body, healthy_before, host.alive
+
+    status, body, healthy_before, alive_after = asyncio.run(scenario())
+    assert healthy_before
+    assert status >= 500 and b'"error"' in body
+    assert not alive_after
