@@ -12,7 +12,8 @@ flight; `--vllm-model` is a Hugging Face directory for `vllm serve` (vLLM's CPU 
 
 Every server is started first and stays up (idle servers cost no CPU), then each round runs
 every concurrency level on every server in turn, so a noisy moment falls on all of them; the
-figures are medians over the rounds. Each level of each round sends prompts no earlier level
+figures are medians over the rounds. With --one-at-a-time each server runs alone instead:
+started for its turn in each round (all its levels), stopped after. Each level of each round sends prompts no earlier level
 sent (every server the same ones), so no prefix cache serves a prompt from an earlier run. The workload is issue 13's: streaming /v1/completions,
 a distinct prompt of ~250 tokens per request, 128 tokens out with ignore_eos, temperature 0.
 The JSON ends with the three target ratios (ours / peer): c=32 output tokens/s over vLLM's,
@@ -31,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 import httpx
 import trio
@@ -43,13 +45,15 @@ from server_under_test import free_port, log  # noqa: E402
 class Peer:
     """One server process on 127.0.0.1 and a free port, ready once `ready_path` answers 200."""
 
-    def __init__(self, name: str, argv: list[str], port: int, ready_path: str = "/health"):
+    def __init__(self, name: str, argv: list[str], port: int, ready_path: str = "/health",
+                 env: dict[str, str] | None = None):
         self.name, self.port, self.ready_path = name, port, ready_path
         self.url = f"http://127.0.0.1:{port}"
         self._log = tempfile.TemporaryFile()
-        log(f"{name}: {shlex.join(argv)}")
+        log(f"{name}: {' '.join(f'{k}={v}' for k, v in (env or {}).items())} "
+            f"{shlex.join(argv)}".strip())
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._log,
-                                     stderr=self._log)
+                                     stderr=self._log, env={**os.environ, **(env or {})})
 
     def wait_ready(self, timeout: float = 900) -> None:
         deadline = time.monotonic() + timeout
@@ -78,33 +82,52 @@ class Peer:
         self._log.close()
 
 
-def start_peers(args) -> list[Peer]:
+def vllm_env(args) -> dict[str, str]:
+    """vLLM's CPU settings: its OpenMP threads bound to the same cores the others use
+    (its default, `auto`, keeps one core of two for its front end), a 2 GiB KV cache; any
+    --vllm-env KEY=VALUE wins."""
+    env = {"VLLM_CPU_KVCACHE_SPACE": "2",
+           "VLLM_CPU_OMP_THREADS_BIND": f"0-{args.threads - 1}" if args.threads > 1 else "0"}
+    for item in args.vllm_env or []:
+        key, _, value = item.partition("=")
+        env[key] = value
+    return env
+
+
+def peer_specs(args) -> list[tuple[str, Any]]:
+    """(name, start) for every server to run; start() launches it on a free port."""
     from actors.loader.default_model import default_model_path
 
     gguf = str(args.gguf or default_model_path())
     ctx = args.prompt_tokens + args.max_tokens + 64
-    peers = []
-    for extra in args.ours_args or [""]:
+    specs: list[tuple[str, Any]] = []
+
+    def ours(extra: str) -> Peer:
         port = free_port()
-        peers.append(Peer(ours_name(extra), [
+        return Peer(ours_name(extra), [
             sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(port),
-            "--log-level", "warning", *shlex.split(extra)], port))
+            "--log-level", "warning", *shlex.split(extra)], port)
+
+    for extra in args.ours_args or [""]:
+        specs.append((ours_name(extra), lambda extra=extra: ours(extra)))
     if args.llama_server:
-        slots = max(args.concurrency)
-        port = free_port()
-        peers.append(Peer("llama-server", [
-            args.llama_server, "-m", gguf, "--host", "127.0.0.1", "--port", str(port),
-            "-t", str(args.threads), "-tb", str(args.threads), "-np", str(slots),
-            "-c", str(slots * ctx), "--no-webui"], port))
+        def llama() -> Peer:
+            slots = max(args.concurrency)
+            port = free_port()
+            return Peer("llama-server", [
+                args.llama_server, "-m", gguf, "--host", "127.0.0.1", "--port", str(port),
+                "-t", str(args.threads), "-tb", str(args.threads), "-np", str(slots),
+                "-c", str(slots * ctx), "--no-webui"], port)
+        specs.append(("llama-server", llama))
     if args.vllm_model:
-        port = free_port()
-        peers.append(Peer("vllm", [
-            "vllm", "serve", args.vllm_model, "--host", "127.0.0.1", "--port", str(port),
-            "--dtype", "bfloat16", "--max-model-len", str(ctx * 2),
-            "--max-num-seqs", str(max(args.concurrency))], port))
-    for p in peers:
-        p.wait_ready()
-    return peers
+        def vllm() -> Peer:
+            port = free_port()
+            return Peer("vllm", [
+                args.vllm_bin, "serve", args.vllm_model, "--host", "127.0.0.1",
+                "--port", str(port), "--dtype", "bfloat16", "--max-model-len", str(ctx * 2),
+                "--max-num-seqs", str(max(args.concurrency))], port, env=vllm_env(args))
+        specs.append(("vllm", vllm))
+    return specs
 
 
 def ours_name(extra: str) -> str:
@@ -160,36 +183,70 @@ def main() -> int:
     p.add_argument("--prompt-tokens", type=int, default=250)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--vllm-bin", default="vllm", help="the `vllm` command (e.g. in its venv)")
+    p.add_argument("--vllm-env", action="append", default=None, metavar="KEY=VALUE",
+                   help="environment for vLLM (default: VLLM_CPU_OMP_THREADS_BIND=0-(threads-1),"
+                   " VLLM_CPU_KVCACHE_SPACE=2)")
+    p.add_argument("--one-at-a-time", action="store_true",
+                   help="start each server for its turn of each round and stop it after, so "
+                   "no idle peer shares the machine (vLLM's start takes ~100 s)")
     args = p.parse_args()
 
-    peers = start_peers(args)
-    runs: dict[str, dict[int, list[dict]]] = {x.name: {c: [] for c in args.concurrency}
-                                              for x in peers}
-    try:
-        names = {x.name: model_name(x.url) for x in peers}
-        for x in peers:  # one warm-up request each, on a prompt no level sends
-            trio.run(level, argparse.Namespace(**{**vars(load_args(args, x.url, names[x.name],
-                                                                    1, 10**6)),
-                                                  "requests": 1}), 1)
-        first = 0  # every level of every round gets prompts of its own: no prefix-cache hits
+    specs = peer_specs(args)
+    runs: dict[str, dict[int, list[dict]]] = {name: {c: [] for c in args.concurrency}
+                                              for name, _ in specs}
+    # Every level of every round gets prompts of its own (no prefix-cache hits), every
+    # server the same ones.
+    offsets, first = {}, 0
+    for r in range(args.rounds):
+        for c in args.concurrency:
+            offsets[r, c] = first
+            first += max(args.requests_per_slot * c, 8)
+
+    def warm(x: Peer) -> str | None:
+        name = model_name(x.url)  # one warm-up request, on a prompt no level sends
+        trio.run(level, argparse.Namespace(**{**vars(load_args(args, x.url, name, 1, 10**6)),
+                                              "requests": 1}), 1)
+        return name
+
+    def run_level(x: Peer, name: str | None, r: int, c: int) -> None:
+        out = trio.run(level, load_args(args, x.url, name, c, offsets[r, c]), c)
+        runs[x.name][c].append(out)
+        log(f"round {r + 1} {x.name} c={c}: {out['output_tokens_per_s']} tok/s, "
+            f"TTFT p50 {out['ttft_p50']}, ITL p50 {out['itl_p50']}, errors {out['errors']}")
+
+    if args.one_at_a_time:
         for r in range(args.rounds):
-            for c in args.concurrency:
-                for x in peers:  # ... but every server the same ones
-                    out = trio.run(level, load_args(args, x.url, names[x.name], c, first), c)
-                    runs[x.name][c].append(out)
-                    log(f"round {r + 1} {x.name} c={c}: {out['output_tokens_per_s']} tok/s, "
-                        f"TTFT p50 {out['ttft_p50']}, ITL p50 {out['itl_p50']}, "
-                        f"errors {out['errors']}")
-                first += max(args.requests_per_slot * c, 8)
-    finally:
-        for x in peers:
-            x.close()
+            for _, start in specs:
+                x = start()
+                try:
+                    x.wait_ready()
+                    name = warm(x)
+                    for c in args.concurrency:
+                        run_level(x, name, r, c)
+                finally:
+                    x.close()
+    else:
+        peers = [start() for _, start in specs]
+        try:
+            for x in peers:
+                x.wait_ready()
+            names = {x.name: warm(x) for x in peers}
+            for r in range(args.rounds):
+                for c in args.concurrency:
+                    for x in peers:
+                        run_level(x, names[x.name], r, c)
+        finally:
+            for x in peers:
+                x.close()
 
     import llmcore
 
     result: dict = {"workload": {"prompt_tokens": args.prompt_tokens,
                                  "max_tokens": args.max_tokens, "rounds": args.rounds,
-                                 "threads": args.threads, "ours_args": args.ours_args or [""]},
+                                 "threads": args.threads, "ours_args": args.ours_args or [""],
+                                 "one_at_a_time": args.one_at_a_time,
+                                 "vllm_env": vllm_env(args) if args.vllm_model else None},
                     "cpu_isa": llmcore.isa.cpu_isa(), "cpu_flags": cpu_flags(), "servers": {}}
     for name, levels in runs.items():
         result["servers"][name] = {
