@@ -77,8 +77,7 @@ def test_routed_outputs_match_unrouted(tiny_dir: Path, dtype: str) -> None:
 
 def test_measured_table(tiny_dir: Path) -> None:
     """Real timing within a small budget: every (shape, bucket) has a route, the measured
-    ones with both medians, the choice the faster by the margin; a quantized model's
-    entries stay on the core untimed."""
+    ones with both medians, the choice the faster by the margin."""
     model = load_model(tiny_dir, dtype="float32").model
     if llmcore.linear_isa() == "scalar":
         assert model.route_linears() is None
@@ -94,8 +93,49 @@ def test_measured_table(tiny_dir: Path) -> None:
     d = table.as_dict()
     assert d["buckets"] == [1, 8, 64, 256] and len(d["routes"]) == 20
     assert "[64x64] float32" in table.summary()
-    q = load_model(tiny_dir, quantization="int8").model.route_linears()
-    assert q is not None and all(r.kernel == "core" and r.core_us is None for r in q.routes)
+
+
+def _packed_matrices(model: Any) -> list[llmcore.PackedWeight]:
+    plan = model._native_plan(1)
+    return [*(w for row in plan for w in (row[2], row[5], row[8], row[10])),
+            model._logits_matrix()]
+
+
+def test_quantized_entries_race_the_bf16_copy(tiny_dir: Path) -> None:
+    """A quantized model's table: every bucket races the quantized kernel against the
+    core's bf16 kernel on the dequantized copy ("core_bf16"), on any CPU with the packed
+    path; the larger budget applies by default."""
+    if llmcore.linear_isa() == "scalar":
+        pytest.skip("no packed path without AVX2: nothing to route")
+    mats = _packed_matrices(load_model(tiny_dir, quantization="int8").model)
+    assert {w.dtype for w in mats} == {"q8_0"}
+    for fast_bf16 in (False, True):
+        raced = linear_routing.measure(mats, budget_s=5.0, fast_bf16=fast_bf16)
+        assert raced.budget_s == 5.0 and len(raced.routes) == 20
+        for r in raced.routes:
+            assert r.core_us is not None and r.torch_us is not None, raced.summary()
+            assert r.kernel == ("core_bf16" if r.torch_us < linear_routing.MARGIN * r.core_us
+                                else "core")
+    assert linear_routing.measure(mats[:1]).budget_s == linear_routing.QUANT_BUDGET_S
+
+
+def test_quantized_matrices_routed_to_bf16_compute_the_bf16_product(tiny_dir: Path) -> None:
+    """Every Q8_0 matrix forced to its bf16 copy (core_bf16): the logits stay within the
+    bf16 path's tolerance of the core's quantized kernels."""
+    if llmcore.linear_isa() == "scalar":
+        pytest.skip("no packed path without AVX2: nothing to route")
+    core = load_model(tiny_dir, quantization="int8").model
+    routed = load_model(tiny_dir, quantization="int8").model
+    table = routed.route_linears(force="torch")
+    assert table is not None and {r.kernel for r in table.routes} == {"core_bf16"}
+    assert {r.weight_format for r in table.routes} == {"q8_0"}
+    gen = torch.Generator().manual_seed(5)
+    for rows in (1, 5, 40, 200):
+        ids = [int(i) for i in torch.randint(0, 320, (rows,), generator=gen)]
+        want, got = _logits(core, ids), _logits(routed, ids)
+        err = float((got - want).abs().max())
+        assert err < 0.05, (rows, err)
+        assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.95
 
 
 def test_flag() -> None:

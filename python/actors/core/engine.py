@@ -59,8 +59,11 @@ class LLMEngine:
         route = getattr(loaded.model, "route_linears", None)
         # float32 is the exact mode (the tests' and the references'): a shape routed to
         # torch at one row count and not another would make a sequence's result depend on
-        # its batch, so float32 weights keep the core's kernels everywhere.
-        if config.linear_routing and route is not None and loaded.dtype != torch.float32:
+        # its batch, so float32 weights keep the core's kernels everywhere. Quantized
+        # weights (float32 activations) route: their large-M products may go to torch's
+        # bf16 GEMM on a bf16 copy (linear_routing).
+        if config.linear_routing and route is not None and (
+                loaded.dtype != torch.float32 or config.quantization is not None):
             self.linear_routing = route()
             if self.linear_routing is not None:
                 log.info("%s", self.linear_routing.summary())

@@ -7,13 +7,18 @@ the compute-bound large M of prefill and big decode batches. Rather than hand-tu
 thresholds, ``measure`` times both on the model's own shapes at M in ``BUCKETS`` (medians of
 a few alternated calls, so the cost of handing the cores from one thread pool to the other
 is in both figures, as it is in a routed step) within a time budget, and the forward pass
-routes each product by the bucket of its row count. Quantized matrices (Q8_0, Q4_0, Q4_1)
-have no torch kernel and stay on the core; so does every entry the budget did not reach,
-and a bf16 matrix on a CPU without native bf16 arithmetic (AVX512_BF16, AMX): there torch
-would round the fp32 activations to bf16, a loss the core's widening kernel does not have,
-and its speed swings with the machine's load (measured here from 0.2 to 15 ms for one
-576x576 product at M = 1), so the route, and with it the results, would change from one
-start to the next.
+routes each product by the bucket of its row count. A quantized matrix (Q8_0, Q4_0, Q4_1)
+races its quantized kernel against the core's bf16 kernel on a bf16 copy of the matrix
+(dequantized once at load, "core_bf16"): the quantized kernel reads 4.5-8.5 bits a weight
+and wins the memory-bound small M; the bf16 kernel (AVX512_BF16's dot products where the
+CPU has them) wins prefill and big batches, and there the product is exactly the bf16
+path's (the same bf16 matrix the unquantized load makes). The copy costs 2 bytes a weight
+beside the quantized one, for the shapes it wins somewhere. Every entry the budget did not
+reach stays on the core's own kernel, and so does a bf16 matrix on a CPU without native
+bf16 arithmetic (AVX512_BF16, AMX): there torch would round the fp32 activations to bf16,
+a loss the core's widening kernel does not have, and its speed swings with the machine's
+load (measured here from 0.2 to 15 ms for one 576x576 product at M = 1), so the route, and
+with it the results, would change from one start to the next.
 
 Routing changes only the kernel, never the weights or the activations' dtype outside it:
 torch runs in the weight's dtype (a bf16 matrix multiplies x rounded to bf16, as torch's
@@ -45,6 +50,8 @@ REPEATS = 3
 # second copy of the matrix, and a noisy machine should not flip routes on a few percent.
 MARGIN = 0.8
 DEFAULT_BUDGET_S = 1.5
+QUANT_BUDGET_S = 3.0  # the default when quantized matrices race too (more shapes' entries)
+QUANTIZED = ("q8_0", "q4_0", "q4_1")
 CLEAR = 3.0  # a first timing this lopsided decides without the other repeats
 
 LinearFn = Callable[[torch.Tensor, Any, torch.Tensor | None, torch.Tensor], torch.Tensor]
@@ -74,7 +81,7 @@ class Route:
     k: int
     weight_format: str  # PackedWeight.dtype: float32 | bfloat16 | q8_0 | q4_0 | q4_1
     m: int  # the bucket's row count
-    kernel: str  # "core" | "torch"
+    kernel: str  # "core" | "torch" (a float matrix) | "core_bf16" (a quantized one)
     core_us: float | None  # None: not measured (quantized, or past the budget)
     torch_us: float | None
 
@@ -116,13 +123,29 @@ class RoutingTable:
         return "\n".join(lines)
 
 
-def unpacked(packed: llmcore.PackedWeight) -> torch.Tensor | None:
-    """The float matrix a packed one holds, in its dtype (for torch), or None if quantized."""
-    if packed.dtype not in ("float32", "bfloat16"):
-        return None
+def unpacked(packed: llmcore.PackedWeight) -> torch.Tensor:
+    """The matrix for torch: a float one in its dtype, a quantized one dequantized to bf16."""
     n, k = packed.shape
-    rows = packed.rows(np.arange(n, dtype=np.int64), torch.empty((n, k), dtype=torch.float32))
+    ids = np.arange(n, dtype=np.int64)
+    if packed.dtype in QUANTIZED:
+        return packed.rows(ids, torch.empty((n, k), dtype=torch.bfloat16))
+    rows = packed.rows(ids, torch.empty((n, k), dtype=torch.float32))
     return rows.to(getattr(torch, packed.dtype))  # bf16 values widened and back: exact
+
+
+def alternative(packed: llmcore.PackedWeight) -> torch.Tensor | llmcore.PackedWeight:
+    """What a route away from ``packed``'s own kernel multiplies with: the float matrix for
+    torch, or a quantized matrix's bf16 copy packed for the core."""
+    dense = unpacked(packed)
+    return llmcore.PackedWeight(dense) if packed.dtype in QUANTIZED else dense
+
+
+def apply(kernel: str, x: torch.Tensor, other: torch.Tensor | llmcore.PackedWeight,
+          bias: torch.Tensor | None, out: torch.Tensor) -> torch.Tensor:
+    """One product on a routed entry's alternative (``alternative``'s result)."""
+    if kernel == "core_bf16":
+        return llmcore._C.linear(x, other, bias, out)
+    return torch_linear(x, other, bias, out)
 
 
 def _time(fn: Callable[[], Any]) -> float:
@@ -131,21 +154,30 @@ def _time(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - t0
 
 
-def measure(matrices: list[llmcore.PackedWeight], budget_s: float = DEFAULT_BUDGET_S,
-            force: str | None = None) -> RoutingTable:
+def measure(matrices: list[llmcore.PackedWeight], budget_s: float | None = None,
+            force: str | None = None, fast_bf16: bool | None = None) -> RoutingTable:
     """Times the core against torch for each distinct (shape, format) among ``matrices`` at
-    every bucket, cheapest products first, until ``budget_s`` is spent; a product whose
+    every bucket, cheapest products first, until ``budget_s`` is spent (default
+    DEFAULT_BUDGET_S, QUANT_BUDGET_S when quantized matrices race); a product whose
     predicted cost (from the same shape's smaller bucket) would overrun it is skipped.
 
-    force: "core" or "torch" routes every float entry that way without timing (tests)."""
+    force: "core" routes every entry to its own core kernel, "torch" every entry to the
+    other one (torch for a float matrix, core_bf16 for a quantized one), untimed (tests).
+    fast_bf16: whether bf16 matrices race torch (default: the CPU has native bf16
+    arithmetic); quantized matrices race core_bf16 on every CPU."""
     from actors.loader.dtype import cpu_has_fast_bf16
 
-    racing = ("float32", "bfloat16") if cpu_has_fast_bf16() else ("float32",)
+    if fast_bf16 is None:
+        fast_bf16 = cpu_has_fast_bf16()
+    racing = ("float32", "bfloat16", *QUANTIZED) if fast_bf16 else ("float32", *QUANTIZED)
     t0 = time.perf_counter()
     gen = torch.Generator().manual_seed(0)
     shapes: dict[tuple[int, int, str], llmcore.PackedWeight] = {}
     for w in matrices:
         shapes.setdefault((*w.shape, w.dtype), w)
+    if budget_s is None:
+        budget_s = (QUANT_BUDGET_S if any(f in QUANTIZED and f in racing for _, _, f in shapes)
+                    else DEFAULT_BUDGET_S)
     entries = sorted(((n * k * m, n, k, fmt, m) for (n, k, fmt) in shapes for m in BUCKETS))
     routes: dict[tuple[int, int, str, int], Route] = {}
     dense: dict[tuple[int, int, str], torch.Tensor] = {}
@@ -153,8 +185,9 @@ def measure(matrices: list[llmcore.PackedWeight], budget_s: float = DEFAULT_BUDG
     for _, n, k, fmt, m in entries:
         key = (n, k, fmt)
         route = Route(n, k, fmt, m, "core", None, None)
-        if fmt in ("float32", "bfloat16") and force is not None:
-            route = Route(n, k, fmt, m, force, None, None)
+        if force is not None:
+            other = "core_bf16" if fmt in QUANTIZED else "torch"
+            route = Route(n, k, fmt, m, other if force == "torch" else "core", None, None)
         elif fmt in racing:
             prev = last.get(key)
             left = budget_s - (time.perf_counter() - t0)
@@ -163,8 +196,7 @@ def measure(matrices: list[llmcore.PackedWeight], budget_s: float = DEFAULT_BUDG
                          else (prev[1] + prev[2]) * (m / prev[0]) * (REPEATS + 1))
             if left > 0 and predicted < left:
                 if key not in dense:
-                    dense[key] = unpacked(shapes[key])
-                    assert dense[key] is not None  # a float format
+                    dense[key] = alternative(shapes[key])
                 route = _race(shapes[key], dense[key], m, gen)
                 last[key] = (m, route.core_us / 1e6, route.torch_us / 1e6)
         routes[(n, k, fmt, m)] = route
@@ -172,13 +204,14 @@ def measure(matrices: list[llmcore.PackedWeight], budget_s: float = DEFAULT_BUDG
     return RoutingTable(ordered, budget_s, time.perf_counter() - t0, torch.get_num_threads())
 
 
-def _race(packed: llmcore.PackedWeight, dense: torch.Tensor, m: int,
+def _race(packed: llmcore.PackedWeight, dense: torch.Tensor | llmcore.PackedWeight, m: int,
           gen: torch.Generator) -> Route:
     n, k = packed.shape
     x = torch.randn((m, k), generator=gen)
     out = torch.empty((m, n))
+    name = "core_bf16" if packed.dtype in QUANTIZED else "torch"
     core = lambda: llmcore._C.linear(x, packed, None, out)  # noqa: E731
-    other = lambda: torch_linear(x, dense, None, out)  # noqa: E731
+    other = lambda: apply(name, x, dense, None, out)  # noqa: E731
     core(), other()  # warm-up: first-touch pages, BLAS packing, caches
     ct, tt = [], []
     for i in range(REPEATS):  # alternated, so a burst of load falls on both
@@ -187,5 +220,5 @@ def _race(packed: llmcore.PackedWeight, dense: torch.Tensor, m: int,
         if i == 0 and max(ct[0], tt[0]) > CLEAR * min(ct[0], tt[0]):
             break  # one kernel is several times the other: more calls would not change it
     c, t = statistics.median(ct), statistics.median(tt)
-    kernel = "torch" if t < MARGIN * c else "core"
+    kernel = name if t < MARGIN * c else "core"
     return Route(n, k, packed.dtype, m, kernel, round(c * 1e6, 1), round(t * 1e6, 1))

@@ -357,23 +357,25 @@ class LlamaForCausalLM(nn.Module):
         if not isinstance(weight, llmcore.PackedWeight) or self._routing is None:
             return fn
         n, k = weight.shape
-        if self._routing.kernel(n, k, weight.dtype, b) != "torch":
+        kernel = self._routing.kernel(n, k, weight.dtype, b)
+        if kernel == "core":
             return fn
-        dense = self._dense[id(weight)]
-        return lambda x, _w, bias, out: linear_routing.torch_linear(x, dense, bias, out)
+        other = self._dense[id(weight)]
+        return lambda x, _w, bias, out: linear_routing.apply(kernel, x, other, bias, out)
 
     def _logits_matrix(self) -> llmcore.PackedWeight | None:
         if self._tied_packed is not None:
             return self._tied_packed
         return self.lm_head.packed if self.lm_head is not None else None
 
-    def route_linears(self, budget_s: float = linear_routing.DEFAULT_BUDGET_S,
+    def route_linears(self, budget_s: float | None = None,
                       force: str | None = None,
                       table: linear_routing.RoutingTable | None = None,
                       ) -> linear_routing.RoutingTable | None:
         """Times the core against torch on this model's packed shapes (linear_routing) and
         routes each (shape, M bucket) to the faster from the next forward pass on; the
-        matrices of shapes torch takes anywhere get a torch copy beside the packed one.
+        matrices of shapes routed away anywhere get the other kernel's copy beside the packed
+        one (torch's float matrix, or a quantized matrix's bf16 copy packed for the core).
         Measured once per model (a shared model keeps its table); ``table``: apply one
         measured before instead (the same shapes reloaded: the same routes, so the same
         results). None when the model runs no packed matrices (another device, or the
@@ -390,10 +392,10 @@ class LlamaForCausalLM(nn.Module):
             return None
         if table is None:
             table = linear_routing.measure(mats, budget_s, force)
-        torch_shapes = {(r.n, r.k, r.weight_format) for r in table.routes if r.kernel == "torch"}
+        routed = {(r.n, r.k, r.weight_format) for r in table.routes if r.kernel != "core"}
         for w in mats:
-            if (*w.shape, w.dtype) in torch_shapes:
-                self._dense[id(w)] = linear_routing.unpacked(w)
+            if (*w.shape, w.dtype) in routed:
+                self._dense[id(w)] = linear_routing.alternative(w)
         self._routing = table
         self._routed = {}
         return table
@@ -414,9 +416,10 @@ class LlamaForCausalLM(nn.Module):
         head = self._logits_matrix()
         if head is not None and id(head) in self._dense and self._routing is not None:
             b = linear_routing.bucket(hidden.shape[0])
-            if self._routing.kernel(*head.shape, head.dtype, b) == "torch":
+            kernel = self._routing.kernel(*head.shape, head.dtype, b)
+            if kernel != "core":
                 out = hidden.new_empty((hidden.shape[0], head.shape[0]))
-                return linear_routing.torch_linear(hidden, self._dense[id(head)], None, out)
+                return linear_routing.apply(kernel, hidden, self._dense[id(head)], None, out)
         if self._tied_packed is not None:
             return linear_packed(hidden, self._tied_packed, None)
         if self.lm_head is not None:
