@@ -34,7 +34,6 @@ from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
 import trio
-
 from ray import serve
 
 from server.cli import parse_args
@@ -137,7 +136,7 @@ class TrioHost:
     def _main(self) -> None:
         try:
             trio.run(self._run)
-        except BaseException as exc:  # noqa: BLE001 - reported through health and wait_ready
+        except BaseException as exc:
             self._error = exc
             log.exception("the server's Trio loop ended with an error")
         finally:
