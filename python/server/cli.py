@@ -8,6 +8,7 @@ import os
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 from actors.config import QUANT_ACTIVATION_BITS, EngineConfig
 from actors.loader.whisper import WHISPER_MODELS
@@ -62,6 +63,16 @@ def _tokens(text: str) -> int:
 
 
 _STRUCTURED_BACKENDS = ("auto", "guidance", "xgrammar")
+
+
+def _kv_events_config(text: str) -> dict[str, Any] | None:
+    """--kv-events-config: vLLM's KVEventsConfig as a JSON object; None when events are off."""
+    from actors.core.kv_events import parse_kv_events_config
+
+    try:
+        return parse_kv_events_config(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _structured_config(text: str) -> dict[str, str]:
@@ -253,6 +264,12 @@ def build_parser() -> argparse.ArgumentParser:
     a("--enable-scale-out", action="store_true", help="serve the scale-out routes: "
       "/v1/chat/completions/render, /v1/completions/render, their /derender, "
       "/inference/v1/generate and /inference/v1/abort_requests (403 otherwise)")
+    a("--kv-events-config", type=_kv_events_config, default=None, metavar="JSON",
+      help="publish the prefix cache's KV events as vLLM does, for a KV-aware router: a "
+      'JSON object, e.g. \'{"enable_kv_cache_events": true, "publisher": "zmq", '
+      '"endpoint": "tcp://*:5557", "topic": "kv"}\' (also replay_endpoint, buffer_steps, '
+      "hwm, max_queue_size); with --data-parallel-size each engine's ports are offset by "
+      "its rank. Default: off")
     a("--tokens-only", action="store_true", help="serve the tokens-in/tokens-out routes "
       "(as --enable-scale-out, plus /abort_requests without an API key); generate then "
       "returns token ids only and refuses stop strings")
@@ -367,6 +384,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         enable_lora=args.enable_lora,
         max_loras=args.max_loras,
         max_lora_rank=args.max_lora_rank,
+        extra={"kv_events_config": args.kv_events_config} if args.kv_events_config else {},
     )
     return ServerConfig(
         engine=engine,

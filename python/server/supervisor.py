@@ -10,6 +10,7 @@ request gets an error first, and /health answers 503 meanwhile).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -25,6 +26,7 @@ from typing import Any
 import trio
 from hypercorn.trio import serve as hypercorn_serve
 
+from actors.config import EngineConfig
 from actors.runtime import faults
 from actors.core.protocol import EngineCore
 from actors.core.process import ProcessEngineCore
@@ -115,9 +117,14 @@ class Supervisor:
         log.info("loading the engine" if dp == 1 else f"loading {dp} engine cores")
         cores: list[EngineCore] = [None] * dp  # type: ignore[list-item]
 
+        def rank_config(i: int) -> EngineConfig:
+            # --kv-events-config: each engine publishes on its own ports (offset by rank)
+            return dataclasses.replace(cfg.engine, extra={**cfg.engine.extra,
+                                                          "data_parallel_rank": i})
+
         async def build(i: int) -> None:
             cores[i] = await trio.to_thread.run_sync(
-                self._engine_factory if dp == 1 else partial(ProcessEngineCore, cfg.engine))
+                self._engine_factory if dp == 1 else partial(ProcessEngineCore, rank_config(i)))
 
         async with trio.open_nursery() as loading:
             for i in range(dp):

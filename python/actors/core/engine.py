@@ -14,6 +14,7 @@ from typing import Any
 
 import llmcore
 from actors.config import QUANT_ACTIVATION_BITS, EngineConfig, GiB  # EngineConfig re-exported
+from actors.core.kv_events import KVEventLog, ZmqEventPublisher
 from actors.core.kv_manager import KVManager
 from actors.core.lora_adapters import LoraAdapters
 from actors.core.operator import Operator
@@ -118,6 +119,13 @@ class LLMEngine:
         enc_dec = bool(getattr(loaded.model, "is_encoder_decoder", False))
         self.kv = KVManager(pool, enable_prefix_caching=(config.enable_prefix_caching and causal
                                                          and not enc_dec))
+        # --kv-events-config: the prefix cache's events, published after each step
+        self.kv_events: ZmqEventPublisher | None = None
+        events_cfg = config.extra.get("kv_events_config")
+        if events_cfg is not None and self.kv.enable_prefix_caching:
+            self.kv.events = KVEventLog(config.block_size)
+            self.kv_events = ZmqEventPublisher(
+                events_cfg, int(config.extra.get("data_parallel_rank", 0)))
         self.scheduler = Scheduler(
             SchedulerConfig(
                 max_num_seqs=config.max_num_seqs,
@@ -283,7 +291,14 @@ class LLMEngine:
         plan = sched.schedule()
         outputs = () if plan.is_empty else tuple(sched.update(self.runner.execute(plan)))
         self._release_cross_kv()
+        if self.kv_events is not None:
+            self._publish_kv_events()
         return TokenBatch(outputs, tuple(sched.last_admitted), tuple(sched.last_preempted))
+
+    def _publish_kv_events(self) -> None:
+        events = self.kv.events.take()
+        if events:
+            self.kv_events.publish(events)
 
     def stats(self) -> EngineStats:
         s = self.scheduler.stats()
@@ -304,7 +319,9 @@ class LLMEngine:
         op = self.operator
         match command.command:
             case "reset_prefix_cache":
-                self.kv.pool.reset_cache()
+                self.kv.reset_cache()
+                if self.kv_events is not None:
+                    self._publish_kv_events()
                 return ControlResult(True)
             case "sleep":
                 return op.sleep(int(args.get("level", 1)))

@@ -27,6 +27,11 @@ parent's last prompt token. The partially filled last prompt block is NOT copied
 the child recomputes those tokens (at most block_size of them, into a block of its
 own). That needs no KV copy kernel, keeps every shared block read-only, and the
 recomputed tail doubles as the child's own prefill that yields its first logits.
+
+KV-cache events (``events``, a ``KVEventLog``; None unless --kv-events-config is on):
+``commit`` tells each run of newly registered blocks of a default-namespace chain,
+``allocate`` the published blocks the pool evicted to hand them out, ``reset_cache`` the
+drop of every hash. Off, each of those verbs pays one ``is None`` test.
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ from actors.core.sequence import Sequence
 
 if TYPE_CHECKING:  # the core is imported when a manager is built, not with this module
     import llmcore
+
+    from actors.core.kv_events import KVEventLog
 
 __all__ = ["KVManager", "KVStats"]
 
@@ -76,6 +83,7 @@ class KVManager:
         # because the rest does not fit is not counted; the pool's own stats are).
         self.prefix_queried_tokens = 0
         self.prefix_hit_tokens = 0
+        self.events: KVEventLog | None = None  # set by the engine for --kv-events-config
 
     # ------------------------------------------------------------------ admission
 
@@ -128,7 +136,10 @@ class KVManager:
         """Grows seq's blocks to hold its next num_new_tokens (OutOfBlocksError if not)."""
         n = self.blocks_needed(seq, num_new_tokens)
         if n:
-            seq.block_ids.extend(self.pool.allocate(n))
+            ids = self.pool.allocate(n)
+            if self.events is not None:
+                self.events.allocated(ids)
+            seq.block_ids.extend(ids)
 
     # ------------------------------------------------------------------ after a step
 
@@ -139,10 +150,41 @@ class KVManager:
         bs = self.block_size
         full = min(seq.num_computed_tokens // bs, len(seq.block_ids))
         hashes = seq.block_hashes
-        for i in range(len(hashes), full):
+        start = len(hashes)
+        if start >= full:
+            return
+        ev = self.events
+        if ev is not None and self._key_of(seq) != self.extra_key:
+            ev = None  # a salted or adapter chain is not published (actors.core.kv_events)
+        run: list[int] = []  # indices of this call's newly registered blocks, contiguous
+        for i in range(start, full):
             parent = hashes[i - 1] if i else self._root_of(seq)
             tokens = seq.token_slice(i * bs, (i + 1) * bs)
+            duplicate = ev is not None and ev.holds(self._block_hash(parent, tokens))
             hashes.append(self.pool.commit(seq.block_ids[i], parent, tokens))
+            if ev is None:
+                continue
+            if duplicate:  # an identical block already holds h: this one stays unregistered
+                self._tell_stored(seq, run)
+                run = []
+            else:
+                run.append(i)
+        if ev is not None:
+            self._tell_stored(seq, run)
+
+    def _tell_stored(self, seq: Sequence, run: list[int]) -> None:
+        if not run:
+            return
+        bs, first, hashes = self.block_size, run[0], seq.block_hashes
+        self.events.stored([seq.block_ids[i] for i in run], [hashes[i] for i in run],
+                           hashes[first - 1] if first else None,
+                           list(seq.token_slice(first * bs, (run[-1] + 1) * bs)))
+
+    def reset_cache(self) -> None:
+        """Drops every cached hash (blocks in use stay; they are not found again)."""
+        self.pool.reset_cache()
+        if self.events is not None:
+            self.events.cleared()
 
     # ------------------------------------------------------------------ salts
 

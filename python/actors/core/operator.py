@@ -96,7 +96,7 @@ class Operator:
             k0 = runner.k_caches[0]
             self._kv_layout = (tuple(k0.shape), k0.dtype, len(runner.k_caches))
             runner.k_caches, runner.v_caches = [], []
-            engine.kv.pool.reset_cache()  # the cached prefixes' KV is gone
+            engine.kv.reset_cache()  # the cached prefixes' KV is gone
             self.asleep.add("kv_cache")
         if level == 2 and "weights" not in self.asleep:
             runner.model = None
@@ -165,7 +165,7 @@ class Operator:
         self._swap_model(self._build_model(merged))
         self._updates = merged
         self.weight_version += 1
-        self._engine.kv.pool.reset_cache()  # KV computed with the old weights is stale
+        self._engine.kv.reset_cache()  # KV computed with the old weights is stale
         return ControlResult(True, {"weight_version": self.weight_version,
                                     "updated": sorted(update)})
 
