@@ -30,40 +30,22 @@ struct QuantXBuf {
 };
 
 // Row blocks of x to `bits`-bit integers: q = round(x / s), s = max|x| / qmax,
-// |q| <= qmax; int16 ones stored in x16_index order.
-QuantX quantize(const Job& job, QuantXBuf& buf, int bits) {
+// |q| <= qmax; int16 ones stored in x16_index order. `blocks` is the variant's
+// quantizer (all give the same bits).
+QuantX quantize(const Job& job, QuantXBuf& buf, int bits, QuantizeBlocks blocks) {
     const int64_t nb = job.K / quant::kBlock, M = job.M;
     const bool wide = bits == 16;
-    const float qmax = wide ? 32767.0f : 127.0f;
     (wide ? buf.q.clear() : buf.q.resize(size_t(M * job.K)));
     (wide ? buf.q16.resize(size_t(M * job.K)) : buf.q16.clear());
     buf.scale.resize(size_t(M * nb));
     buf.ssum.resize(size_t(M * nb));
     buf.isum.resize(size_t(M * nb));
+    const QuantXOut out{wide ? nullptr : buf.q.data(), wide ? buf.q16.data() : nullptr,
+                        buf.scale.data(), buf.ssum.data(), buf.isum.data()};
     parallel_for(M * nb, std::max<int64_t>(1, 256), [&](int64_t i0, int64_t i1) {
-        for (int64_t i = i0; i < i1; ++i) {
-            const float* x = job.x + (i / nb) * job.ldx + (i % nb) * quant::kBlock;
-            float amax = 0.0f;
-            for (int e = 0; e < quant::kBlock; ++e) amax = std::max(amax, std::fabs(x[e]));
-            const float s = amax / qmax, inv = s != 0.0f ? 1.0f / s : 0.0f;
-            const long lim = long(qmax);
-            int32_t sum = 0;
-            for (int e = 0; e < quant::kBlock; ++e) {
-                // |v| <= qmax: x[e] * inv <= qmax (+1 ulp)
-                const long v = std::max(-lim, std::min(lim, std::lrint(x[e] * inv)));
-                if (wide)
-                    buf.q16[size_t(i * quant::kBlock + x16_index(e))] = int16_t(v);
-                else
-                    buf.q[size_t(i * quant::kBlock + e)] = int8_t(v);
-                sum += int32_t(v);
-            }
-            buf.scale[size_t(i)] = s;
-            buf.isum[size_t(i)] = sum;
-            buf.ssum[size_t(i)] = s * float(sum);
-        }
+        blocks(job.x, job.ldx, nb, i0, i1, bits, out);
     });
-    return QuantX{wide ? nullptr : buf.q.data(), wide ? buf.q16.data() : nullptr,
-                  buf.scale.data(), buf.ssum.data(), buf.isum.data(), nb};
+    return QuantX{out.q, out.q16, out.scale, out.ssum, out.isum, nb};
 }
 
 constexpr int kScalarMR = 4;
@@ -109,6 +91,32 @@ struct ScalarMicro {
 
 }  // namespace
 
+void quantize_blocks_scalar(const float* xs, int64_t ldx, int64_t nb, int64_t i0, int64_t i1,
+                            int bits, const QuantXOut& out) {
+    const bool wide = bits == 16;
+    const float qmax = wide ? 32767.0f : 127.0f;
+    const long lim = long(qmax);
+    for (int64_t i = i0; i < i1; ++i) {
+        const float* x = xs + (i / nb) * ldx + (i % nb) * quant::kBlock;
+        float amax = 0.0f;  // a NaN is passed over, as the vector max passes it
+        for (int e = 0; e < quant::kBlock; ++e) amax = std::max(amax, std::fabs(x[e]));
+        const float s = amax / qmax, inv = s != 0.0f ? 1.0f / s : 0.0f;
+        int32_t sum = 0;
+        for (int e = 0; e < quant::kBlock; ++e) {
+            // |v| <= qmax: x[e] * inv <= qmax (+1 ulp); lrint rounds to nearest even
+            const long v = std::max(-lim, std::min(lim, std::lrint(x[e] * inv)));
+            if (wide)
+                out.q16[size_t(i * quant::kBlock + x16_index(e))] = int16_t(v);
+            else
+                out.q[size_t(i * quant::kBlock + e)] = int8_t(v);
+            sum += int32_t(v);
+        }
+        out.scale[size_t(i)] = s;
+        out.isum[size_t(i)] = sum;
+        out.ssum[size_t(i)] = s * float(sum);
+    }
+}
+
 void run_quant_scalar(const Job& job, const QuantX& qx) {
     drive_quant<kScalarMR>(job, [&](int64_t p, int64_t m0, int rows, int nvalid) {
         dispatch_rows<kScalarMR, ScalarMicro>(job.packed->qtype, rows, job, qx, p, m0, nvalid);
@@ -126,16 +134,16 @@ void set_quant_activation_bits(int bits) {
 
 void run_quant(const Job& job) {
     thread_local QuantXBuf buf;
-    // the workers read this thread's buffer
-    const QuantX qx = quantize(job, buf, quant_activation_bits());
     const Isa isa = current_isa();
     static const bool vnni = cpu_has_avx512_vnni();
+    const int bits = quant_activation_bits();
+    // the workers read this thread's buffer; each variant quantizes with its own ISA
     if (isa == Isa::kAvx512 && vnni)
-        run_quant_avx512(job, qx);
+        run_quant_avx512(job, quantize(job, buf, bits, quantize_blocks_avx512));
     else if (isa >= Isa::kAvx2)
-        run_quant_avx2(job, qx);
+        run_quant_avx2(job, quantize(job, buf, bits, quantize_blocks_avx2));
     else
-        run_quant_scalar(job, qx);
+        run_quant_scalar(job, quantize(job, buf, bits, quantize_blocks_scalar));
 }
 
 }  // namespace lc::linear

@@ -45,6 +45,26 @@ inline int x16_index(int e) { return (e & ~3) | ((e & 1) << 1) | ((e >> 1) & 1);
 int quant_activation_bits();
 void set_quant_activation_bits(int bits);
 
+// The activations' storage one call fills: blocks [i0, i1) of x (block i = row i / nb,
+// columns 32 * (i % nb) ...), each quantized as the scalar quantize_blocks_scalar does; every
+// variant gives the same bits (the same fp32 max, division and product, rounded to nearest
+// even as lrint does, then clamped to +-qmax).
+struct QuantXOut {
+    int8_t* q;     // bits == 8
+    int16_t* q16;  // bits == 16, in x16_index order
+    float* scale;
+    float* ssum;
+    int32_t* isum;
+};
+using QuantizeBlocks = void (*)(const float* x, int64_t ldx, int64_t nb, int64_t i0, int64_t i1,
+                                int bits, const QuantXOut& out);
+void quantize_blocks_scalar(const float* x, int64_t ldx, int64_t nb, int64_t i0, int64_t i1,
+                            int bits, const QuantXOut& out);
+void quantize_blocks_avx2(const float* x, int64_t ldx, int64_t nb, int64_t i0, int64_t i1,
+                          int bits, const QuantXOut& out);
+void quantize_blocks_avx512(const float* x, int64_t ldx, int64_t nb, int64_t i0, int64_t i1,
+                            int bits, const QuantXOut& out);
+
 void run_quant_scalar(const Job& job, const QuantX& qx);
 void run_quant_avx2(const Job& job, const QuantX& qx);
 void run_quant_avx512(const Job& job, const QuantX& qx);  // AVX512_VNNI

@@ -129,6 +129,57 @@ struct Micro16 {
 
 }  // namespace
 
+// quantize_blocks_avx512's steps on four 8-lane quarters of a block; the words and bytes
+// come back in order through vpackssdw / vpacksswb and a qword permute.
+void quantize_blocks_avx2(const float* xs, int64_t ldx, int64_t nb, int64_t i0, int64_t i1,
+                          int bits, const QuantXOut& out) {
+    const bool wide = bits == 16;
+    const float qmax = wide ? 32767.0f : 127.0f;
+    const __m256i hi = _mm256_set1_epi32(int(qmax)), lo = _mm256_set1_epi32(-int(qmax));
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256i order = _mm256_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15,
+                                           0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15);
+    for (int64_t i = i0; i < i1; ++i) {
+        const float* x = xs + (i / nb) * ldx + (i % nb) * quant::kBlock;
+        __m256 v[4];
+        __m256 mx = _mm256_setzero_ps();
+        for (int t = 0; t < 4; ++t) {
+            v[t] = _mm256_loadu_ps(x + 8 * t);
+            mx = _mm256_max_ps(_mm256_and_ps(v[t], magnitude), mx);
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+        const float amax = _mm_cvtss_f32(m4);
+        const float s = amax / qmax, inv = s != 0.0f ? 1.0f / s : 0.0f;
+        const __m256 vinv = _mm256_set1_ps(inv);
+        __m256i q[4];
+        __m256i total = _mm256_setzero_si256();
+        for (int t = 0; t < 4; ++t) {
+            q[t] = _mm256_max_epi32(lo, _mm256_min_epi32(hi, _mm256_cvtps_epi32(_mm256_mul_ps(v[t], vinv))));
+            total = _mm256_add_epi32(total, q[t]);
+        }
+        // words 0-15 and 16-31 in order
+        const __m256i w0 = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[0], q[1]), 0xd8);
+        const __m256i w1 = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[2], q[3]), 0xd8);
+        if (wide) {
+            __m256i* dst = reinterpret_cast<__m256i*>(out.q16 + i * quant::kBlock);
+            _mm256_storeu_si256(dst, _mm256_shuffle_epi8(w0, order));
+            _mm256_storeu_si256(dst + 1, _mm256_shuffle_epi8(w1, order));
+        } else {
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.q + i * quant::kBlock),
+                                _mm256_permute4x64_epi64(_mm256_packs_epi16(w0, w1), 0xd8));
+        }
+        __m128i t4 = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
+        t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0x4e));
+        t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0xb1));
+        const int32_t sum = _mm_cvtsi128_si32(t4);
+        out.scale[i] = s;
+        out.isum[i] = sum;
+        out.ssum[i] = s * float(sum);
+    }
+}
+
 void run_quant_avx2(const Job& job, const QuantX& qx) {
     drive_quant<kMR>(job, [&](int64_t p, int64_t m0, int rows, int nvalid) {
         if (qx.q16)
@@ -151,6 +202,10 @@ void run_quant_avx2(const Job& job, const QuantX& qx) {
 namespace lc::linear {
 void run_quant_avx2(const Job&, const QuantX&) {
     fail(LC_ERR_INTERNAL, "AVX2 quantized linear kernel called on a non-x86 build");
+}
+void quantize_blocks_avx2(const float*, int64_t, int64_t, int64_t, int64_t, int,
+                          const QuantXOut&) {
+    fail(LC_ERR_INTERNAL, "AVX2 activation quantizer called on a non-x86 build");
 }
 }  // namespace lc::linear
 

@@ -133,6 +133,43 @@ struct Micro16 {
 
 }  // namespace
 
+// quantize_blocks_scalar's formula on two 16-lane halves of a block: the same max
+// (NaN lanes dropped by max's second-operand rule, as std::max drops them), the same
+// s and 1/s in scalar fp32, vcvtps2dq rounding to nearest even as lrint does.
+void quantize_blocks_avx512(const float* xs, int64_t ldx, int64_t nb, int64_t i0, int64_t i1,
+                            int bits, const QuantXOut& out) {
+    const bool wide = bits == 16;
+    const float qmax = wide ? 32767.0f : 127.0f;
+    const __m512i hi = _mm512_set1_epi32(int(qmax)), lo = _mm512_set1_epi32(-int(qmax));
+    // within each four words: x0 x2 x1 x3 (x16_index)
+    const __m256i order = _mm256_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15,
+                                           0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15);
+    for (int64_t i = i0; i < i1; ++i) {
+        const float* x = xs + (i / nb) * ldx + (i % nb) * quant::kBlock;
+        const __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
+        __m512 mx = _mm512_max_ps(_mm512_abs_ps(a), _mm512_setzero_ps());
+        mx = _mm512_max_ps(_mm512_abs_ps(b), mx);
+        const float amax = _mm512_reduce_max_ps(mx);
+        const float s = amax / qmax, inv = s != 0.0f ? 1.0f / s : 0.0f;
+        const __m512 vinv = _mm512_set1_ps(inv);
+        const __m512i va = _mm512_max_epi32(lo, _mm512_min_epi32(hi, _mm512_cvtps_epi32(_mm512_mul_ps(a, vinv))));
+        const __m512i vb = _mm512_max_epi32(lo, _mm512_min_epi32(hi, _mm512_cvtps_epi32(_mm512_mul_ps(b, vinv))));
+        if (wide) {
+            __m256i* q = reinterpret_cast<__m256i*>(out.q16 + i * quant::kBlock);
+            _mm256_storeu_si256(q, _mm256_shuffle_epi8(_mm512_cvtsepi32_epi16(va), order));
+            _mm256_storeu_si256(q + 1, _mm256_shuffle_epi8(_mm512_cvtsepi32_epi16(vb), order));
+        } else {
+            __m128i* q = reinterpret_cast<__m128i*>(out.q + i * quant::kBlock);
+            _mm_storeu_si128(q, _mm512_cvtsepi32_epi8(va));
+            _mm_storeu_si128(q + 1, _mm512_cvtsepi32_epi8(vb));
+        }
+        const int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(va, vb));
+        out.scale[i] = s;
+        out.isum[i] = sum;
+        out.ssum[i] = s * float(sum);
+    }
+}
+
 void run_quant_avx512(const Job& job, const QuantX& qx) {
     drive_quant<kMR>(job, [&](int64_t p, int64_t m0, int rows, int nvalid) {
         if (qx.q16)
@@ -156,6 +193,10 @@ void run_quant_avx512(const Job& job, const QuantX& qx) {
 namespace lc::linear {
 void run_quant_avx512(const Job&, const QuantX&) {
     fail(LC_ERR_INTERNAL, "AVX512_VNNI quantized linear kernel called on a non-x86 build");
+}
+void quantize_blocks_avx512(const float*, int64_t, int64_t, int64_t, int64_t, int,
+                            const QuantXOut&) {
+    fail(LC_ERR_INTERNAL, "AVX-512 activation quantizer called on a non-x86 build");
 }
 }  // namespace lc::linear
 
