@@ -21,6 +21,8 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
+#include "simd_avx512.h"
+
 namespace lc::attn {
 namespace {
 
@@ -29,7 +31,7 @@ struct Avx512Ops {
     static constexpr int W = 16;
     static constexpr int kRegs = 32;     // vector registers
     static constexpr int kRowBlock = 4;  // query rows per register block
-    static constexpr bool kTransposedQk = false;  // no transpose() here yet
+    static constexpr bool kTransposedQk = true;
 
     static void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
     static V zero() { return _mm512_setzero_ps(); }
@@ -64,24 +66,41 @@ struct Avx512Ops {
         _mm256_storeu_ps(dst, _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
                                             _mm256_permute2f128_ps(u0, u1, 0x31)));
     }
-    // As Avx2Ops::exp; scalef applies 2^n.
-    static V exp(V x) {
-        using namespace exp_poly;
-        const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kMin), _CMP_GE_OQ);
-        x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(kMin)), _mm512_set1_ps(kMax));
-        const V n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
-                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        V r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x);
-        r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), r);
-        V p = _mm512_set1_ps(kP0);
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP1));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP2));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP3));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP4));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP5));
-        p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-        return _mm512_maskz_mov_ps(live, _mm512_scalef_ps(p, n));
+    static V lo(V a, V b) {  // 64-bit halves interleaved
+        return _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)));
     }
+    static V hi(V a, V b) {
+        return _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)));
+    }
+    // r[i][j] <-> r[j][i] for 16 x 16 floats: pairs of rows interleaved (ps, then pd units)
+    // give each 128-bit lane L of t[4g + k] the column 4L + k of rows 4g .. 4g + 3; two
+    // rounds of lane shuffles then gather those four lanes of one column.
+    static void transpose(V* r) {
+        V t[16];
+        for (int i = 0; i < 16; i += 2) {
+            t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+            t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+        }
+        V u[16];  // u[4g + k]: lane L = column 4L + k of rows 4g .. 4g + 3
+        for (int g = 0; g < 4; ++g) {
+            u[4 * g + 0] = lo(t[4 * g], t[4 * g + 2]);
+            u[4 * g + 1] = hi(t[4 * g], t[4 * g + 2]);
+            u[4 * g + 2] = lo(t[4 * g + 1], t[4 * g + 3]);
+            u[4 * g + 3] = hi(t[4 * g + 1], t[4 * g + 3]);
+        }
+        for (int k = 0; k < 4; ++k) {
+            const V even01 = _mm512_shuffle_f32x4(u[k], u[4 + k], 0x88);  // lanes 0, 2 of each
+            const V odd01 = _mm512_shuffle_f32x4(u[k], u[4 + k], 0xdd);   // lanes 1, 3
+            const V even23 = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0x88);
+            const V odd23 = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0xdd);
+            r[k] = _mm512_shuffle_f32x4(even01, even23, 0x88);       // lane 0: column k
+            r[8 + k] = _mm512_shuffle_f32x4(even01, even23, 0xdd);   // lane 2: column 8 + k
+            r[4 + k] = _mm512_shuffle_f32x4(odd01, odd23, 0x88);     // lane 1: column 4 + k
+            r[12 + k] = _mm512_shuffle_f32x4(odd01, odd23, 0xdd);    // lane 3: column 12 + k
+        }
+    }
+    // As Avx2Ops::exp (simd_avx512.h).
+    static V exp(V x) { return simd512::exp(x); }
 };
 
 }  // namespace

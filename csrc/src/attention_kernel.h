@@ -175,9 +175,10 @@ inline void qkt_rows(const float* q, const float* kt, int npad, float* s) {
     if (j0 < npad) qkt_block<Ops, D, RB, 1>(q, kt, s, j0);
 }
 
-// Rows per register block: RB x 2 accumulators, 2 kt vectors and a broadcast.
+// Rows per register block: RB x 2 accumulators, 2 kt vectors and a broadcast
+// (at most 8: with 32 registers, 16 accumulators already hide the FMA latency).
 template <class Ops>
-constexpr int kTransposedRows = (Ops::kRegs - 3) / 2;
+constexpr int kTransposedRows = (Ops::kRegs - 3) / 2 < 8 ? (Ops::kRegs - 3) / 2 : 8;
 
 template <class Ops, int D>
 inline void qkt_all(const float* q, int rows, const float* kt, int npad, float* s) {

@@ -11,12 +11,15 @@ namespace lc::elementwise {
 namespace {
 
 IsaSetting& isa_setting() {
-    static IsaSetting setting("LLMCORE_ELEMENTWISE_ISA", Isa::kAvx2);
+    static IsaSetting setting("LLMCORE_ELEMENTWISE_ISA", Isa::kAvx512);
     return setting;
 }
 
 const Kernels& kernels() {
-    return current_isa() >= Isa::kAvx2 ? avx2_kernels() : scalar_kernels();
+    const Isa isa = current_isa();
+    return isa == Isa::kAvx512 ? avx512_kernels()
+           : isa == Isa::kAvx2 ? avx2_kernels()
+                               : scalar_kernels();
 }
 
 void rms_row_scalar(const float* x, float* res, const float* w, float eps, int64_t n, float* out) {
@@ -33,6 +36,16 @@ void rms_row_scalar(const float* x, float* res, const float* w, float eps, int64
 
 void silu_mul_row_scalar(const float* g, const float* u, int64_t n, float* out) {
     for (int64_t i = 0; i < n; ++i) out[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+}
+
+void rope_head_scalar(float* x1, const float* c, const float* s, int64_t half) {
+    float* x2 = x1 + half;
+    for (int64_t i = 0; i < half; ++i) {
+        const float a = x1[i], b = x2[i];
+        const float ac = a * c[i], bs = b * s[i], bc = b * c[i], as = a * s[i];
+        x1[i] = ac - bs;
+        x2[i] = bc + as;
+    }
 }
 
 // Rows per parallel chunk: enough work (~64k elements) to be worth a thread.
@@ -72,7 +85,7 @@ float* row(const lc_tensor* t, int64_t r) {
 }  // namespace
 
 const Kernels& scalar_kernels() {
-    static const Kernels k{rms_row_scalar, silu_mul_row_scalar};
+    static const Kernels k{rms_row_scalar, silu_mul_row_scalar, rope_head_scalar};
     return k;
 }
 
@@ -141,17 +154,10 @@ void check_heads(const lc_tensor* t, const char* what, int64_t T, int64_t D) {
     require(t->shape[2] == D, std::string(what) + " head size must be " + std::to_string(D));
 }
 
-void rotate(const lc_tensor* x, int64_t t, const float* c, const float* s, int64_t half) {
+void rotate(const lc_tensor* x, int64_t t, const float* c, const float* s, int64_t half,
+            RopeHeadFn fn) {
     float* base = static_cast<float*>(x->data) + t * x->strides[0];
-    for (int64_t h = 0; h < x->shape[1]; ++h) {
-        float* x1 = base + h * x->strides[1];
-        float* x2 = x1 + half;
-        for (int64_t i = 0; i < half; ++i) {
-            const float a = x1[i], b = x2[i];
-            x1[i] = a * c[i] - b * s[i];
-            x2[i] = b * c[i] + a * s[i];
-        }
-    }
+    for (int64_t h = 0; h < x->shape[1]; ++h) fn(base + h * x->strides[1], c, s, half);
 }
 
 }  // namespace
@@ -166,13 +172,14 @@ extern "C" lc_status lc_rope(const lc_tensor* q, const lc_tensor* k, const lc_te
         check_heads(q, "q", T, 2 * half);
         if (k) check_heads(k, "k", T, 2 * half);
         if (T == 0) return;
+        const RopeHeadFn fn = kernels().rope_head;
         parallel_for(T, grain_rows(half * 2 * (q->shape[1] + (k ? k->shape[1] : 0))),
                      [&](int64_t b, int64_t e) {
                          for (int64_t t = b; t < e; ++t) {
                              const float* c = static_cast<const float*>(cos->data) + t * cos->strides[0];
                              const float* s = static_cast<const float*>(sin->data) + t * sin->strides[0];
-                             rotate(q, t, c, s, half);
-                             if (k) rotate(k, t, c, s, half);
+                             rotate(q, t, c, s, half, fn);
+                             if (k) rotate(k, t, c, s, half, fn);
                          }
                      });
     });

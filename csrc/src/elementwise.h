@@ -2,7 +2,7 @@
 // norm (with the residual add folded in), SiLU-gated product, rotary
 // embedding. Validated once (elementwise.cpp); the kernels only compute, one
 // row of the flattened batch at a time. The AVX2 variants are picked at run
-// time (LLMCORE_ELEMENTWISE_ISA=scalar forces the portable ones).
+// time (AVX-512F, else AVX2; LLMCORE_ELEMENTWISE_ISA=scalar|avx2 caps the choice).
 #pragma once
 
 #include <cstdint>
@@ -19,13 +19,19 @@ using RmsRowFn = void (*)(const float* x, float* res, const float* weight, float
 // out[i] = silu(gate[i]) * up[i].
 using SiluMulRowFn = void (*)(const float* gate, const float* up, int64_t n, float* out);
 
+// One head rotated in place: x[i], x[half + i] = x[i] c[i] - x[half + i] s[i],
+// x[half + i] c[i] + x[i] s[i] (two products and a sum each, never fused).
+using RopeHeadFn = void (*)(float* x, const float* cos, const float* sin, int64_t half);
+
 struct Kernels {
     RmsRowFn rms_row;
     SiluMulRowFn silu_mul_row;
+    RopeHeadFn rope_head;
 };
 
 const Kernels& scalar_kernels();
-const Kernels& avx2_kernels();  // only called when the CPU runs AVX2 + FMA
+const Kernels& avx2_kernels();    // only called when the CPU runs AVX2 + FMA
+const Kernels& avx512_kernels();  // only called when the CPU runs AVX-512F
 
 Isa set_isa(Isa isa);
 Isa current_isa();
