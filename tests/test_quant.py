@@ -13,6 +13,7 @@ import pytest
 
 from actors import LLM, SamplingParams
 from actors.loader import load_model
+from actors.loader.dtype import resolve_quantization
 from accuracy_helpers import accuracy, logits_of
 
 gguf = pytest.importorskip("gguf")
@@ -215,7 +216,10 @@ def test_flag_reaches_the_engine_config() -> None:
 
     assert parse_args(["--quantization", "gguf"]).engine.quantization == "gguf"
     assert parse_args(["-q", "gguf"]).engine.quantization == "gguf"
-    assert parse_args([]).engine.quantization is None
+    # The default model is a GGUF: kept in its blocks wherever its weights would be bf16.
+    assert parse_args([]).engine.quantization == resolve_quantization("auto", None, "auto")
+    assert parse_args(["-q", "none"]).engine.quantization is None
+    assert parse_args(["--dtype", "float32"]).engine.quantization is None
     with pytest.raises(SystemExit):
         parse_args(["--quantization", "awq"])
     assert parse_args([]).engine.quantization_activations == "int16"
@@ -223,6 +227,24 @@ def test_flag_reaches_the_engine_config() -> None:
         == "int8"
     with pytest.raises(SystemExit):
         parse_args(["--quantization-activations", "int4"])
+
+
+def test_auto_quantization_keeps_gguf_blocks_where_weights_would_be_bf16() -> None:
+    avx2, bf16, bare = frozenset({"avx2", "fma"}), frozenset({"avx512_bf16"}), frozenset()
+    # the default model (None) and any .gguf file
+    assert resolve_quantization("auto", None, "auto", avx2) == "gguf"
+    assert resolve_quantization("auto", "/m/x.gguf", "auto", bf16) == "gguf"
+    assert resolve_quantization("auto", "/m/x.gguf", "bfloat16", bare) == "gguf"
+    # float32 is the exact mode: explicit, or what "auto" means on a CPU without AVX2 + FMA
+    assert resolve_quantization("auto", None, "float32", bf16) is None
+    assert resolve_quantization("auto", None, "auto", bare) is None
+    # a Hugging Face directory has no blocks to keep
+    assert resolve_quantization("auto", "/m/dir", "auto", bf16) is None
+    # explicit choices pass through; "none" is None
+    assert resolve_quantization("none", None, "auto", bf16) is None
+    assert resolve_quantization(None, None, "auto", bf16) is None
+    assert resolve_quantization("int8", "/m/dir", "auto", bare) == "int8"
+    assert resolve_quantization("gguf", None, "float32", bare) == "gguf"
 
 
 def test_gguf_quantization_needs_a_gguf_file(tmp_path: Any) -> None:

@@ -425,7 +425,14 @@ def test_server_info(c):
     shapes = {(r["n"], r["k"]) for r in table["routes"]}
     assert shapes == {(960, 576), (576, 576), (3072, 576), (576, 1536), (49152, 576)}, shapes
     assert len(table["routes"]) == 20
-    assert {r["kernel"] for r in table["routes"]} <= {"core", "torch"}
+    # The default model keeps its GGUF blocks (--quantization auto): each quantized matrix
+    # races its own kernel against the core's bf16 kernel on a copy (core_bf16).
+    from actors.loader.dtype import resolve_quantization
+
+    quant = resolve_quantization("auto", None, "auto")
+    assert info["config"]["engine"]["quantization"] == quant
+    kernels = {r["kernel"] for r in table["routes"]}
+    assert kernels <= ({"core", "core_bf16"} if quant == "gguf" else {"core", "torch"}), kernels
 
 
 def test_collective_rpc_allow_list(c):

@@ -24,8 +24,10 @@ QUANT_ACTIVATION_BITS = {"int16": 16, "int8": 8}
 class EngineConfig:
     model: str | None = None  # None: the default SmolLM2-135M-Instruct GGUF
     dtype: str = "auto"  # auto | float32 | bfloat16
-    # None | "gguf" (vLLM's name): a GGUF model's Q8_0/Q4_0/Q4_1 matrices stay quantized |
-    # "int8": any model's linear matrices quantized to Q8_0 blocks at load (loader/int8.py)
+    # None (or "none") | "gguf" (vLLM's name): a GGUF model's Q8_0/Q4_0/Q4_1 matrices stay
+    # quantized | "int8": any model's linear matrices quantized to Q8_0 blocks at load
+    # (loader/int8.py) | "auto" (the server's default): "gguf" for a GGUF model whose
+    # weights would be bf16, else None (loader.dtype.resolve_quantization)
     quantization: str | None = None
     # What quantized matrices (gguf, int8) meet: activations rounded per 32-block to "int16"
     # (the default: within ~2^-15 of each block's largest value) or "int8" (llama.cpp's q8)

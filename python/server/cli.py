@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from actors.config import QUANT_ACTIVATION_BITS, EngineConfig
+from actors.loader.dtype import QUANTIZATION_CHOICES, resolve_quantization
 from actors.loader.whisper import WHISPER_MODELS
 from actors.params.pooling import PoolerConfig
 
@@ -229,11 +230,14 @@ def build_parser() -> argparse.ArgumentParser:
       "running request is preempted")
     a("--dtype", type=check.dtype, default=ENGINE.dtype, help="weight dtype: auto, float32 (or "
       "float) or bfloat16; activations are float32 on CPUs. float16/half are refused")
-    a("--quantization", "-q", default=ENGINE.quantization, choices=["gguf", "int8"],
-      help="'gguf': keep a .gguf model's Q8_0/Q4_0/Q4_1 matrices in their blocks (CPU; "
-      "about a quarter of bf16's bytes per token); 'int8': quantize any model's linear "
-      "matrices to int8 at load (Q8_0 blocks, a scale per 32 weights; about half of bf16's "
-      "bytes). Default: none, the matrices in --dtype")
+    a("--quantization", "-q", default="auto", choices=list(QUANTIZATION_CHOICES),
+      help="storage of the linear matrices. 'auto' (the default): a .gguf model (the default "
+      "model is one) keeps its Q8_0/Q4_0/Q4_1 matrices in their blocks whenever its weights "
+      "would be bf16 (as 'gguf'), anything else loads in --dtype (as 'none'). 'gguf': keep a "
+      ".gguf model's blocks (CPU; about a quarter of bf16's bytes per token; large batches "
+      "take the bf16 kernel on a copy where that is faster, see --linear-routing). 'int8': "
+      "quantize any model's linear matrices to int8 at load (Q8_0 blocks, a scale per 32 "
+      "weights; about half of bf16's bytes). 'none': the matrices in --dtype")
     a("--quantization-activations", default=ENGINE.quantization_activations,
       choices=list(QUANT_ACTIVATION_BITS), help="with --quantization: the activations quantized "
       "matrices meet, rounded per block of 32 values: 'int16' (the default; logits within "
@@ -363,7 +367,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
     engine = EngineConfig(
         model=args.model,
         dtype=args.dtype,
-        quantization=args.quantization,
+        quantization=resolve_quantization(args.quantization, args.model, args.dtype),
         quantization_activations=args.quantization_activations,
         linear_routing=args.linear_routing == "on",
         max_model_len=args.max_model_len,

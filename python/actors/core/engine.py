@@ -39,6 +39,7 @@ class LLMEngine:
         import torch
 
         from actors.loader import load_model
+        from actors.loader.dtype import resolve_quantization
 
         self.config = config
         if config.num_threads:
@@ -53,6 +54,9 @@ class LLMEngine:
 
         t0 = time.perf_counter()
         if loaded is None:
+            # "auto" -> what it means for this model and CPU; the config then says it
+            config.quantization = resolve_quantization(config.quantization, config.model,
+                                                       config.dtype)
             loaded = load_model(config.model, config.dtype,
                                 quantization=config.quantization)
         self.loaded = loaded

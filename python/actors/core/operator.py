@@ -174,17 +174,47 @@ class Operator:
                                     "updated_tensors": len(self._updates)})
 
     def _build_model(self, updates: Mapping[str, Any]) -> Any:
+        """The checkpoint's model again, with `updates` over it, stored as the load stored
+        it: a quantized matrix (--quantization gguf, int8) comes back quantized, except one
+        an update actually changed, which is packed from the update's values."""
+        import torch
+
         from actors.loader.hf import iter_weights, safetensors_files
         from actors.models.config import ModelConfig
         from actors.models.registry import build_model
 
         engine = self._engine
+        quant = engine.config.quantization
         cfg = ModelConfig.from_dir(engine.model_dir)
-        model = build_model(cfg, dtype=engine.dtype)
+        load_dtype = torch.float32 if quant == "int8" else engine.dtype
+        model = build_model(cfg, dtype=load_dtype)
         files = safetensors_files(engine.model_dir)
-        model.load_weights((name, updates.get(name, t))
-                           for name, t in iter_weights(files, engine.dtype))
-        model.pack_weights()
+        changed: set[str] = set()
+
+        def merged(name: str, t: Any) -> Any:
+            new = updates.get(name)
+            if new is None:
+                return t
+            if not torch.equal(new.to(t.dtype), t):
+                changed.add(name.removesuffix(".weight").removesuffix(".bias"))
+            return new
+
+        model.load_weights((name, merged(name, t)) for name, t in iter_weights(files, load_dtype))
+        if quant == "gguf":
+            import json
+
+            from actors.loader.gguf import matrix_parts, quantized_weights
+
+            hf_cfg = json.loads((engine.model_dir / "config.json").read_text())
+            kept = quantized_weights(engine.loaded.source, hf_cfg)
+            model.pack_weights({k: w for k, w in kept.items()
+                                if not changed.intersection(matrix_parts(k))})
+        elif quant == "int8":
+            from actors.loader.int8 import int8_weights
+
+            model.pack_weights(int8_weights(model))
+        else:
+            model.pack_weights()
         return model
 
     def _swap_model(self, model: Any) -> None:

@@ -27,6 +27,9 @@ if TYPE_CHECKING:
     import torch
 
 DTYPE_CHOICES = ("auto", "float32", "bfloat16")
+# --quantization: "auto" (the server's default, resolve_quantization), "none" (= None), or
+# a storage format for the linear matrices.
+QUANTIZATION_CHOICES = ("auto", "none", "gguf", "int8")
 _BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 _WIDENING_FLAGS = frozenset({"avx2", "fma"})  # llmcore.linear's bf16-weight kernel
 
@@ -61,3 +64,27 @@ def resolve_dtype(name: str, device: str = "cpu") -> torch.dtype:
     if cpu_has_fast_bf16(flags) or _WIDENING_FLAGS <= flags:
         return torch.bfloat16
     return torch.float32
+
+
+def resolve_quantization(quantization: str | None, model: str | None, dtype: str,
+                         flags: frozenset[str] | None = None) -> str | None:
+    """The storage of the linear matrices: None (in the model's dtype), "gguf" or "int8".
+
+    "auto" keeps a GGUF model's matrices in its own blocks (as vLLM does for a .gguf file;
+    model None is the default model, a GGUF) whenever the weights would be bf16 anyway:
+    the blocks are the shipped weights (the bf16 copy rounds them), a decode step reads a
+    quarter of the bytes, and the load-time routing gives large batches the bf16 kernel on
+    a copy, so the result is at least as accurate and at least as fast. float32 (explicit,
+    or "auto" on a CPU without AVX2 + FMA) stays the exact, unquantized mode.
+    """
+    if quantization in (None, "none"):
+        return None
+    if quantization != "auto":
+        return quantization
+    is_gguf = model is None or str(model).endswith(".gguf")
+    if not is_gguf or dtype == "float32":
+        return None
+    if dtype == "bfloat16":
+        return "gguf"
+    have = cpu_flags() if flags is None else flags
+    return "gguf" if cpu_has_fast_bf16(have) or _WIDENING_FLAGS <= have else None

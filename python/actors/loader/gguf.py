@@ -73,6 +73,16 @@ _FUSED_PARTS = {
 }
 
 
+def matrix_parts(module: str) -> tuple[str, ...]:
+    """The checkpoint modules a packed matrix is made of: a fused projection's parts
+    (``...qkv_proj`` -> q, k, v), else the module itself."""
+    for fused, parts in _FUSED_PARTS.items():
+        if module.endswith("." + fused):
+            prefix = module[: -len(fused)]
+            return tuple(prefix + p for p in parts)
+    return (module,)
+
+
 def quantized_weights(gguf_path: Path, cfg: dict[str, Any]) -> dict[str, Any]:
     """Module name -> llmcore.PackedWeight holding that matrix in its GGUF block format
     (``--quantization gguf``): the projections, the LM head, and a tied embedding.
