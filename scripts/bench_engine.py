@@ -3,7 +3,8 @@
 Two workloads, both measured in this run on the default model (or --model):
   (a) one sequence, 256-token prompt, 256 new tokens: prefill time and decode tokens/s;
   (b) 64 sequences of ~200 prompt tokens, 128 new tokens each (ignore EOS): total output
-      tokens/s; transformers generates the same work in static batches of 8.
+      tokens/s; transformers generates the same work in static batches of 8;
+  (c) ours only: time to the first token of one 256-, 1024- and 4096-token prompt.
 Each side runs in its own subprocess so its peak memory (max RSS) is its own.
 Prints one JSON document; progress goes to stderr.
 
@@ -45,9 +46,10 @@ def workload(tokenizer: Any, quick: bool) -> dict[str, Any]:
 
     if quick:
         return {"single": (prompt(32, 0), 16), "batch": ([prompt(24, s) for s in range(8)], 8),
-                "hf_batch": 4}
+                "hf_batch": 4, "ttft_lengths": [64], "prompt": prompt}
     return {"single": (prompt(256, 0), 256),
-            "batch": ([prompt(190 + (s % 21), s) for s in range(64)], 128), "hf_batch": 8}
+            "batch": ([prompt(190 + (s % 21), s) for s in range(64)], 128), "hf_batch": 8,
+            "ttft_lengths": [256, 1024, 4096], "prompt": prompt}
 
 
 def peak_rss_mib() -> float:
@@ -65,7 +67,7 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
               quantization_activations=args.quantization_activations,
               num_threads=args.threads, max_num_seqs=64, max_num_batched_tokens=args.max_num_batched_tokens,
               kv_cache_memory=args.kv_cache_memory, kv_cache_dtype=args.kv_cache_dtype,
-              max_model_len=2048)
+              max_model_len=4352)
     load_s = time.perf_counter() - t0
     work = workload(llm.tokenizer, args.quick)
     eng = llm.engine
@@ -96,10 +98,25 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
     elapsed = time.perf_counter() - t
     total = sum(len(o.outputs[0].token_ids) for o in outs)
     log(f"ours (b): {total} tokens in {elapsed:.1f} s = {total / elapsed:.1f} tok/s")
+
+    # (c) time to the first token of one prompt of each length (distinct prompts: no prefix
+    # cache hit), median of 3 (1 with --quick).
+    ttft: dict[str, float] = {}
+    for n in work["ttft_lengths"]:
+        times = []
+        for rep in range(1 if args.quick else 3):
+            p = work["prompt"](n, 1000 * n + rep)
+            eng.add_request(f"ttft{n}-{rep}", p, SamplingParams(max_tokens=1, temperature=0))
+            t = time.perf_counter()
+            while eng.has_unfinished_requests():
+                eng.step()
+            times.append(time.perf_counter() - t)
+        ttft[str(n)] = round(statistics.median(times) * 1e3, 1)
+        log(f"ours (c): TTFT {n} tokens {ttft[str(n)]} ms")
     return {
         "load_s": round(load_s, 2),
         "dtype": str(eng.dtype).removeprefix("torch."),
-        "quantization": args.quantization,
+        "quantization": eng.config.quantization,  # "auto" resolved
         "quantization_activations": args.quantization_activations,
         "kv_cache_dtype": str(eng.kv_cache_dtype).removeprefix("torch."),
         "prefill_s": round(prefill_s, 4),
@@ -109,6 +126,8 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
         "batch_output_tokens": total,
         "batch_s": round(elapsed, 3),
         "batch_tok_s": round(total / elapsed, 2),
+        "ttft_ms_by_prompt_tokens": ttft,
+        "weight_formats": eng.loaded.model.weight_formats(),
         "peak_rss_mib": round(peak_rss_mib(), 1),
     }
 
@@ -195,7 +214,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="model path (default: SmolLM2 GGUF)")
     ap.add_argument("--dtype", default="auto")
-    ap.add_argument("--quantization", default=None, choices=["gguf", "int8"],
+    ap.add_argument("--quantization", default=None, choices=["auto", "none", "gguf", "int8"],
                     help="keep the GGUF matrices quantized, or quantize to int8 (our side "
                     "only)")
     ap.add_argument("--quantization-activations", default="int16", choices=["int16", "int8"],

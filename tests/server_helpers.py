@@ -22,7 +22,11 @@ from subproc import child_env
 
 ROOT = Path(__file__).resolve().parents[1]
 # Small enough to start fast and to keep KV memory low; every server test uses these.
-BASE_ARGS = ("--max-model-len", "1024", "--kv-cache-memory", "256m", "--drain-timeout", "20")
+# Linear routing off: one kernel per matrix at every batch size, so a request's tokens do not
+# depend on the batch it shared or on load-time timings, and a server's outputs equal
+# offline_llm()'s to the bit (routing itself: test_linear_routing, test_server_dev).
+BASE_ARGS = ("--max-model-len", "1024", "--kv-cache-memory", "256m", "--drain-timeout", "20",
+             "--linear-routing", "off")
 
 
 def free_port() -> int:
@@ -121,7 +125,8 @@ def offline_llm() -> Any:
     if _offline is None:
         from actors import LLM
 
-        _offline = LLM(max_model_len=1024, kv_cache_memory=64 << 20, num_threads=1)
+        _offline = LLM(max_model_len=1024, kv_cache_memory=64 << 20, num_threads=1,
+                       quantization="auto", linear_routing=False)
     return _offline
 
 

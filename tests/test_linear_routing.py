@@ -88,11 +88,19 @@ def test_measured_table(tiny_dir: Path) -> None:
     assert measured, table.summary()
     for r in measured:
         assert r.torch_us is not None and r.torch_us > 0 and r.core_us > 0
-        assert r.kernel == ("torch" if r.torch_us < linear_routing.MARGIN * r.core_us
-                            else "core")
+        assert r.kernel in _choices(r, "torch"), r
     d = table.as_dict()
     assert d["buckets"] == [1, 8, 64, 256] and len(d["routes"]) == 20
     assert "[64x64] float32" in table.summary()
+
+
+def _choices(r: Any, other: str) -> set[str]:
+    """The kernels the margin rule allows for route r, from its timings as the table rounds
+    them (to 0.1 us): both, where the rounding could have moved the times across the rule."""
+    edge = abs(r.torch_us - linear_routing.MARGIN * r.core_us) <= 0.1
+    if edge:
+        return {"core", other}
+    return {other} if r.torch_us < linear_routing.MARGIN * r.core_us else {"core"}
 
 
 def _packed_matrices(model: Any) -> list[llmcore.PackedWeight]:
@@ -114,8 +122,7 @@ def test_quantized_entries_race_the_bf16_copy(tiny_dir: Path) -> None:
         assert raced.budget_s == 5.0 and len(raced.routes) == 20
         for r in raced.routes:
             assert r.core_us is not None and r.torch_us is not None, raced.summary()
-            assert r.kernel == ("core_bf16" if r.torch_us < linear_routing.MARGIN * r.core_us
-                                else "core")
+            assert r.kernel in _choices(r, "core_bf16"), r
     assert linear_routing.measure(mats[:1]).budget_s == linear_routing.QUANT_BUDGET_S
 
 

@@ -86,9 +86,13 @@ def test_engine_flags_fill_server_config_engine():
         "an engine setting is copied into ServerConfig"
     cfg = parse_args([])
     assert isinstance(cfg.engine, EngineConfig)
-    # The server seeds with 0 by default (as `vllm serve`); every other default is the
-    # engine's.
-    assert cfg.engine == dataclasses.replace(EngineConfig(), seed=0)
+    # The server seeds with 0 by default (as `vllm serve`) and resolves --quantization auto
+    # (the default model keeps its GGUF blocks where its weights would be bf16); every
+    # other default is the engine's.
+    from actors.loader.dtype import resolve_quantization
+
+    assert cfg.engine == dataclasses.replace(
+        EngineConfig(), seed=0, quantization=resolve_quantization("auto", None, "auto"))
     cfg = parse_args(["--dtype", "float", "--max-model-len", "8k", "--max-num-seqs", "3",
                       "--max-num-batched-tokens", "512", "--block-size", "32",
                       "--kv-cache-memory", "512m", "--kv-cache-dtype", "bfloat16",

@@ -40,7 +40,8 @@ def server(profile_dir):
     config = {"profiler": "torch", "torch_profiler_dir": str(profile_dir),
               "torch_profiler_with_stack": False}
     proc = ServerProcess("--enable-dev-endpoints", "--api-key", KEY,
-                         "--profiler-config", json.dumps(config)).wait_ready()
+                         "--profiler-config", json.dumps(config),
+                         "--linear-routing", "on").wait_ready()
     yield proc
     proc.stop()
 

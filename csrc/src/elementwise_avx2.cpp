@@ -69,6 +69,15 @@ void silu_mul_row(const float* g, const float* u, int64_t n, float* out) {
     }
 }
 
+// Keeps a product rounded on its own: the compiler may not fuse it into the add or
+// subtract that follows (which -ffp-contract would do under an FMA target), so every
+// variant rounds as the scalar kernel and torch's rotate_half do.
+template <class T>
+inline T rounded(T v) {
+    __asm__("" : "+x"(v));
+    return v;
+}
+
 // As the scalar kernel's products and sums (no fusing), 8 lanes at a time.
 void rope_head(float* x1, const float* c, const float* s, int64_t half) {
     float* x2 = x1 + half;
@@ -76,14 +85,15 @@ void rope_head(float* x1, const float* c, const float* s, int64_t half) {
     for (; i + 8 <= half; i += 8) {
         const __m256 a = _mm256_loadu_ps(x1 + i), b = _mm256_loadu_ps(x2 + i);
         const __m256 vc = _mm256_loadu_ps(c + i), vs = _mm256_loadu_ps(s + i);
-        _mm256_storeu_ps(x1 + i, _mm256_sub_ps(_mm256_mul_ps(a, vc), _mm256_mul_ps(b, vs)));
-        _mm256_storeu_ps(x2 + i, _mm256_add_ps(_mm256_mul_ps(b, vc), _mm256_mul_ps(a, vs)));
+        _mm256_storeu_ps(x1 + i, _mm256_sub_ps(rounded(_mm256_mul_ps(a, vc)),
+                                               rounded(_mm256_mul_ps(b, vs))));
+        _mm256_storeu_ps(x2 + i, _mm256_add_ps(rounded(_mm256_mul_ps(b, vc)),
+                                               rounded(_mm256_mul_ps(a, vs))));
     }
     for (; i < half; ++i) {
         const float a = x1[i], b = x2[i];
-        const float ac = a * c[i], bs = b * s[i], bc = b * c[i], as = a * s[i];
-        x1[i] = ac - bs;
-        x2[i] = bc + as;
+        x1[i] = rounded(a * c[i]) - rounded(b * s[i]);
+        x2[i] = rounded(b * c[i]) + rounded(a * s[i]);
     }
 }
 

@@ -86,6 +86,12 @@ void silu_mul_row(const float* g, const float* u, int64_t n, float* out) {
     }
 }
 
+// As in elementwise_avx2.cpp: a product kept rounded on its own (no FMA contraction).
+inline __m512 rounded(__m512 v) {
+    __asm__("" : "+v"(v));
+    return v;
+}
+
 // x1[i], x2[i] = x1 c - x2 s, x2 c + x1 s (the scalar kernel's products, no fusing).
 void rope_head(float* x1, const float* c, const float* s, int64_t half) {
     float* x2 = x1 + half;
@@ -93,8 +99,10 @@ void rope_head(float* x1, const float* c, const float* s, int64_t half) {
         const __mmask16 m = half - i >= 16 ? __mmask16(0xffff) : head(half - i);
         const __m512 a = _mm512_maskz_loadu_ps(m, x1 + i), b = _mm512_maskz_loadu_ps(m, x2 + i);
         const __m512 vc = _mm512_maskz_loadu_ps(m, c + i), vs = _mm512_maskz_loadu_ps(m, s + i);
-        _mm512_mask_storeu_ps(x1 + i, m, _mm512_sub_ps(_mm512_mul_ps(a, vc), _mm512_mul_ps(b, vs)));
-        _mm512_mask_storeu_ps(x2 + i, m, _mm512_add_ps(_mm512_mul_ps(b, vc), _mm512_mul_ps(a, vs)));
+        _mm512_mask_storeu_ps(x1 + i, m, _mm512_sub_ps(rounded(_mm512_mul_ps(a, vc)),
+                                                       rounded(_mm512_mul_ps(b, vs))));
+        _mm512_mask_storeu_ps(x2 + i, m, _mm512_add_ps(rounded(_mm512_mul_ps(b, vc)),
+                                                       rounded(_mm512_mul_ps(a, vs))));
     }
 }
 
