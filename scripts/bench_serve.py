@@ -131,7 +131,8 @@ def offline(args, concurrency: int) -> dict:
     from actors.params.sampling import SamplingParams
 
     engine = LLMEngine(EngineConfig(max_num_seqs=concurrency, max_model_len=args.max_model_len,
-                                    kv_cache_memory=args.kv_cache_memory))
+                                    kv_cache_memory=args.kv_cache_memory,
+                                    quantization=args.quantization))
     prompts = [engine.tokenizer.encode(p)
                for p in prompts_of(args.prompt_tokens, args.requests)]
     params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True, temperature=0.0)
@@ -177,6 +178,9 @@ def main() -> int:
     p.add_argument("--prompt-tokens", type=int, default=None,
                    help="a distinct prompt of about this many tokens per request")
     p.add_argument("--offline", action="store_true")
+    p.add_argument("--quantization", default="auto", choices=["auto", "none", "gguf", "int8"],
+                   help="offline engine: as the server's --quantization (auto, the server's "
+                   "default, keeps the default model's GGUF blocks)")
     p.add_argument("--json-schema", default=None, metavar="FILE",
                    help="constrain requests by this JSON schema, alternated with "
                    "unconstrained rounds")
