@@ -110,9 +110,11 @@ def _packed_matrices(model: Any) -> list[llmcore.PackedWeight]:
 
 
 def test_quantized_entries_race_the_bf16_copy(tiny_dir: Path) -> None:
-    """A quantized model's table: every bucket races the quantized kernel against the
-    core's bf16 kernel on the dequantized copy ("core_bf16"), on any CPU with the packed
-    path; the larger budget applies by default."""
+    """A quantized model's table: every bucket races the quantized kernel against a bf16
+    copy of the matrix, on any CPU with the packed path: the core's bf16 kernel on it
+    ("core_bf16"), or where bf16 is native whichever of that and torch's bf16 GEMM ("torch")
+    won the shape's largest bucket, one of the two per shape; the larger budget applies by
+    default."""
     if llmcore.linear_isa() == "scalar":
         pytest.skip("no packed path without AVX2: nothing to route")
     mats = _packed_matrices(load_model(tiny_dir, quantization="int8").model)
@@ -120,9 +122,16 @@ def test_quantized_entries_race_the_bf16_copy(tiny_dir: Path) -> None:
     for fast_bf16 in (False, True):
         raced = linear_routing.measure(mats, budget_s=5.0, fast_bf16=fast_bf16)
         assert raced.budget_s == 5.0 and len(raced.routes) == 20
+        copies: dict[tuple[int, int], set[str]] = {}
         for r in raced.routes:
             assert r.core_us is not None and r.torch_us is not None, raced.summary()
-            assert r.kernel in _choices(r, "core_bf16"), r
+            allowed = {"core_bf16", "torch"} if fast_bf16 else {"core_bf16"}
+            other = {r.kernel} - {"core"} or allowed
+            assert other <= allowed, r
+            assert any(r.kernel in _choices(r, o) for o in other), r
+            if r.kernel != "core":
+                copies.setdefault((r.n, r.k), set()).add(r.kernel)
+        assert all(len(kinds) == 1 for kinds in copies.values()), raced.summary()
     assert linear_routing.measure(mats[:1]).budget_s == linear_routing.QUANT_BUDGET_S
 
 
@@ -143,6 +152,23 @@ def test_quantized_matrices_routed_to_bf16_compute_the_bf16_product(tiny_dir: Pa
         err = float((got - want).abs().max())
         assert err < 0.05, (rows, err)
         assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.95
+
+
+def test_quantized_matrices_on_a_torch_copy_compute_the_bf16_product(tiny_dir: Path) -> None:
+    """A quantized matrix's dense bf16 copy through torch's GEMM (the copy a shape gets where
+    torch's bf16 beats the core's, e.g. AMX): the same product as the core_bf16 copy, to
+    bf16 rounding."""
+    if llmcore.linear_isa() == "scalar":
+        pytest.skip("no packed path without AVX2: nothing to route")
+    w = _packed_matrices(load_model(tiny_dir, quantization="int8").model)[0]
+    n, k = w.shape
+    x = torch.randn(37, k, generator=torch.Generator().manual_seed(2))
+    packed_copy = linear_routing.alternative(w, "core_bf16")
+    dense_copy = linear_routing.alternative(w, "torch")
+    assert isinstance(packed_copy, llmcore.PackedWeight) and dense_copy.dtype == torch.bfloat16
+    a = linear_routing.apply("core_bf16", x, packed_copy, None, torch.empty(37, n))
+    b = linear_routing.apply("torch", x, dense_copy, None, torch.empty(37, n))
+    torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)
 
 
 def test_flag() -> None:

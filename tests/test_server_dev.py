@@ -427,13 +427,14 @@ def test_server_info(c):
     assert shapes == {(960, 576), (576, 576), (3072, 576), (576, 1536), (49152, 576)}, shapes
     assert len(table["routes"]) == 20
     # The default model keeps its GGUF blocks (--quantization auto): each quantized matrix
-    # races its own kernel against the core's bf16 kernel on a copy (core_bf16).
+    # races its own kernel against a bf16 copy, on the core's bf16 kernel (core_bf16) or,
+    # where torch's bf16 GEMM is faster on the shape, on torch.
     from actors.loader.dtype import resolve_quantization
 
     quant = resolve_quantization("auto", None, "auto")
     assert info["config"]["engine"]["quantization"] == quant
     kernels = {r["kernel"] for r in table["routes"]}
-    assert kernels <= ({"core", "core_bf16"} if quant == "gguf" else {"core", "torch"}), kernels
+    assert kernels <= ({"core", "core_bf16", "torch"} if quant == "gguf" else {"core", "torch"})
 
 
 def test_collective_rpc_allow_list(c):

@@ -81,7 +81,9 @@ class Route:
     k: int
     weight_format: str  # PackedWeight.dtype: float32 | bfloat16 | q8_0 | q4_0 | q4_1
     m: int  # the bucket's row count
-    kernel: str  # "core" | "torch" (a float matrix) | "core_bf16" (a quantized one)
+    # "core" | "torch" (a float matrix, or a quantized one's dense bf16 copy) | "core_bf16" (a
+    # quantized matrix's bf16 copy packed for the core)
+    kernel: str
     core_us: float | None  # None: not measured (quantized, or past the budget)
     torch_us: float | None
 
@@ -133,11 +135,15 @@ def unpacked(packed: llmcore.PackedWeight) -> torch.Tensor:
     return rows.to(getattr(torch, packed.dtype))  # bf16 values widened and back: exact
 
 
-def alternative(packed: llmcore.PackedWeight) -> torch.Tensor | llmcore.PackedWeight:
+def alternative(packed: llmcore.PackedWeight,
+                kernel: str | None = None) -> torch.Tensor | llmcore.PackedWeight:
     """What a route away from ``packed``'s own kernel multiplies with: the float matrix for
-    torch, or a quantized matrix's bf16 copy packed for the core."""
+    torch, or a quantized matrix's bf16 copy, packed for the core (``kernel`` "core_bf16",
+    the default) or dense for torch's bf16 GEMM ("torch")."""
     dense = unpacked(packed)
-    return llmcore.PackedWeight(dense) if packed.dtype in QUANTIZED else dense
+    if packed.dtype in QUANTIZED and kernel != "torch":
+        return llmcore.PackedWeight(dense)
+    return dense
 
 
 def apply(kernel: str, x: torch.Tensor, other: torch.Tensor | llmcore.PackedWeight,
@@ -164,7 +170,9 @@ def measure(matrices: list[llmcore.PackedWeight], budget_s: float | None = None,
     force: "core" routes every entry to its own core kernel, "torch" every entry to the
     other one (torch for a float matrix, core_bf16 for a quantized one), untimed (tests).
     fast_bf16: whether bf16 matrices race torch (default: the CPU has native bf16
-    arithmetic); quantized matrices race core_bf16 on every CPU."""
+    arithmetic); quantized matrices race a bf16 copy on every CPU: the core's bf16 kernel on
+    it ("core_bf16"), or where bf16 is native, whichever of that and torch's bf16 GEMM
+    ("torch") is faster on the shape's largest bucket (one copy per shape, not both)."""
     from actors.loader.dtype import cpu_has_fast_bf16
 
     if fast_bf16 is None:
@@ -182,6 +190,7 @@ def measure(matrices: list[llmcore.PackedWeight], budget_s: float | None = None,
     routes: dict[tuple[int, int, str, int], Route] = {}
     dense: dict[tuple[int, int, str], torch.Tensor] = {}
     last: dict[tuple[int, int, str], tuple[int, float, float]] = {}  # m, core s, torch s
+    copy_kernel: dict[tuple[int, int, str], str] = {}  # a quantized shape's copy: its kernel
     for _, n, k, fmt, m in entries:
         key = (n, k, fmt)
         route = Route(n, k, fmt, m, "core", None, None)
@@ -196,20 +205,44 @@ def measure(matrices: list[llmcore.PackedWeight], budget_s: float | None = None,
                          else (prev[1] + prev[2]) * (m / prev[0]) * (REPEATS + 1))
             if left > 0 and predicted < left:
                 if key not in dense:
-                    dense[key] = alternative(shapes[key])
-                route = _race(shapes[key], dense[key], m, gen)
+                    kernel = "torch"
+                    if fmt in QUANTIZED:
+                        kernel = (_copy_kernel(shapes[key], gen, left / 4) if fast_bf16
+                                  else "core_bf16")
+                    copy_kernel[key] = kernel
+                    dense[key] = alternative(shapes[key], kernel)
+                route = _race(shapes[key], dense[key], m, gen, copy_kernel[key])
                 last[key] = (m, route.core_us / 1e6, route.torch_us / 1e6)
         routes[(n, k, fmt, m)] = route
     ordered = tuple(routes[(n, k, fmt, m)] for (n, k, fmt) in shapes for m in BUCKETS)
     return RoutingTable(ordered, budget_s, time.perf_counter() - t0, torch.get_num_threads())
 
 
+def _copy_kernel(packed: llmcore.PackedWeight, gen: torch.Generator, budget_s: float) -> str:
+    """"torch" where torch's bf16 GEMM beats the core's bf16 kernel on a quantized matrix's
+    bf16 copy at the largest bucket by the margin (AMX, say), else "core_bf16"; the
+    core's kernel when the race would not fit ``budget_s``."""
+    n, k = packed.shape
+    dense = unpacked(packed)
+    core = llmcore.PackedWeight(dense)
+    x = torch.randn((BUCKETS[-1], k), generator=gen)
+    out = torch.empty((BUCKETS[-1], n))
+    first = _time(lambda: llmcore._C.linear(x, core, None, out))  # also the warm-up
+    if first * (2 * REPEATS + 2) > budget_s:
+        return "core_bf16"
+    torch_linear(x, dense, None, out)  # warm-up
+    ct, tt = [], []
+    for _ in range(REPEATS):
+        ct.append(_time(lambda: llmcore._C.linear(x, core, None, out)))
+        tt.append(_time(lambda: torch_linear(x, dense, None, out)))
+    return "torch" if statistics.median(tt) < MARGIN * statistics.median(ct) else "core_bf16"
+
+
 def _race(packed: llmcore.PackedWeight, dense: torch.Tensor | llmcore.PackedWeight, m: int,
-          gen: torch.Generator) -> Route:
+          gen: torch.Generator, name: str) -> Route:
     n, k = packed.shape
     x = torch.randn((m, k), generator=gen)
     out = torch.empty((m, n))
-    name = "core_bf16" if packed.dtype in QUANTIZED else "torch"
     core = lambda: llmcore._C.linear(x, packed, None, out)  # noqa: E731
     other = lambda: apply(name, x, dense, None, out)  # noqa: E731
     core(), other()  # warm-up: first-touch pages, BLAS packing, caches

@@ -392,10 +392,13 @@ class LlamaForCausalLM(nn.Module):
             return None
         if table is None:
             table = linear_routing.measure(mats, budget_s, force)
-        routed = {(r.n, r.k, r.weight_format) for r in table.routes if r.kernel != "core"}
+        # a shape routed away anywhere: its matrices' copy for the kernel taking it
+        routed = {(r.n, r.k, r.weight_format): r.kernel for r in table.routes
+                  if r.kernel != "core"}
         for w in mats:
-            if (*w.shape, w.dtype) in routed:
-                self._dense[id(w)] = linear_routing.alternative(w)
+            kernel = routed.get((*w.shape, w.dtype))
+            if kernel is not None:
+                self._dense[id(w)] = linear_routing.alternative(w, kernel)
         self._routing = table
         self._routed = {}
         return table
