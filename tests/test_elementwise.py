@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import llmcore
 import pytest
 import torch
@@ -9,12 +11,16 @@ import torch.nn.functional as F
 
 
 @pytest.fixture(params=["avx512", "avx2", "scalar"])
-def isa(request: pytest.FixtureRequest):
+def isa(request: pytest.FixtureRequest, isa_record: Any):
     with llmcore.isa.capped(request.param, ("elementwise",)) as got:
         if got["elementwise"] != request.param:
-            pytest.skip(f"this CPU does not run {request.param} (AVX-512F for avx512, AVX2+FMA "
-                        f"for avx2): the elementwise kernels run {got['elementwise']} at most")
+            why = (f"this CPU does not run {request.param} (AVX-512F for avx512, AVX2+FMA for "
+                   f"avx2): the elementwise kernels run {got['elementwise']} at most")
+            isa_record.skipped("elementwise", request.param, why)
+            pytest.skip(why)
         yield request.param
+        if request.param != "scalar":  # checked against torch and, for RoPE, scalar
+            isa_record.ran("elementwise", request.param)
 
 
 def _rms_ref(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
