@@ -205,12 +205,11 @@ def measure(matrices: list[llmcore.PackedWeight], budget_s: float | None = None,
                          else (prev[1] + prev[2]) * (m / prev[0]) * (REPEATS + 1))
             if left > 0 and predicted < left:
                 if key not in dense:
-                    kernel = "torch"
-                    if fmt in QUANTIZED:
-                        kernel = (_copy_kernel(shapes[key], gen, left / 4) if fast_bf16
-                                  else "core_bf16")
-                    copy_kernel[key] = kernel
-                    dense[key] = alternative(shapes[key], kernel)
+                    if fmt in QUANTIZED and fast_bf16:
+                        copy_kernel[key], dense[key] = _copy_kernel(shapes[key], gen, left / 4)
+                    else:
+                        copy_kernel[key] = "core_bf16" if fmt in QUANTIZED else "torch"
+                        dense[key] = alternative(shapes[key], copy_kernel[key])
                 route = _race(shapes[key], dense[key], m, gen, copy_kernel[key])
                 last[key] = (m, route.core_us / 1e6, route.torch_us / 1e6)
         routes[(n, k, fmt, m)] = route
@@ -218,10 +217,12 @@ def measure(matrices: list[llmcore.PackedWeight], budget_s: float | None = None,
     return RoutingTable(ordered, budget_s, time.perf_counter() - t0, torch.get_num_threads())
 
 
-def _copy_kernel(packed: llmcore.PackedWeight, gen: torch.Generator, budget_s: float) -> str:
-    """"torch" where torch's bf16 GEMM beats the core's bf16 kernel on a quantized matrix's
-    bf16 copy at the largest bucket by the margin (AMX, say), else "core_bf16"; the
-    core's kernel when the race would not fit ``budget_s``."""
+def _copy_kernel(packed: llmcore.PackedWeight, gen: torch.Generator,
+                 budget_s: float) -> tuple[str, torch.Tensor | llmcore.PackedWeight]:
+    """A quantized matrix's bf16 copy and its kernel: dense for torch ("torch") where torch's
+    bf16 GEMM beats the core's bf16 kernel at the largest bucket by the margin (AMX, say),
+    else packed for the core ("core_bf16"), also when the race would not fit ``budget_s``.
+    The copy raced is the one returned (dequantized once)."""
     n, k = packed.shape
     dense = unpacked(packed)
     core = llmcore.PackedWeight(dense)
@@ -229,13 +230,15 @@ def _copy_kernel(packed: llmcore.PackedWeight, gen: torch.Generator, budget_s: f
     out = torch.empty((BUCKETS[-1], n))
     first = _time(lambda: llmcore._C.linear(x, core, None, out))  # also the warm-up
     if first * (2 * REPEATS + 2) > budget_s:
-        return "core_bf16"
+        return "core_bf16", core
     torch_linear(x, dense, None, out)  # warm-up
     ct, tt = [], []
     for _ in range(REPEATS):
         ct.append(_time(lambda: llmcore._C.linear(x, core, None, out)))
         tt.append(_time(lambda: torch_linear(x, dense, None, out)))
-    return "torch" if statistics.median(tt) < MARGIN * statistics.median(ct) else "core_bf16"
+    if statistics.median(tt) < MARGIN * statistics.median(ct):
+        return "torch", dense
+    return "core_bf16", core
 
 
 def _race(packed: llmcore.PackedWeight, dense: torch.Tensor | llmcore.PackedWeight, m: int,
