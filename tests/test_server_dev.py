@@ -464,8 +464,22 @@ def test_profiler_writes_traces_with_core_timers(c, profile_dir):
     calls = json.loads(timers[0].read_text())["calls"]
     assert calls["llmcore.linear"]["calls"] > 0 and calls["llmcore.sample"]["calls"] >= 4
     # A prefix names the session's files; overrides we cannot honour are refused by name.
-    assert c.post("/start_profile", json={"max_iterations": 3}).json()["error"]["param"] \
-        == "max_iterations"
+    for bad in (0, -1, 10**9, "3", True):
+        r = c.post("/start_profile", json={"max_iterations": bad})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "max_iterations", bad
+    assert c.post("/start_profile", json={"delay_iterations": 3}).json()["error"]["param"] \
+        == "delay_iterations"
+    # A bounded session stops by itself at its bound and writes its trace then;
+    # /stop_profile afterwards reports those files once.
+    assert c.post("/start_profile", json={"max_iterations": 3,
+                                          "profile_prefix": "bounded"}).status_code == 200
+    assert complete(c, max_tokens=8).status_code == 200
+    assert list(profile_dir.glob("bounded_engine_*_core_timers.json"))
+    steps = json.loads(next(profile_dir.glob("bounded_engine_*_core_timers.json"))
+                       .read_text())["calls"]["llmcore.sample"]["calls"]
+    assert steps <= 3
+    assert c.post("/stop_profile").status_code == 200
+    assert c.post("/stop_profile").status_code == 409
     assert c.post("/start_profile", json={"profile_prefix": "../x"}).status_code == 400
     assert c.post("/start_profile", json={"profile_prefix": "run-1"}).status_code == 200
     assert c.post("/stop_profile").status_code == 200
@@ -479,7 +493,11 @@ def test_profiler_writes_traces_with_core_timers(c, profile_dir):
                                   '{"profiler": "torch"}', '{"profiler": "torch", '
                                   '"torch_profiler_dir": "/tmp/p", "bogus": 1}',
                                   '{"profiler": "torch", "torch_profiler_dir": "/tmp/p", '
-                                  '"torch_profiler_use_gzip": "yes"}', "[]", "not json"])
+                                  '"torch_profiler_use_gzip": "yes"}',
+                                  '{"profiler": "torch", "torch_profiler_dir": "/tmp/p", '
+                                  '"max_iterations": -1}',
+                                  '{"profiler": "torch", "torch_profiler_dir": "/tmp/p", '
+                                  '"max_profile_bytes": "1g"}', "[]", "not json"])
 def test_bad_profiler_config_is_a_startup_error(text, capsys):
     from server.cli import parse_args
 

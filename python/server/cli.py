@@ -105,6 +105,12 @@ def _structured_config(text: str) -> dict[str, str]:
 _PROFILER_FLAGS = ("torch_profiler_with_stack", "torch_profiler_record_shapes",
                    "torch_profiler_with_memory", "torch_profiler_with_flops",
                    "torch_profiler_use_gzip")
+# Bounds of one profiling session (it stops and writes its trace at either): engine steps
+# (vLLM's max_iterations; 0 or absent means our default, never unbounded) and growth of the
+# process's resident memory while it records.
+PROFILE_MAX_ITERATIONS = 1000
+PROFILE_MAX_BYTES = 2 * 2**30
+_PROFILER_BOUNDS = ("max_iterations", "max_profile_bytes")
 
 
 def _profiler_config(text: str) -> dict[str, object]:
@@ -115,7 +121,8 @@ def _profiler_config(text: str) -> dict[str, object]:
         doc = None
     if not isinstance(doc, dict):
         raise argparse.ArgumentTypeError(f"not a JSON object: {text!r}")
-    unknown = sorted(set(doc) - {"profiler", "torch_profiler_dir", *_PROFILER_FLAGS})
+    unknown = sorted(set(doc) - {"profiler", "torch_profiler_dir", *_PROFILER_FLAGS,
+                                 *_PROFILER_BOUNDS})
     if unknown:
         raise argparse.ArgumentTypeError(f"unknown profiler setting(s): {', '.join(unknown)}")
     if doc.get("profiler") != "torch":
@@ -128,7 +135,14 @@ def _profiler_config(text: str) -> dict[str, object]:
     for flag in _PROFILER_FLAGS:
         if not isinstance(doc.get(flag, False), bool):
             raise argparse.ArgumentTypeError(f"{flag} must be true or false")
-    return {**doc, "torch_profiler_dir": os.path.abspath(os.path.expanduser(directory))}
+    bounds = {"max_iterations": PROFILE_MAX_ITERATIONS, "max_profile_bytes": PROFILE_MAX_BYTES}
+    for name, default in bounds.items():
+        value = doc.get(name) or default  # vLLM's 0: "no limit" is our default bound
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise argparse.ArgumentTypeError(f"{name} must be a positive integer")
+        bounds[name] = value
+    return {**doc, **bounds,
+            "torch_profiler_dir": os.path.abspath(os.path.expanduser(directory))}
 
 
 def _positive(text: str) -> int:
@@ -271,9 +285,12 @@ def build_parser() -> argparse.ArgumentParser:
     a("--kv-events-config", type=_kv_events_config, default=None, metavar="JSON",
       help="publish the prefix cache's KV events as vLLM does, for a KV-aware router: a "
       'JSON object, e.g. \'{"enable_kv_cache_events": true, "publisher": "zmq", '
-      '"endpoint": "tcp://*:5557", "topic": "kv"}\' (also replay_endpoint, buffer_steps, '
-      "hwm, max_queue_size); with --data-parallel-size each engine's ports are offset by "
-      "its rank. Default: off")
+      '"topic": "kv"}\' (also endpoint, replay_endpoint, buffer_steps, hwm, '
+      "max_queue_size); with --data-parallel-size each engine's ports are offset by its "
+      "rank. The events carry every cached prompt's token ids, unauthenticated: the "
+      "endpoint defaults to tcp://127.0.0.1:5557 (loopback; vLLM's is tcp://*:5557), and "
+      '"endpoint": "tcp://*:5557" exposes them to every host that can reach the port. '
+      "Default: off")
     a("--tokens-only", action="store_true", help="serve the tokens-in/tokens-out routes "
       "(as --enable-scale-out, plus /abort_requests without an API key); generate then "
       "returns token ids only and refuses stop strings")

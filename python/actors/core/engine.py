@@ -297,6 +297,8 @@ class LLMEngine:
         self._release_cross_kv()
         if self.kv_events is not None:
             self._publish_kv_events()
+        if self.operator.profiling:
+            self.operator.after_step()
         return TokenBatch(outputs, tuple(sched.last_admitted), tuple(sched.last_preempted))
 
     def _publish_kv_events(self) -> None:
@@ -339,7 +341,8 @@ class LLMEngine:
                 table = self.linear_routing
                 return ControlResult(True, None if table is None else table.as_dict())
             case "start_profile":
-                return op.start_profile(args["config"], args.get("prefix"))
+                return op.start_profile(args["config"], args.get("prefix"),
+                                        args.get("max_iterations"))
             case "stop_profile":
                 return op.stop_profile()
             case "load_lora_adapter" | "unload_lora_adapter" if self.lora is None:

@@ -81,6 +81,7 @@ class Operator:
         self._updates: dict[str, Any] = {}  # checkpoint name -> tensor, every update so far
         self._kv_layout: tuple[tuple[int, ...], Any, int] | None = None  # shape, dtype, layers
         self._profile: _ProfileSession | None = None
+        self._bounded: dict[str, Any] | None = None  # what a session stopped at a bound wrote
 
     # ------------------------------------------------------------------ sleep
 
@@ -227,18 +228,39 @@ class Operator:
 
     # ------------------------------------------------------------------ profiler
 
-    def start_profile(self, config: Mapping[str, Any], prefix: str | None) -> ControlResult:
+    @property
+    def profiling(self) -> bool:
+        return self._profile is not None
+
+    def start_profile(self, config: Mapping[str, Any], prefix: str | None,
+                      max_iterations: int | None = None) -> ControlResult:
         if self._profile is not None:
             return _conflict("A profiling session is already active. Call /stop_profile "
                              "before starting another session.")
-        self._profile = _ProfileSession(config, prefix)
+        self._profile = _ProfileSession(config, prefix, max_iterations)
+        self._bounded = None
         return ControlResult(True)
 
     def stop_profile(self) -> ControlResult:
         if self._profile is None:
+            if self._bounded is not None:  # it reached a bound and wrote its trace then
+                written, self._bounded = self._bounded, None
+                return ControlResult(True, written)
             return _conflict("no profiling session is active; call /start_profile first")
         session, self._profile = self._profile, None
         return ControlResult(True, session.stop())
+
+    def after_step(self) -> None:
+        """Counts one engine step of an open profiling session; at its bound (steps, or
+        resident memory grown while recording) the session stops and writes its trace, so
+        a session nobody stops cannot grow without end. /stop_profile then reports it."""
+        session = self._profile
+        if session is None or not session.at_bound():
+            return
+        self._profile = None
+        self._bounded = session.stop()
+        log.warning("profiling stopped at its bound (%s); trace in %s", session.bound_hit,
+                    self._bounded["trace"])
 
 
 def _update_files(path: Path) -> list[Path]:
@@ -305,7 +327,8 @@ class _CoreTimers:
 
 
 class _ProfileSession:
-    def __init__(self, config: Mapping[str, Any], prefix: str | None) -> None:
+    def __init__(self, config: Mapping[str, Any], prefix: str | None,
+                 max_iterations: int | None = None) -> None:
         import torch
         from torch._C._profiler import _ExperimentalConfig
         from torch.profiler import ProfilerActivity, profile
@@ -327,9 +350,22 @@ class _ProfileSession:
             # Steps run in worker threads, not the thread that starts the profiler.
             experimental_config=_ExperimentalConfig(profile_all_threads=True),
         )
+        self.max_steps = int(max_iterations or config.get("max_iterations") or 1000)
+        self.max_bytes = int(config.get("max_profile_bytes") or 2 * 2**30)
+        self.steps = 0
+        self.bound_hit = ""
         self.timers = _CoreTimers()
         self.started = time.perf_counter()
+        self.rss_at_start = resident_bytes()
         self.profiler.start()
+
+    def at_bound(self) -> bool:
+        self.steps += 1
+        if self.steps >= self.max_steps:
+            self.bound_hit = f"{self.steps} steps"
+        elif self.steps % 16 == 0 and resident_bytes() - self.rss_at_start > self.max_bytes:
+            self.bound_hit = f"{self.max_bytes} bytes of memory"
+        return bool(self.bound_hit)
 
     def stop(self) -> dict[str, Any]:
         self.profiler.stop()

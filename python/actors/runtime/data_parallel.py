@@ -18,7 +18,8 @@ waits on another's. This module only fans out over them:
 - failure: any engine's actor failing calls the same on_fatal (the supervisor then answers
   /health 503 and exits 1); that engine's requests fail, the others' get the grace period.
 - controls (/pause, /sleep, LoRA loads...) go to every engine; the answer is the first
-  refusal or failure, else engine 0's.
+  refusal or failure, else engine 0's. A LoRA load refused by one engine is unloaded from
+  the engines that took it (all or none), and a caller that leaves is no failure.
 
 What it does not do: share a prefix cache between engines (a prompt's KV lives on the engine
 that ran it), or place by prefix. On a machine with few cores the engines compete for the
@@ -47,7 +48,9 @@ from actors.runtime.system import ActorSystem, run_actor_system
 __all__ = ["DataParallelSystem", "run_data_parallel"]
 
 log = logging.getLogger("actors.runtime.data_parallel")
-WATCH_INTERVAL_S = 0.25  # how soon /health turns 503 after an engine's process dies
+WATCH_INTERVAL_S = 0.25
+# Commands that must apply on every engine or on none: a partial success is undone.
+_UNDO = {"load_lora_adapter": "unload_lora_adapter"}  # how soon /health turns 503 after an engine's process dies
 
 
 class DataParallelRegistry:
@@ -196,7 +199,21 @@ class DataParallelSystem:
         async with trio.open_nursery() as nursery:
             for i in range(len(self.systems)):
                 nursery.start_soon(one, i)
-        return next((r for r in results if not r.ok), results[0])
+        refusal = next((r for r in results if not r.ok), None)
+        if refusal is not None and command.command in _UNDO:
+            await self._undo(command, [i for i, r in enumerate(results) if r.ok])
+        return refusal or results[0]
+
+    async def _undo(self, command: Control, applied: list[int]) -> None:
+        """A load refused by one engine is unloaded from those that took it: the front end
+        registers no name for it, so a slot kept there would never be freed."""
+        undo = Control(_UNDO[command.command], command.args)
+        with trio.CancelScope(shield=True):  # the caller leaving must not leak the slot
+            for i in applied:
+                result = await self.systems[i].control(undo)
+                if not result.ok:
+                    log.warning("engine %d: undoing %s failed: %s", i, command.command,
+                                result.error)
 
     def close_submissions(self) -> None:
         for s in self.systems:

@@ -63,7 +63,7 @@ FAULT_ENV = "LLMSERVE_FAULT_AFTER_STEPS"
 PAUSE_MODES = ("abort", "wait", "keep")
 # Core commands that allocate, free or load memory: run in the worker thread.
 _HEAVY_CONTROLS = frozenset({"sleep", "wake_up", "update_weights", "start_profile",
-                             "stop_profile"})
+                             "stop_profile", "load_lora_adapter"})
 
 # Engine steps whose outputs may wait for detokenization at once: one being detokenized
 # while the next runs keeps the core busy without letting the tokenizer fall behind.
@@ -336,6 +336,7 @@ class EngineActor:
                 return self._pause(str(args.get("mode", "abort")),
                                    bool(args.get("clear_cache", True)))
             case "resume":
+                self._overtake_draining("pause", "resumed before the drain ended")
                 self._pause_mode = None
                 self.refusing_new = False
                 self._holding = False
@@ -351,8 +352,22 @@ class EngineActor:
             case "sleep":
                 return await self._sleep(command, str(args.get("mode", "abort")))
             case "wake_up":
+                self._overtake_draining("sleep", "woken up before the drain ended")
                 return await self._wake_up(command)
         return await self._apply_heavy(command)
+
+    def _overtake_draining(self, command: str, why: str) -> None:
+        """The order of operations: a later resume (wake_up) wins over a pause (sleep) of
+        mode "wait" still waiting for the drain; that pause is answered 409 and never
+        applies, so the engine is not left paused (asleep) with nobody to resume it."""
+        kept = []
+        for pending, reply in self._draining:
+            if pending.command == command:
+                _reply(reply, ControlResult(False, error=f"{command} was overtaken: {why}",
+                                            reason="conflict"))
+            else:
+                kept.append((pending, reply))
+        self._draining = kept
 
     def _pause(self, mode: str, clear_cache: bool) -> ControlResult | None:
         if mode not in PAUSE_MODES:
@@ -541,8 +556,15 @@ _ACTOR_CONTROLS = frozenset({"pause", "resume", "is_paused", "is_sleeping",
 
 
 def _reply(reply: trio.MemorySendChannel[ControlResult], result: ControlResult) -> None:
-    reply.send_nowait(result)  # its own channel of size one, never full
-    reply.close()
+    """Answers one caller. A caller that gave up (its client left, a proxy timed out) has
+    closed its end: the command was applied all the same, and nobody is told. That is not
+    an engine failure."""
+    try:
+        reply.send_nowait(result)  # its own channel of size one, never full
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        log.info("an operator call was answered after its caller left (ok=%s)", result.ok)
+    finally:
+        reply.close()
 
 
 def _names_of(internal_id: str) -> set[str]:

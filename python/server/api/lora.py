@@ -104,13 +104,16 @@ async def _load(srv: ServerState, name: str | None, path: str | None, inplace: b
     if not Path(path).is_dir():
         raise APIError(404, f"Loading lora {name} failed: No adapter found for {path}")
     lora_id, names.next_id = names.next_id, names.next_id + 1
-    result = await _control(srv, "load_lora_adapter", lora_id=lora_id, path=path)
-    if not result.ok:
-        status = {"invalid": 400, "conflict": 409}.get(result.reason or "", 500)
-        raise APIError(status, f"Loading lora {name} failed: {result.error}")
-    names.adapters[name] = (lora_id, path)
-    if previous is not None:  # in place: the old weights retire once nothing uses them
-        await _control(srv, "unload_lora_adapter", lora_id=previous[0])
+    # Shielded: a client that gives up mid-load must not leave a loaded slot that no name
+    # points to (it could never be unloaded); the load finishes and is registered.
+    with trio.CancelScope(shield=True):
+        result = await _control(srv, "load_lora_adapter", lora_id=lora_id, path=path)
+        if not result.ok:
+            status = {"invalid": 400, "conflict": 409}.get(result.reason or "", 500)
+            raise APIError(status, f"Loading lora {name} failed: {result.error}")
+        names.adapters[name] = (lora_id, path)
+        if previous is not None:  # in place: the old weights retire once nothing uses them
+            await _control(srv, "unload_lora_adapter", lora_id=previous[0])
     log.info("loaded LoRA adapter %r from %s (id %d)", name, path, lora_id)
     return f"Success: LoRA adapter '{name}' added successfully."
 
@@ -126,7 +129,8 @@ async def _unload(srv: ServerState, name: str | None) -> str:
     found = names_of(srv).adapters.pop(name, None)
     if found is None:
         raise APIError(404, f"The lora adapter '{name}' cannot be found.")
-    result = await _control(srv, "unload_lora_adapter", lora_id=found[0])
+    with trio.CancelScope(shield=True):  # the name is gone: the slot must go too
+        result = await _control(srv, "unload_lora_adapter", lora_id=found[0])
     if not result.ok:  # the core did not know it: the name is gone either way
         log.warning("unloading LoRA adapter %r: %s", name, result.error)
     log.info("unloaded LoRA adapter %r", name)

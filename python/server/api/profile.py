@@ -37,11 +37,20 @@ def register(app: Quart, srv: ServerState) -> None:
         if prefix is not None and not (isinstance(prefix, str) and _PREFIX.fullmatch(prefix)):
             raise bad_request("profile_prefix must be 1-64 letters, digits, '.', '_' or '-'",
                               "profile_prefix")
-        for name in ("delay_iterations", "max_iterations", "profiler_kwargs"):
+        for name in ("delay_iterations", "profiler_kwargs"):
             if body.get(name) is not None:
                 raise bad_request(f"{name} is not supported; start and stop the session "
                                   "around the requests to profile", name)
-        await control(srv, "start_profile", config=config, prefix=prefix)
+        # A session stops by itself after max_iterations engine steps (the config's, at
+        # most) or once it has grown the process by max_profile_bytes.
+        bound = int(config["max_iterations"])  # type: ignore[call-overload]
+        steps = body.get("max_iterations")
+        if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int)
+                                  or not 1 <= steps <= bound):
+            raise bad_request(f"max_iterations must be an integer from 1 to {bound}",
+                              "max_iterations")
+        await control(srv, "start_profile", config=config, prefix=prefix,
+                      max_iterations=steps)
         log.info("profiler started")
         return Response(b"", status=200)
 
