@@ -118,3 +118,42 @@ def test_a_dead_engine_fails_health_and_the_server_exits_1(server: ServerProcess
     assert server.wait(60) == 1, server.log()
     print(f"dead engine: request after the kill {r.status_code}, /health {codes[-3:]}")
     assert 503 in codes or r.status_code >= 500
+
+
+def test_a_lora_load_refused_by_one_engine_is_undone_on_the_others() -> None:
+    """All or none: engine 1 refuses a load that engines 0 and 2 applied; the front end
+    registers no name for it, so 0 and 2 must unload it again (else their slots leak)."""
+    import trio
+
+    from actors.messages import Control, ControlResult
+    from actors.runtime.data_parallel import DataParallelSystem
+
+    class Engine:  # the part of an ActorSystem the fan-out uses
+        def __init__(self, refuses: bool) -> None:
+            self.refuses = refuses
+            self.loaded: set[int] = set()
+
+        async def control(self, command: Control) -> ControlResult:
+            await trio.sleep(0.01)
+            lora_id = int(dict(command.args)["lora_id"])
+            if command.command == "load_lora_adapter":
+                if self.refuses:
+                    return ControlResult(False, error="no free slot", reason="conflict")
+                self.loaded.add(lora_id)
+            elif command.command == "unload_lora_adapter":
+                self.loaded.discard(lora_id)
+            return ControlResult(True)
+
+    engines = [Engine(False), Engine(True), Engine(False)]
+    dp = DataParallelSystem(engines, None, None, None, None)  # type: ignore[arg-type]
+
+    async def main() -> tuple[ControlResult, ControlResult]:
+        refused = await dp.control(Control("load_lora_adapter", (("lora_id", 7),)))
+        engines[1].refuses = False
+        loaded = await dp.control(Control("load_lora_adapter", (("lora_id", 8),)))
+        return refused, loaded
+
+    refused, loaded = trio.run(main)
+    assert not refused.ok and refused.error == "no free slot"
+    assert loaded.ok
+    assert [e.loaded for e in engines] == [{8}, {8}, {8}]

@@ -212,15 +212,17 @@ class MetricsActor:
                     counter.labels(*lv).inc(delta)
             self._last = event
         elif isinstance(event, StepTokens):
-            computed = event.num_prompt_tokens - event.num_cached_prompt_tokens
-            self.prompt_tokens.labels(*lv).inc(event.num_prompt_tokens)
-            self.prompt_by_source.labels(*lv, "local_compute").inc(computed)
-            self.prompt_by_source.labels(*lv, "local_cache_hit").inc(event.num_cached_prompt_tokens)
-            self.prompt_cached.labels(*lv).inc(event.num_cached_prompt_tokens)
-            self.generation_tokens.labels(*lv).inc(event.num_generation_tokens)
-            self.iteration_tokens.labels(*lv).observe(
-                event.num_prompt_tokens + event.num_generation_tokens
-            )
+            # Counters refuse negative steps (ValueError would end this actor): every count
+            # is clamped, and the cached part never exceeds the prompt.
+            prompt = max(event.num_prompt_tokens, 0)
+            cached = min(max(event.num_cached_prompt_tokens, 0), prompt)
+            generated = max(event.num_generation_tokens, 0)
+            self.prompt_tokens.labels(*lv).inc(prompt)
+            self.prompt_by_source.labels(*lv, "local_compute").inc(prompt - cached)
+            self.prompt_by_source.labels(*lv, "local_cache_hit").inc(cached)
+            self.prompt_cached.labels(*lv).inc(cached)
+            self.generation_tokens.labels(*lv).inc(generated)
+            self.iteration_tokens.labels(*lv).observe(prompt + generated)
         elif isinstance(event, SequenceFinished):
             self._finished(event)
         elif isinstance(event, GroupFinished):
@@ -240,7 +242,7 @@ class MetricsActor:
         if event.queue_seconds is not None:
             self.queue.labels(*lv).observe(event.queue_seconds)
             computed = event.num_prompt_tokens - max(event.num_cached_tokens, 0)
-            self.prefill_computed.labels(*lv).observe(computed)
+            self.prefill_computed.labels(*lv).observe(max(computed, 0))
         if event.ttft_seconds is not None:
             self.ttft.labels(*lv).observe(event.ttft_seconds)
         for gap in event.inter_token_seconds:
