@@ -5,7 +5,8 @@
 The listener binds first so that /health can answer 503 while the model loads; every other
 route answers 503 until all actors have started. Exit codes: 0 after a drain (SIGTERM or
 SIGINT), 1 after an engine failure or an exception out of any actor (every in-flight
-request gets an error first, and /health answers 503 meanwhile).
+request gets an error first, and /health answers 503 meanwhile), 2 when the model cannot be
+served (an unsupported architecture, a missing or malformed file: one line, no traceback).
 """
 
 from __future__ import annotations
@@ -79,7 +80,20 @@ class Supervisor:
             root.start_soon(self._watch_signals, root)
             async with trio.open_nursery() as actors:
                 self.srv.reaper = actors
-                await self._start_actors(actors)
+                try:
+                    await self._start_actors(actors)
+                except Exception as exc:
+                    refusal = load_refusal(exc)
+                    if refusal is None:
+                        raise
+                    # A model (or adapter) this server cannot serve: one line, exit 2,
+                    # as a refused flag does; tracebacks are for bugs.
+                    log.error("cannot serve %s: %s", self.config.model or DEFAULT_MODEL_NAME,
+                              refusal)
+                    self.exit_code = 2
+                    self.srv.health.failed = True
+                    root.cancel_scope.cancel()
+                    return
                 self.srv.health.loading = False
                 log.info("ready: serving %s", self.srv.model_name)
                 task_status.started(self)
@@ -250,6 +264,23 @@ def setup_logging(config: ServerConfig) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(config.log_level.upper())
+
+
+class LoadRefused(RuntimeError):
+    """A load-time refusal that is not the loader's own (a --lora-modules adapter)."""
+
+
+def load_refusal(exc: BaseException) -> str | None:
+    """The one-line reason when `exc` (or every failure in its group) refuses the model
+    itself, files or formats the server cannot serve: an unsupported architecture, a
+    missing or unreadable path, a malformed file. None for anything else (a bug)."""
+    if isinstance(exc, BaseExceptionGroup):
+        leaves = [load_refusal(e) for e in exc.exceptions]
+        return leaves[0] if leaves and all(leaves) else None
+    if isinstance(exc, (LoadRefused, ValueError, OSError)):
+        text = str(exc).strip().splitlines()
+        return f"{text[0] if text else type(exc).__name__}"
+    return None
 
 
 def listen_problem(host: str, port: int) -> str | None:

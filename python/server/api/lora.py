@@ -143,7 +143,9 @@ async def load_startup_modules(srv: ServerState) -> None:
         try:
             await load(srv, name, path)
         except APIError as exc:
-            raise RuntimeError(f"--lora-modules {name}={path}: {exc.message}") from None
+            from server.supervisor import LoadRefused
+
+            raise LoadRefused(f"--lora-modules {name}={path}: {exc.message}") from None
 
 
 def register(app: Quart, srv: ServerState) -> None:
