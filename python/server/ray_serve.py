@@ -128,6 +128,8 @@ class TrioHost:
         they never will."""
         loop = asyncio.get_running_loop()
         ok = await loop.run_in_executor(None, self._ready.wait, timeout)
+        if self.supervisor.refusal is not None:
+            raise RuntimeError(f"cannot serve {self.config.model}: {self.supervisor.refusal}")
         if self._error is not None:
             raise RuntimeError(f"the server failed to start: {self._error!r}") from self._error
         if not ok:

@@ -66,6 +66,7 @@ class Supervisor:
         faults.configure(os.environ)
         self._stop_http = trio.Event()
         self.exit_code = 0
+        self.refusal: str | None = None  # why the model cannot be served (exit code 2)
         self.bound: list[str] = []
         self._fatal: BaseException | None = None
         self._fatal_event = trio.Event()
@@ -91,6 +92,7 @@ class Supervisor:
                     log.error("cannot serve %s: %s", self.config.model or DEFAULT_MODEL_NAME,
                               refusal)
                     self.exit_code = 2
+                    self.refusal = refusal
                     self.srv.health.failed = True
                     root.cancel_scope.cancel()
                     return
