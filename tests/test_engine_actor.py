@@ -4,6 +4,7 @@ what the core holds -> the batch channel closes)."""
 
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
 
 import trio
@@ -85,5 +86,68 @@ def test_controls_aborts_and_closure():
         assert not core.has_unfinished()
         # Closed: the actor no longer steps, a control is applied at once.
         assert (await actor.control(Control("reset_prefix_cache"))).ok
+
+    trio.run(main)
+
+
+class _Recording:
+    """The real engine core, noting which commands ran on the Trio thread."""
+
+    def __init__(self, core) -> None:
+        self._core = core
+        self.on_loop: dict[str, bool] = {}
+
+    def __getattr__(self, name: str):
+        return getattr(self._core, name)
+
+    def control(self, command: Control):
+        self.on_loop[command.command] = threading.current_thread() is threading.main_thread()
+        return self._core.control(command)
+
+
+def test_abandoned_controls_and_heavy_ones_off_the_loop():
+    """A caller that leaves before its answer (a cancelled HTTP handler) is no failure: the
+    actor keeps stepping, later controls are answered, nothing is fatal. Commands that load
+    memory (a LoRA load included) run in the worker thread, never on the Trio thread."""
+    core = _Recording(offline_llm().engine)
+    ids = offline_llm().tokenizer("Once upon a time", add_special_tokens=False)["input_ids"]
+    params = SamplingParams(n=1, temperature=0.0, max_tokens=60, ignore_eos=True)
+
+    async def main() -> None:
+        registry = Registry()
+        admit_send, admit_recv = trio.open_memory_channel[EngineRequest](8)
+        batch_send, batch_recv = trio.open_memory_channel[tuple[RequestOutput, ...]](
+            BATCH_CREDITS)
+        metrics_send, _metrics_recv = trio.open_memory_channel[object](10_000)
+        fatal: list[BaseException] = []
+        actor = EngineActor(core, registry, admit_recv, batch_send, metrics_send, fatal.append)
+
+        async def consume() -> None:
+            async with batch_recv:
+                async for _ in batch_recv:
+                    actor.credits.release()
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(actor.run)
+            nursery.start_soon(consume)
+            state, _req = _request(registry, "a", ids, params)
+            await admit_send.send(_req)
+            # Given up on at once: pause?mode=wait waits for the drain, far longer.
+            with trio.move_on_after(0.01) as scope:
+                await actor.control(Control("pause", (("mode", "wait"),)))
+            assert scope.cancelled_caught
+            with trio.fail_after(60):
+                await state.retired.wait()
+            await trio.sleep(0.2)  # the drained pause is answered to nobody meanwhile
+            assert not fatal
+            assert (await actor.control(Control("is_paused"))).value is True
+            assert (await actor.control(Control("resume"))).ok
+            result = await actor.control(Control("load_lora_adapter",
+                                                 (("lora_id", 1), ("path", "/nonexistent"))))
+            assert not result.ok  # LoRA is off in this engine: refused, never fatal
+            await admit_send.aclose()
+        assert not fatal
+        assert core.on_loop["load_lora_adapter"] is False
+        assert core.on_loop["reset_prefix_cache"] is True  # light: between steps, on the loop
 
     trio.run(main)
