@@ -17,6 +17,16 @@
 5. With --start-server: SIGTERM while streams, queued requests and non-streaming requests are
    in flight (and a few arrive after it): each must finish or be told why (an error event,
    finish_reason "abort", or an error status with a JSON body), and the exit code must be 0.
+6. pooling-flood (only with --scenarios naming it): while a greedy canary stream runs,
+   pooling requests over --max-pooling-inputs on every pooling route and list field (one
+   more than the bound, and 200 000 one-character inputs) beside a few at the bound; each
+   over-bound one must be a 400 naming its field within --flood-fast-s, the at-bound ones
+   served whole, /health 200 throughout, and the stream's text and a pooling canary
+   unchanged. Skipped, with a note, when the server has no pooling routes (with
+   --start-server it gets --pooler-config).
+
+--scenarios picks the parts: kills and abandon (steps 1-4), sigterm (5, with
+--start-server), pooling-flood (6). Default: kills,abandon,sigterm.
 
 One JSON document on stdout (exit status 0 only when `ok`); progress on stderr. Loopback
 targets only; every loop is bounded in count and time.
@@ -52,6 +62,24 @@ KILL_TIMEOUT_S = 60.0  # a kill task that sees nothing for this long counts as s
 # sending the request, after 1-24 SSE events, after a random delay.
 KILL_PLANS = {"partial_body": 1, "after_request": 1, "mid_stream": 6, "random_time": 2}
 GAUGES = ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc")
+SCENARIOS = ("kills", "abandon", "sigterm", "pooling-flood")
+DEFAULT_SCENARIOS = "kills,abandon,sigterm"
+# pooling-flood: the pooler a started server gets, the canaries, the huge request's size
+FLOOD_POOLER = '{"pooling_type": "MEAN"}'
+POOLING_CANARY = "A canary sentence about the sea."
+FLOOD_HUGE_INPUTS = 200_000  # one-character inputs: ~800 kB, under the 4 MB body limit
+# (route, the field over the bound, the body for a list of inputs)
+FLOOD_ROUTES = (
+    ("/v1/embeddings", "input", lambda items: {"input": items}),
+    ("/v1/embeddings", "input", lambda items: {"input": [[1000 + len(t)] for t in items]}),
+    ("/pooling", "input", lambda items: {"input": items}),
+    ("/v2/embed", "texts", lambda items: {"texts": items}),
+    ("/v1/score", "text_2", lambda items: {"text_1": "query", "text_2": items}),
+    ("/score", "documents", lambda items: {"queries": "query", "documents": items}),
+    ("/rerank", "documents", lambda items: {"query": "query", "documents": items}),
+    ("/v1/rerank", "documents", lambda items: {"query": "query", "documents": items}),
+    ("/v2/rerank", "documents", lambda items: {"query": "query", "documents": items}),
+)
 
 
 @dataclass
@@ -346,6 +374,168 @@ async def sigterm_under_load(args, server: ServerUnderTest, seats: int) -> dict:
             "ok": exit_code == 0 and not (bad & set(outcomes))}
 
 
+async def pooling_flood(args, client: httpx.AsyncClient, cfg: dict) -> dict:
+    """Scenario 6 (see the module's docstring); one JSON object, with `ok`."""
+    model = {"model": args.model} if args.model else {}
+    probe = await client.post("/v1/embeddings", json={"input": POOLING_CANARY, **model})
+    if probe.status_code == 404:
+        return {"skipped": "the server has no pooling routes (serve a pooling model, or "
+                           "a generative one with --pooler-config)", "ok": True}
+    if probe.status_code != 200:
+        return {"ok": False, "error": f"pooling canary: HTTP {probe.status_code} "
+                                      f"{probe.text[:300]}"}
+    canary_vec = probe.json()["data"][0]["embedding"]
+    bound = int(cfg.get("max_pooling_inputs") or args.pooling_bound)
+    max_body = int(cfg.get("max_body_bytes") or 4 << 20)
+    huge = max(bound + 1, min(FLOOD_HUGE_INPUTS, (max_body - 4096) // 8))
+    stream_body = dict(CANARY, max_tokens=args.flood_stream_tokens, **model)
+    reference = await client.post("/v1/completions", json=stream_body)
+    stream_ref = (reference.json()["choices"][0]["text"]
+                  if reference.status_code == 200 else None)
+
+    over: list[dict] = []
+    at_bound: list[dict] = []
+    health: list[tuple[int, float]] = []
+    stream: dict = {"text": "", "events": 0, "max_gap_s": 0.0}
+    streaming = trio.Event()
+    flooding_done = trio.Event()
+
+    async def over_one(i: int) -> None:
+        path, field, body = FLOOD_ROUTES[i % len(FLOOD_ROUTES)]
+        n = bound + 1 if i % 2 == 0 else huge
+        t0 = time.monotonic()
+        try:
+            r = await client.post(path, json={**body(["a"] * n), **model})
+            err = r.json().get("error") if r.headers.get("content-type", "").startswith(
+                "application/json") else None
+            over.append({"path": path, "field": field, "inputs": n, "status": r.status_code,
+                         "param": (err or {}).get("param"),
+                         "envelope": isinstance(err, dict) and "message" in err,
+                         "s": round(time.monotonic() - t0, 3)})
+        except httpx.HTTPError as exc:
+            over.append({"path": path, "field": field, "inputs": n, "status": None,
+                         "error": f"{type(exc).__name__}: {exc}"[:200],
+                         "s": round(time.monotonic() - t0, 3)})
+
+    async def at_bound_one(i: int) -> None:
+        texts = [chr(ord("a") + (i + k) % 26) for k in range(bound)]  # a token or two each
+        t0 = time.monotonic()
+        try:
+            r = await client.post("/v1/embeddings", json={"input": texts, **model},
+                                  timeout=args.flood_at_timeout)
+            n = len(r.json()["data"]) if r.status_code == 200 else None
+            at_bound.append({"status": r.status_code, "vectors": n,
+                             "s": round(time.monotonic() - t0, 3)})
+        except (httpx.HTTPError, ValueError, KeyError) as exc:
+            at_bound.append({"status": None, "error": f"{type(exc).__name__}: {exc}"[:200],
+                             "s": round(time.monotonic() - t0, 3)})
+
+    async def canary_stream() -> None:
+        try:
+            async with client.stream("POST", "/v1/completions",
+                                     json=dict(stream_body, stream=True)) as r:
+                stream["status"] = r.status_code
+                last = time.monotonic()
+                async for line in r.aiter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    now = time.monotonic()
+                    stream["max_gap_s"] = round(max(stream["max_gap_s"], now - last), 3)
+                    last = now
+                    for c in json.loads(line[6:]).get("choices") or []:
+                        stream["text"] += c.get("text") or ""
+                        stream["finish_reason"] = c.get("finish_reason") or \
+                            stream.get("finish_reason")
+                    stream["events"] += 1
+                    streaming.set()
+        except httpx.HTTPError as exc:
+            stream["error"] = f"{type(exc).__name__}: {exc}"[:200]
+        finally:
+            streaming.set()
+
+    async def poll_health() -> None:
+        while not flooding_done.is_set():
+            t0 = time.monotonic()
+            try:
+                code = (await client.get("/health", timeout=10)).status_code
+            except httpx.HTTPError:
+                code = 0
+            health.append((code, time.monotonic() - t0))
+            await trio.sleep(0.05)
+
+    t_start = time.monotonic()
+    async with trio.open_nursery() as n:
+        n.start_soon(poll_health)
+        if stream_ref is not None:
+            n.start_soon(canary_stream)
+            with trio.move_on_after(30):
+                await streaming.wait()
+        async with trio.open_nursery() as flood:
+            for i in range(args.flood_at):
+                flood.start_soon(at_bound_one, i)
+            for i in range(args.flood_over):
+                flood.start_soon(over_one, i)
+        flooding_done.set()
+    seconds = round(time.monotonic() - t_start, 2)
+
+    after = await client.post("/v1/embeddings", json={"input": POOLING_CANARY, **model})
+    after_vec = after.json()["data"][0]["embedding"] if after.status_code == 200 else None
+    idle_after = None
+    if stream_ref is not None:  # the same greedy request, alone again
+        again = await client.post("/v1/completions", json=stream_body)
+        idle_after = again.json()["choices"][0]["text"] if again.status_code == 200 else None
+    diff = (max(abs(a - b) for a, b in zip(canary_vec, after_vec))
+            if after_vec is not None and len(after_vec) == len(canary_vec) else None)
+
+    def counts(rows: list[dict]) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for row in rows:
+            out[str(row["status"])] = out.get(str(row["status"]), 0) + 1
+        return dict(sorted(out.items()))
+
+    over_times = sorted(row["s"] for row in over)
+    checks = {
+        "over_bound_400_naming_the_field": len(over) == args.flood_over and all(
+            row["status"] == 400 and row["envelope"] and row["param"] == row["field"]
+            for row in over),
+        "over_bound_fast": not over_times or over_times[-1] <= args.flood_fast_s,
+        "at_bound_served": len(at_bound) == args.flood_at and all(
+            row["status"] == 200 and row["vectors"] == bound for row in at_bound),
+        "health_200": bool(health) and all(code == 200 for code, _ in health),
+        "pooling_canary_unchanged": diff is not None and diff <= 1e-6,
+    }
+    if stream_ref is not None:
+        # The stream ran beside the flood: it must end whole. Its text equals the idle one
+        # only where a row's tokens do not depend on the batch (--linear-routing off), so
+        # that is reported, not checked; the same request alone afterwards must match.
+        checks["canary_stream_completed"] = stream.get("status") == 200 \
+            and stream["events"] > 0 and stream.get("finish_reason") in ("stop", "length") \
+            and "error" not in stream
+        checks["canary_unchanged"] = idle_after == stream_ref
+    return {
+        "bound": bound, "huge_inputs": huge, "seconds": seconds,
+        "over_bound": {"requests": len(over), "statuses": counts(over),
+                       "max_s": over_times[-1] if over_times else None,
+                       "median_s": over_times[len(over_times) // 2] if over_times else None,
+                       "wrong": [row for row in over if row["status"] != 400
+                                 or row["param"] != row["field"]][:10]},
+        "at_bound": {"requests": len(at_bound), "statuses": counts(at_bound),
+                     "max_s": max((row.get("s", 0) for row in at_bound), default=None)},
+        "health": {"polls": len(health), "non_200": sum(c != 200 for c, _ in health),
+                   "max_s": round(max((t for _, t in health), default=0.0), 3)},
+        "canary_stream": ({"skipped": "the server serves no completions"}
+                          if stream_ref is None else
+                          {"events": stream["events"], "max_gap_s": stream["max_gap_s"],
+                           "finish_reason": stream.get("finish_reason"),
+                           "same_text_as_alone": stream["text"] == stream_ref,
+                           "unchanged_after": checks["canary_unchanged"],
+                           **({"error": stream["error"]} if "error" in stream else {})}),
+        "pooling_canary": {"max_abs_diff": diff,
+                           "unchanged": checks["pooling_canary_unchanged"]},
+        "checks": checks, "ok": all(checks.values()),
+    }
+
+
 async def chaos(args, url: str, server: ServerUnderTest | None, pid: int | None) -> dict:
     parts = urlsplit(url)
     host, port = parts.hostname, parts.port or 80
@@ -357,34 +547,44 @@ async def chaos(args, url: str, server: ServerUnderTest | None, pid: int | None)
         queued = cfg.get("max_queued_requests")
         capacity = seats + (int(queued) if queued is not None else 2 * seats)
         out["seats"], out["capacity"] = seats, capacity
-        before = await canary(client, args.model)
-        before_cached = await canary(client, args.model)
-        idle = await gauges(client)
-        rss0 = rss_bytes(pid) if pid else None
-        out["idle"] = idle
-        log(f"idle: {idle}; canary {before!r}")
+        if args.scenarios & {"kills", "abandon"}:
+            before = await canary(client, args.model)
+            before_cached = await canary(client, args.model)
+            idle = await gauges(client)
+            rss0 = rss_bytes(pid) if pid else None
+            out["idle"] = idle
+            log(f"idle: {idle}; canary {before!r}")
 
-        log(f"kills: {args.kills} clients closed mid-request")
-        out["kills"] = await kills(args, host, port, args.kill_concurrency or seats)
-        out["settle_after_kills"] = await settle(client, idle)
-        log(f"after kills: {out['settle_after_kills']}")
+        if "kills" in args.scenarios:
+            log(f"kills: {args.kills} clients closed mid-request")
+            out["kills"] = await kills(args, host, port, args.kill_concurrency or seats)
+            out["settle_after_kills"] = await settle(client, idle)
+            log(f"after kills: {out['settle_after_kills']}")
 
-        log(f"abandon: {args.abandon} requests closed while queued")
-        out["abandon"] = await abandon_waves(args, client, host, port, seats, capacity)
-        out["settle_after_abandon"] = await settle(client, idle)
-        log(f"after abandon: {out['settle_after_abandon']}")
+        if "abandon" in args.scenarios:
+            log(f"abandon: {args.abandon} requests closed while queued")
+            out["abandon"] = await abandon_waves(args, client, host, port, seats, capacity)
+            out["settle_after_abandon"] = await settle(client, idle)
+            log(f"after abandon: {out['settle_after_abandon']}")
 
-        alive = (server is None or server.proc.poll() is None) and \
-            (await client.get("/health")).status_code == 200
-        after = await canary(client, args.model)
-        rss1 = rss_bytes(pid) if pid else None
-        out["canary"] = {"before": before, "before_cached": before_cached, "after": after,
-                         "stable_before": before == before_cached,
-                         "unchanged": before is not None and after == before}
-        out["alive"] = alive
-        out["rss_mib"] = {"before": round(rss0 / 2**20, 1) if rss0 else None,
-                          "after": round(rss1 / 2**20, 1) if rss1 else None}
-    if server is not None:
+        if args.scenarios & {"kills", "abandon"}:
+            alive = (server is None or server.proc.poll() is None) and \
+                (await client.get("/health")).status_code == 200
+            after = await canary(client, args.model)
+            rss1 = rss_bytes(pid) if pid else None
+            out["canary"] = {"before": before, "before_cached": before_cached, "after": after,
+                             "stable_before": before == before_cached,
+                             "unchanged": before is not None and after == before}
+            out["alive"] = alive
+            out["rss_mib"] = {"before": round(rss0 / 2**20, 1) if rss0 else None,
+                              "after": round(rss1 / 2**20, 1) if rss1 else None}
+
+        if "pooling-flood" in args.scenarios:
+            log(f"pooling flood: {args.flood_over} requests over the bound, "
+                f"{args.flood_at} at it")
+            out["pooling_flood"] = await pooling_flood(args, client, cfg)
+            log(f"pooling flood: {out['pooling_flood'].get('checks')}")
+    if server is not None and "sigterm" in args.scenarios:
         log("sigterm under load")
         out["sigterm"] = await sigterm_under_load(args, server, seats)
     return out
@@ -411,14 +611,38 @@ def main() -> int:
     p.add_argument("--model", default=None)
     p.add_argument("--api-key", default=None)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--scenarios", default=DEFAULT_SCENARIOS,
+                   help=f"comma-separated, from {', '.join(SCENARIOS)}")
+    p.add_argument("--flood-over", type=int, default=18,
+                   help="pooling-flood: requests over the bound (every route and field, "
+                        "half one more than the bound, half ~200 000 inputs)")
+    p.add_argument("--flood-at", type=int, default=2,
+                   help="pooling-flood: requests at the bound, sent with them")
+    p.add_argument("--flood-at-timeout", type=float, default=600.0,
+                   help="pooling-flood: seconds an at-bound request may take")
+    p.add_argument("--flood-fast-s", type=float, default=2.0,
+                   help="pooling-flood: the slowest over-bound 400 allowed, in seconds")
+    p.add_argument("--flood-stream-tokens", type=int, default=64,
+                   help="pooling-flood: the canary stream's length")
+    p.add_argument("--pooling-bound", type=int, default=2048,
+                   help="pooling-flood: the server's --max-pooling-inputs, when /server_info "
+                        "does not tell it")
     args = p.parse_args()
     args.kill_plans = set(args.kill_plans.split(","))
     if not args.kill_plans <= set(KILL_PLANS):
         p.error(f"--kill-plans: choose from {', '.join(KILL_PLANS)}")
+    args.scenarios = set(args.scenarios.split(","))
+    if not args.scenarios <= set(SCENARIOS):
+        p.error(f"--scenarios: choose from {', '.join(SCENARIOS)}")
     server = None
     try:
         if args.start_server:
-            server = ServerUnderTest(DEFAULT_SERVER_ARGS + shlex.split(args.server_args))
+            extra = shlex.split(args.server_args)
+            if "pooling-flood" in args.scenarios and "--pooler-config" not in extra:
+                extra += ["--pooler-config", FLOOD_POOLER]
+            if "--max-pooling-inputs" in extra[:-1]:
+                args.pooling_bound = int(extra[extra.index("--max-pooling-inputs") + 1])
+            server = ServerUnderTest(DEFAULT_SERVER_ARGS + extra)
             log(f"starting the server on {server.url} (pid {server.pid})")
             server.wait_ready()
             url, pid = server.url, server.pid
@@ -433,16 +657,21 @@ def main() -> int:
     finally:
         if server is not None:
             server.close()
-    checks = {
-        "no_5xx": not result["kills"]["server_errors"] and not result["abandon"]["server_errors"],
-        "no_stuck_kills": "stuck" not in result["kills"]["by_kind"],
-        "settled_after_kills": result["settle_after_kills"]["ok"],
-        "settled_after_abandon": result["settle_after_abandon"]["ok"],
-        "abandoned_enough": result["abandon"]["abandoned_while_queued"] >= args.abandon,
-        "queue_was_used": result["abandon"]["max_waiting_seen"] > 0 or args.abandon == 0,
-        "alive": result["alive"],
-        "canary_unchanged": result["canary"]["unchanged"],
-    }
+    checks = {}
+    if "kills" in result:
+        checks["no_5xx"] = not result["kills"]["server_errors"]
+        checks["no_stuck_kills"] = "stuck" not in result["kills"]["by_kind"]
+        checks["settled_after_kills"] = result["settle_after_kills"]["ok"]
+    if "abandon" in result:
+        checks["no_5xx"] = checks.get("no_5xx", True) and not result["abandon"]["server_errors"]
+        checks["settled_after_abandon"] = result["settle_after_abandon"]["ok"]
+        checks["abandoned_enough"] = result["abandon"]["abandoned_while_queued"] >= args.abandon
+        checks["queue_was_used"] = result["abandon"]["max_waiting_seen"] > 0 or args.abandon == 0
+    if "canary" in result:
+        checks["alive"] = result["alive"]
+        checks["canary_unchanged"] = result["canary"]["unchanged"]
+    if "pooling_flood" in result:
+        checks["pooling_flood"] = result["pooling_flood"]["ok"]
     if "sigterm" in result:
         checks["sigterm_all_told_and_exit_0"] = result["sigterm"]["ok"]
     result["checks"] = checks

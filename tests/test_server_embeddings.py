@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import numpy as np
 import openai
 import pytest
 
-from server_helpers import ServerProcess, default_tokenizer
+from server_helpers import ServerProcess, default_tokenizer, metric
 
 KEY = "sk-pooling-test"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -127,6 +128,38 @@ def test_a_batch_larger_than_the_admission_capacity(server) -> None:
     for i in (0, 129, 599):
         alone = post(server, "/v1/embeddings", {"input": texts[i]}).json()["data"][0]
         np.testing.assert_allclose(data[i]["embedding"], alone["embedding"], atol=1e-6)
+
+
+def prompt_tokens_counted(server) -> float:
+    """The prompt tokens of the requests the engine finished (none before the first)."""
+    text = httpx.get(server.url + "/metrics", headers=AUTH, timeout=30).text
+    return metric(text, "vllm:request_prompt_tokens_sum") or 0.0
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/embeddings", {"input": ["a"] * 2049}, "input"),
+    ("/v1/embeddings", {"input": [[1037]] * 2049}, "input"),
+    ("/pooling", {"input": ["a"] * 2049}, "input"),
+    ("/v2/embed", {"texts": ["a"] * 2049}, "texts"),
+    ("/v1/score", {"text_1": "q", "text_2": ["a"] * 2049}, "text_2"),
+    ("/rerank", {"query": "q", "documents": ["a"] * 2049}, "documents"),
+])
+def test_the_default_bound_refuses_2049_inputs_before_any_work(server, path, body,
+                                                                param) -> None:
+    before = prompt_tokens_counted(server)
+    t0 = time.monotonic()
+    r = post(server, path, body)
+    elapsed = time.monotonic() - t0
+    assert r.status_code == 400, r.text[:300]
+    err = r.json()["error"]
+    assert err["param"] == param and err["type"] == "BadRequestError", err
+    assert err["message"] == (f"Invalid '{param}': array too long. Expected an array with "
+                              "maximum length 2048, but got an array with length 2049 "
+                              "instead.")
+    assert elapsed < 1.0, elapsed  # 2049 prompts would take seconds on this CPU
+    assert prompt_tokens_counted(server) == before  # nothing was tokenized nor computed
+    assert_canary(server)
+    assert prompt_tokens_counted(server) > before  # and the counter does count a request
 
 
 def test_use_activation_false_gives_the_raw_mean(server, reference) -> None:

@@ -209,6 +209,10 @@ def build_parser() -> argparse.ArgumentParser:
       '\'{"pooling_type": "LAST"|"MEAN"|"CLS", "use_activation" (or "normalize"): true}\'; '
       "on a generative model it also serves the pooling routes beside generation. Default: "
       "the model's sentence-transformers pooling, else LAST, normalized")
+    a("--max-pooling-inputs", type=check.in_range(check.integer, 1), default=2048,
+      help="inputs one pooling request may carry (embeddings input, /v2/embed texts, score "
+      "and rerank documents, each list); more is a 400 naming the field, before any "
+      "tokenizing (2048 is the OpenAI embeddings API's own limit)")
     a("--host", type=check.non_empty, default="127.0.0.1", help="interface to bind")
     a("--port", type=check.in_range(check.integer, 0, 65535), default=8000,
       help="port to bind (0 picks a free one)")
@@ -300,6 +304,20 @@ def build_parser() -> argparse.ArgumentParser:
       "guidance (llguidance); 'fast_forward' (ours, default true) takes the tokens a "
       "grammar forces without a model step each. Default: "
       f"backend={ENGINE.structured_outputs_backend}")
+    a("--max-grammar-bytes", type=check.in_range(_size, 1),
+      default=_size_text(ServerConfig.max_grammar_bytes), help="largest output constraint "
+      "(JSON schema, regex, grammar, choices, structural tag; a forced tool choice's "
+      "schema) in bytes, k/m suffixes; larger is a 400 naming the field, before it is "
+      f"compiled. Default: {_size_text(ServerConfig.max_grammar_bytes)}")
+    a("--max-grammar-subschemas", type=check.in_range(check.integer, 1),
+      default=ServerConfig.max_grammar_subschemas, help="most subschemas (JSON objects but "
+      "the values of const, enum, default and examples) in a constraint's JSON schema or "
+      "structural tag; more is a 400 naming the field, before it is compiled")
+    a("--max-pending-grammars", type=check.in_range(check.integer, 1),
+      default=ServerConfig.max_pending_grammars, help="grammar compiles queued or running "
+      "at once (smallest constraint first); a new one beyond takes the place of a larger "
+      "queued one, or is a 503 with Retry-After. A compile that cannot start within 10 s is "
+      "a 503 too, and one whose requests have all gone is dropped")
     a("--responses-store", type=Path, default=None, metavar="PATH", help="SQLite file that "
       "keeps the Responses API's responses (GET, previous_response_id, background). "
       f"Default: ${STATE_DIR_ENV}/responses.sqlite, else "
@@ -307,7 +325,11 @@ def build_parser() -> argparse.ArgumentParser:
     a("--no-responses-store", action="store_true", help="keep no responses: store is "
       "ignored, background and previous_response_id find nothing")
     a("--responses-store-max-count", type=check.in_range(check.integer, 1), default=10_000,
-      help="responses kept; beyond, the oldest are evicted")
+      help="responses kept; beyond, the oldest are evicted. With --api-key, each key's "
+      "client may hold count/keys, and a client's writes evict its own oldest first")
+    a("--responses-store-max-bytes", type=check.in_range(_size, 1), default="1g",
+      help="bytes of responses kept (their JSON; k/m/g suffixes), shared among the keys "
+      "as the count is; a response larger than one key's share is not kept")
     a("--responses-store-max-age", type=check.in_range(check.integer, 0),
       default=30 * 24 * 3600, help="seconds a response is kept (0: no age bound)")
     a("--max-logprobs", type=check.in_range(check.integer, -1), default=ENGINE.max_logprobs,
@@ -425,9 +447,13 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         responses_store=None if args.no_responses_store else (
             args.responses_store or default_responses_store()),
         responses_store_max_count=args.responses_store_max_count,
+        responses_store_max_bytes=args.responses_store_max_bytes,
         responses_store_max_age=float(args.responses_store_max_age),
         data_parallel_size=args.data_parallel_size,
         max_queued_requests=args.max_queued_requests,
+        max_grammar_bytes=args.max_grammar_bytes,
+        max_grammar_subschemas=args.max_grammar_subschemas,
+        max_pending_grammars=args.max_pending_grammars,
         max_body_bytes=args.max_body_bytes,
         drain_timeout=args.drain_timeout,
         max_connections=args.max_connections,
@@ -445,6 +471,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         enable_offline_docs=args.enable_offline_docs,
         runner=args.runner,
         pooler_config=args.pooler_config,
+        max_pooling_inputs=args.max_pooling_inputs,
         lora_modules=list(args.lora_modules),
         allow_runtime_lora_updating=args.allow_runtime_lora_updating
         or os.environ.get(RUNTIME_LORA_ENV, "").strip().lower() in ("1", "true"),

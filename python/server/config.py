@@ -34,15 +34,22 @@ class ServerConfig:
     enable_scale_out: bool = False
     tokens_only: bool = False  # the generate routes on, stop strings and text output off
     # the Responses API's store (server.responses_store): None keeps no responses (the
-    # CLI's default is a file in the state directory); bounded by count and age (0: none)
+    # CLI's default is a file in the state directory); bounded by count, bytes (the JSON
+    # kept) and age (0: none). Each API key's client holds at most count/keys and bytes/keys.
     responses_store: Path | None = None
     responses_store_max_count: int = 10_000
+    responses_store_max_bytes: int = 1 << 30
     responses_store_max_age: float = 30 * 24 * 3600.0
     # engine cores, each in its own process with its own KV cache (1: one core, in-process)
     data_parallel_size: int = 1
     # limits and admission
     max_queued_requests: int | None = None  # None: 2 x max_num_seqs
     max_body_bytes: int = 4 * 1024 * 1024
+    # structured outputs: a constraint's bytes and subschemas (beyond: 400) and the grammar
+    # compiles queued or running (beyond: 503); as actors.core.structured.cache's defaults
+    max_grammar_bytes: int = 1 << 20
+    max_grammar_subschemas: int = 10_000
+    max_pending_grammars: int = 32
     drain_timeout: float = 30.0
     # http
     max_connections: int = 1024  # open connections; beyond, new ones get 503 and close
@@ -63,6 +70,7 @@ class ServerConfig:
     # pooling routes beside generation
     runner: str = "auto"  # auto | generate | pooling
     pooler_config: str | None = None
+    max_pooling_inputs: int = 2048  # inputs (or documents) per pooling request; beyond, 400
     # LoRA (server/api/lora.py): adapters loaded at start (name, path); the runtime load and
     # unload routes (--allow-runtime-lora-updating or VLLM_ALLOW_RUNTIME_LORA_UPDATING=1)
     lora_modules: list[tuple[str, str]] = field(default_factory=list)

@@ -12,6 +12,10 @@ Each input becomes one prompt of one request through the same Generation as a co
 (admission slots, tokenizer actor, engine, Outbox), carrying a PoolingSpec: the engine
 computes the prompt only and answers one float32 vector per prompt. Score and rerank are
 bi-encoder cosines between the query's and each document's embedding.
+
+A request carries at most ``--max-pooling-inputs`` inputs in each list field (2048 by
+default, the OpenAI embeddings API's own limit); more is a 400 naming the field, given
+before the body is parsed. Large responses are built and serialized in a worker thread.
 """
 
 from __future__ import annotations
@@ -20,18 +24,20 @@ import base64
 import json
 import time
 import uuid
+from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 from quart import Quart, Response
 
 from actors.params.pooling import PoolerConfig, PoolingSpec, matryoshka_of, pooler_from_dir
 from actors.params.sampling import SamplingParams
 from actors.runtime.outbox import OutboxFailed
 from actors.runtime.request import PromptInput
-from server.api.http_io import accepts, check_model, json_response, parse, read_json
+from server.api.http_io import accepts, built_json_response, check_model, parse, read_json
 from server.api.openai.chat import render_call
 from server.api.pooling_protocol import (CohereEmbedRequest, EmbeddingRequest, PoolingFields,
                                          RerankDocument, RerankRequest, ScoreRequest)
@@ -95,6 +101,57 @@ def _spec(srv: ServerState, name: str, use_activation: bool | None,
             raise bad_request(f"Model {name!r} only supports Matryoshka dimensions "
                               f"{list(allowed)}, got {dimensions}.", param)
     return pooler.spec(normalize=use_activation, dimensions=dimensions)
+
+
+def _too_long(param: str, n: int, limit: int) -> APIError:
+    # OpenAI's wording for a list beyond its bound
+    return bad_request(f"Invalid '{param}': array too long. Expected an array with maximum "
+                       f"length {limit}, but got an array with length {n} instead.", param)
+
+
+def _check_lists(body: dict[str, Any], fields: Iterable[str], limit: int) -> None:
+    """Refuse a list field of the raw body holding more than ``limit`` items.
+
+    It runs before the body is parsed: pydantic reports one error per item of the wrong
+    type, and a 4 MB body holds a million items, seconds of the event loop to list."""
+    for field in fields:
+        value = body.get(field)
+        if isinstance(value, list) and len(value) > limit:
+            raise _too_long(field, len(value), limit)
+
+
+def _check_embed_input(body: dict[str, Any], limit: int) -> None:
+    """_check_lists for embeddings' ``input``, where a flat list of integers is one prompt
+    in token ids, however long. An inner list must hold integers only: checked here too,
+    stopping at the first wrong item, for the same reason (``[["a", ...]]`` is one input
+    and a million errors)."""
+    value = body.get("input")
+    if not isinstance(value, list):
+        return
+    if len(value) > limit:
+        if all(type(v) is int for v in value):
+            return  # one prompt: its length is the context's to bound
+        raise _too_long("input", len(value), limit)
+    for i, item in enumerate(value):
+        if isinstance(item, list) and not all(type(t) is int for t in item):
+            raise bad_request(f"Invalid 'input[{i}]': a list in input must hold token ids "
+                              "(integers) only.", "input")
+
+
+# Responses holding more floats than this are built and serialized in a worker thread
+# (built_json_response): at the bound, 2048 vectors of 384 floats cost ~60 ms of .tolist()
+# and orjson.dumps, during which the event loop would serve no stream and no /health.
+OFF_LOOP_FLOATS = 8192
+
+
+def _large(vecs: list[np.ndarray]) -> bool:
+    return sum(v.size for v in vecs) > OFF_LOOP_FLOATS
+
+
+def _json_array(items: Iterable[Any]) -> orjson.Fragment:
+    """A JSON array serialized item by item: one orjson.dumps call holds the GIL (and so
+    the event loop) for as long as it runs."""
+    return orjson.Fragment(b"[" + b",".join(orjson.dumps(x) for x in items) + b"]")
 
 
 def _prompts(value: Any, add_special_tokens: bool, param: str = "input") -> list[PromptInput]:
@@ -190,6 +247,7 @@ def _cosines(query: np.ndarray, docs: list[np.ndarray]) -> list[float]:
 def register(app: Quart, srv: ServerState) -> None:
     if not routes_enabled(srv.config):
         return
+    limit = srv.config.max_pooling_inputs
 
     async def embeddings_of(req: EmbeddingRequest) -> tuple[str, list[np.ndarray], int]:
         name = check_model(srv, req.model)
@@ -213,6 +271,7 @@ def register(app: Quart, srv: ServerState) -> None:
         if "messages" not in body and isinstance(given, list) and given and all(
                 isinstance(m, dict) and isinstance(m.get("role"), str) for m in given):
             body = {**body, "messages": given, "input": None}  # a conversation as input
+        _check_embed_input(body, limit)
         return parse(EmbeddingRequest, body)
 
     @app.post("/v1/embeddings")
@@ -220,14 +279,14 @@ def register(app: Quart, srv: ServerState) -> None:
     async def embeddings() -> Response:
         req = embedding_request(await read_json())
         name, vecs, tokens = await embeddings_of(req)
-        return json_response({
+        return await built_json_response(lambda: {
             "id": f"embd-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
             "model": name,
             "data": [{"index": i, "object": "embedding",
                       "embedding": _encoded(v, req.encoding_format)}
                      for i, v in enumerate(vecs)],
             "usage": _usage(tokens),
-        })
+        }, off_loop=_large(vecs))
 
     @app.post("/pooling")
     @accepts(EmbeddingRequest)
@@ -236,18 +295,20 @@ def register(app: Quart, srv: ServerState) -> None:
         if req.dimensions is not None:  # vLLM's /pooling refuses it
             raise bad_request("dimensions is currently not supported", "dimensions")
         name, vecs, tokens = await embeddings_of(req)
-        return json_response({
+        return await built_json_response(lambda: {
             "id": f"pool-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
             "model": name,
             "data": [{"index": i, "object": "pooling", "data": _encoded(v, req.encoding_format)}
                      for i, v in enumerate(vecs)],
             "usage": _usage(tokens),
-        })
+        }, off_loop=_large(vecs))
 
     @app.post("/v2/embed")
     @accepts(CohereEmbedRequest)
     async def cohere_embed() -> Response:
-        req = parse(CohereEmbedRequest, await read_json())
+        body = await read_json()
+        _check_lists(body, ("texts", "images", "inputs", "embedding_types"), limit)
+        req = parse(CohereEmbedRequest, body)
         name = check_model(srv, req.model)
         given = [f for f in (req.texts, req.images, req.inputs) if f is not None]
         if len(given) != 1 or not given[0]:
@@ -261,20 +322,26 @@ def register(app: Quart, srv: ServerState) -> None:
         params = _params(srv, None, truncate=truncate, side=side, priority=req.priority)
         vecs, tokens = await embed(srv, _prompts(req.texts, True, "texts"), params, spec)
         kinds = req.embedding_types or ["float"]
-        out: dict[str, Any] = {}
-        for kind in dict.fromkeys(kinds):
-            if kind == "float":
-                out[kind] = [v.tolist() for v in vecs]
-            elif kind == "base64":
-                out[kind] = [_encoded(v, "base64") for v in vecs]
-            else:  # sign bits, 8 a byte, most significant first (Cohere's binary types)
-                packed = [np.packbits(v >= 0).astype(np.int16) for v in vecs]
-                out[kind] = [(p - 128 if kind == "binary" else p).tolist() for p in packed]
-        return json_response({
-            "id": f"embd-{uuid.uuid4().hex}", "embeddings": out, "texts": req.texts,
-            "meta": {"api_version": {"version": "2"}, "billed_units": {"input_tokens": tokens}},
-            "response_type": "embeddings_by_type",
-        })
+
+        def build() -> dict[str, Any]:
+            out: dict[str, Any] = {}
+            for kind in dict.fromkeys(kinds):
+                if kind == "float":
+                    out[kind] = _json_array(v.tolist() for v in vecs)
+                elif kind == "base64":
+                    out[kind] = _json_array(_encoded(v, "base64") for v in vecs)
+                else:  # sign bits, 8 a byte, most significant first (Cohere's binary types)
+                    shift = 128 if kind == "binary" else 0
+                    out[kind] = _json_array((np.packbits(v >= 0).astype(np.int16) - shift)
+                                            .tolist() for v in vecs)
+            return {
+                "id": f"embd-{uuid.uuid4().hex}", "embeddings": out, "texts": req.texts,
+                "meta": {"api_version": {"version": "2"},
+                         "billed_units": {"input_tokens": tokens}},
+                "response_type": "embeddings_by_type",
+            }
+
+        return await built_json_response(build, off_loop=_large(vecs))
 
     async def score(req: ScoreRequest) -> Response:
         name = check_model(srv, req.model)
@@ -297,15 +364,20 @@ def register(app: Quart, srv: ServerState) -> None:
         spec = _spec(srv, name, True, None)
         vecs, tokens = await embed(srv, _prompts(lhs + rhs, add_special),
                                    _params(srv, req), spec, req.request_id)
-        qs, ds = vecs[:len(lhs)], vecs[len(lhs):]
-        scores = (_cosines(qs[0], ds) if len(qs) == 1
-                  else [_cosines(q, [d])[0] for q, d in zip(qs, ds)])
-        return json_response({
-            "id": f"score-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
-            "model": name,
-            "data": [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)],
-            "usage": _usage(tokens),
-        })
+
+        def build() -> dict[str, Any]:
+            qs, ds = vecs[:len(lhs)], vecs[len(lhs):]
+            scores = (_cosines(qs[0], ds) if len(qs) == 1
+                      else [_cosines(q, [d])[0] for q, d in zip(qs, ds)])
+            return {
+                "id": f"score-{uuid.uuid4().hex}", "object": "list",
+                "created": int(time.time()), "model": name,
+                "data": [{"index": i, "object": "score", "score": s}
+                         for i, s in enumerate(scores)],
+                "usage": _usage(tokens),
+            }
+
+        return await built_json_response(build, off_loop=_large(vecs))
 
     async def rerank(req: RerankRequest) -> Response:
         name = check_model(srv, req.model)
@@ -316,29 +388,38 @@ def register(app: Quart, srv: ServerState) -> None:
         vecs, tokens = await embed(srv, _prompts([req.query, *docs],
                                                  req.add_special_tokens is not False),
                                    _params(srv, req), spec, req.request_id)
-        scores = _cosines(vecs[0], vecs[1:])
-        order = sorted(range(len(docs)), key=lambda i: -scores[i])
-        if req.top_n:
-            order = order[:req.top_n]
-        results = []
-        for i in order:
-            item: dict[str, Any] = {"index": i, "relevance_score": scores[i]}
-            if req.return_documents:
-                item["document"] = {"text": docs[i]}
-            results.append(item)
-        return json_response({
-            "id": f"rerank-{uuid.uuid4().hex}", "model": name,
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}, "results": results,
-        })
+
+        def build() -> dict[str, Any]:
+            scores = _cosines(vecs[0], vecs[1:])
+            order = sorted(range(len(docs)), key=lambda i: -scores[i])
+            if req.top_n:
+                order = order[:req.top_n]
+            results = []
+            for i in order:
+                item: dict[str, Any] = {"index": i, "relevance_score": scores[i]}
+                if req.return_documents:
+                    item["document"] = {"text": docs[i]}
+                results.append(item)
+            return {
+                "id": f"rerank-{uuid.uuid4().hex}", "model": name,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}, "results": results,
+            }
+
+        return await built_json_response(build, off_loop=_large(vecs))
 
     for path in ("/score", "/v1/score"):
         @app.post(path, endpoint=f"score{path.replace('/', '_')}")
         @accepts(ScoreRequest)
         async def score_route() -> Response:
-            return await score(parse(ScoreRequest, await read_json()))
+            body = await read_json()
+            _check_lists(body, ("queries", "documents", "text_1", "text_2", "data_1",
+                                "data_2"), limit)
+            return await score(parse(ScoreRequest, body))
 
     for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
         @app.post(path, endpoint=f"rerank{path.replace('/', '_')}")
         @accepts(RerankRequest)
         async def rerank_route() -> Response:
-            return await rerank(parse(RerankRequest, await read_json()))
+            body = await read_json()
+            _check_lists(body, ("documents",), limit)
+            return await rerank(parse(RerankRequest, body))
