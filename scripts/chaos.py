@@ -25,8 +25,16 @@
    unchanged. Skipped, with a note, when the server has no pooling routes (with
    --start-server it gets --pooler-config).
 
+7. operator-abandon (only with --scenarios naming it): every operator route (/pause and
+   /sleep in wait mode, /wake_up, /is_paused, /reset_prefix_cache, /update_weights, the
+   profiler, /collective_rpc...) called while a greedy stream runs, by a client that gives
+   up after --operator-timeout-s (50 ms); --operator-rounds times each. Each stream must end
+   whole ("length", then [DONE]), /health must stay 200, the server alive, and the canary
+   unchanged. Skipped, with a note, when the server has no operator routes (with
+   --start-server it gets --enable-dev-endpoints and a --profiler-config).
+
 --scenarios picks the parts: kills and abandon (steps 1-4), sigterm (5, with
---start-server), pooling-flood (6). Default: kills,abandon,sigterm.
+--start-server), pooling-flood (6), operator-abandon (7). Default: kills,abandon,sigterm.
 
 One JSON document on stdout (exit status 0 only when `ok`); progress on stderr. Loopback
 targets only; every loop is bounded in count and time.
@@ -40,6 +48,7 @@ import math
 import random
 import shlex
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
@@ -62,12 +71,28 @@ KILL_TIMEOUT_S = 60.0  # a kill task that sees nothing for this long counts as s
 # sending the request, after 1-24 SSE events, after a random delay.
 KILL_PLANS = {"partial_body": 1, "after_request": 1, "mid_stream": 6, "random_time": 2}
 GAUGES = ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc")
-SCENARIOS = ("kills", "abandon", "sigterm", "pooling-flood")
+SCENARIOS = ("kills", "abandon", "sigterm", "pooling-flood", "operator-abandon")
 DEFAULT_SCENARIOS = "kills,abandon,sigterm"
 # pooling-flood: the pooler a started server gets, the canaries, the huge request's size
 FLOOD_POOLER = '{"pooling_type": "MEAN"}'
 POOLING_CANARY = "A canary sentence about the sea."
 FLOOD_HUGE_INPUTS = 200_000  # one-character inputs: ~800 kB, under the 4 MB body limit
+# operator-abandon: (method, path, body, (state route, key, value, undo route) or None)
+OPERATOR_CALLS = [
+    ("POST", "/pause?mode=wait", None, ("/is_paused", "is_paused", True, "/resume")),
+    ("GET", "/is_paused", None, None),
+    ("POST", "/reset_prefix_cache", None, None),
+    ("POST", "/sleep?mode=wait&level=1", None,
+     ("/is_sleeping", "is_sleeping", True, "/wake_up")),
+    ("POST", "/wake_up", None, None),
+    ("GET", "/is_sleeping", None, None),
+    ("GET", "/weight_info", None, None),
+    ("POST", "/collective_rpc", {"method": "reset_prefix_cache"}, None),
+    ("POST", "/update_weights", {"update_info": {"path": "/nonexistent.safetensors"}}, None),
+    ("POST", "/start_profile", None, None),
+    ("POST", "/stop_profile", None, None),
+    ("POST", "/abort_requests", {"request_ids": ["no-such-request"]}, None),
+]
 # (route, the field over the bound, the body for a list of inputs)
 FLOOD_ROUTES = (
     ("/v1/embeddings", "input", lambda items: {"input": items}),
@@ -536,6 +561,69 @@ async def pooling_flood(args, client: httpx.AsyncClient, cfg: dict) -> dict:
     }
 
 
+async def operator_abandon(args, client: httpx.AsyncClient, server: ServerUnderTest | None
+                           ) -> dict:
+    """Scenario 7 (see the module's docstring); one JSON object, with `ok`."""
+    model = {"model": args.model} if args.model else {}
+    probe = await client.get("/is_paused")
+    if probe.status_code == 404:
+        return {"skipped": "the server has no operator routes (--enable-dev-endpoints)",
+                "ok": True}
+    before = await canary(client, args.model)
+    body = dict(CANARY, max_tokens=args.operator_stream_tokens, ignore_eos=True, stream=True,
+                **model)
+    routes: dict[str, dict] = {}
+    streams_whole = streams = 0
+    health_codes: list[int] = []
+    for _round in range(args.operator_rounds):
+        for method, path, payload, undo in OPERATOR_CALLS:
+            row = routes.setdefault(path, {"abandoned": 0, "answered": 0, "statuses": []})
+            finish, done, events = None, False, 0
+            async with client.stream("POST", "/v1/completions", json=body) as r:
+                async for line in r.aiter_lines():
+                    if line == "data: [DONE]":
+                        done = True
+                    elif line.startswith("data: "):
+                        events += 1
+                        chunk = json.loads(line[6:])
+                        if chunk.get("choices") and chunk["choices"][0].get("finish_reason"):
+                            finish = chunk["choices"][0]["finish_reason"]
+                        if events == 3:
+                            try:
+                                answer = await client.request(
+                                    method, path, json=payload,
+                                    timeout=args.operator_timeout_s)
+                                row["answered"] += 1
+                                row["statuses"].append(answer.status_code)
+                            except httpx.TimeoutException:
+                                row["abandoned"] += 1
+            streams += 1
+            streams_whole += int(r.status_code == 200 and finish == "length" and done)
+            if undo is not None:  # the abandoned pause or sleep applies once drained
+                state_path, key, value, undo_path = undo
+                with trio.move_on_after(30):
+                    while (await client.get(state_path)).json().get(key) != value:
+                        await trio.sleep(0.05)
+                await client.post(undo_path)
+            health_codes.append((await client.get("/health")).status_code)
+    # Whatever profiling session a round left open is closed (a 409 when none is).
+    await client.post("/stop_profile")
+    after = await canary(client, args.model)
+    alive = (server is None or server.proc.poll() is None) and \
+        (await client.get("/health")).status_code == 200
+    for row in routes.values():
+        row["statuses"] = sorted(set(row["statuses"]))
+    checks = {"streams_whole": streams_whole == streams,
+              "health_200": set(health_codes) == {200}, "alive": alive,
+              "canary_unchanged": before is not None and after == before,
+              "drain_calls_abandoned": all(routes[p]["abandoned"] > 0 for p in
+                                           ("/pause?mode=wait", "/sleep?mode=wait&level=1"))}
+    return {"timeout_s": args.operator_timeout_s, "rounds": args.operator_rounds,
+            "streams": streams, "streams_whole": streams_whole, "routes": routes,
+            "canary": {"before": before, "after": after}, "checks": checks,
+            "ok": all(checks.values())}
+
+
 async def chaos(args, url: str, server: ServerUnderTest | None, pid: int | None) -> dict:
     parts = urlsplit(url)
     host, port = parts.hostname, parts.port or 80
@@ -584,6 +672,12 @@ async def chaos(args, url: str, server: ServerUnderTest | None, pid: int | None)
                 f"{args.flood_at} at it")
             out["pooling_flood"] = await pooling_flood(args, client, cfg)
             log(f"pooling flood: {out['pooling_flood'].get('checks')}")
+
+        if "operator-abandon" in args.scenarios:
+            log(f"operator calls abandoned after {args.operator_timeout_s * 1e3:.0f} ms, "
+                f"{args.operator_rounds} rounds")
+            out["operator_abandon"] = await operator_abandon(args, client, server)
+            log(f"operator calls: {out['operator_abandon'].get('checks')}")
     if server is not None and "sigterm" in args.scenarios:
         log("sigterm under load")
         out["sigterm"] = await sigterm_under_load(args, server, seats)
@@ -627,6 +721,12 @@ def main() -> int:
     p.add_argument("--pooling-bound", type=int, default=2048,
                    help="pooling-flood: the server's --max-pooling-inputs, when /server_info "
                         "does not tell it")
+    p.add_argument("--operator-rounds", type=int, default=3,
+                   help="operator-abandon: how many times each operator route is abandoned")
+    p.add_argument("--operator-timeout-s", type=float, default=0.05,
+                   help="operator-abandon: when the client gives up on each call")
+    p.add_argument("--operator-stream-tokens", type=int, default=96,
+                   help="operator-abandon: the stream each call runs beside")
     args = p.parse_args()
     args.kill_plans = set(args.kill_plans.split(","))
     if not args.kill_plans <= set(KILL_PLANS):
@@ -640,6 +740,13 @@ def main() -> int:
             extra = shlex.split(args.server_args)
             if "pooling-flood" in args.scenarios and "--pooler-config" not in extra:
                 extra += ["--pooler-config", FLOOD_POOLER]
+            if "operator-abandon" in args.scenarios:
+                if "--enable-dev-endpoints" not in extra:
+                    extra += ["--enable-dev-endpoints"]
+                if "--profiler-config" not in extra:
+                    extra += ["--profiler-config", json.dumps(
+                        {"profiler": "torch", "torch_profiler_with_stack": False,
+                         "torch_profiler_dir": tempfile.mkdtemp(prefix="chaos-profiles-")})]
             if "--max-pooling-inputs" in extra[:-1]:
                 args.pooling_bound = int(extra[extra.index("--max-pooling-inputs") + 1])
             server = ServerUnderTest(DEFAULT_SERVER_ARGS + extra)
@@ -672,6 +779,8 @@ def main() -> int:
         checks["canary_unchanged"] = result["canary"]["unchanged"]
     if "pooling_flood" in result:
         checks["pooling_flood"] = result["pooling_flood"]["ok"]
+    if "operator_abandon" in result:
+        checks["operator_abandon"] = result["operator_abandon"]["ok"]
     if "sigterm" in result:
         checks["sigterm_all_told_and_exit_0"] = result["sigterm"]["ok"]
     result["checks"] = checks
