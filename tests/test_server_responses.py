@@ -4,12 +4,15 @@ string and item input with instructions, the max_output_tokens cut, the SDK's st
 conversation by previous_response_id (its prompt checked token for token against /tokenize
 of the same chat), function calling with required and named tool choice and a
 function_call_output turn, text.format json_schema, background runs and cancel (the engine
-left idle), the SQLite store across a restart and its count bound, the error envelopes,
-then a canary."""
+left idle), a stored stream its client left (stored incomplete), the SQLite store across a
+restart, its count and byte bounds and each API key's share, two servers on one store file,
+the error envelopes, then a canary."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import stat
 import time
 
 import httpx
@@ -234,8 +237,8 @@ def test_text_format_json_schema(client):
     assert obj.output_text.lstrip().startswith("{") and obj.text.format.type == "json_object"
 
 
-def idle(server) -> bool:
-    text = httpx.get(server.url + "/metrics").text
+def idle(server, headers=None) -> bool:
+    text = httpx.get(server.url + "/metrics", headers=headers).text
     return (metric(text, "vllm:num_requests_running", model_name=MODEL) == 0.0
             and metric(text, "vllm:kv_cache_usage_perc", model_name=MODEL) == 0.0)
 
@@ -272,6 +275,106 @@ def test_background_runs_polls_and_cancels(server, client):
     assert wait_until(lambda: idle(server)), httpx.get(server.url + "/metrics").text
     with pytest.raises(openai.BadRequestError, match="Cannot cancel a synchronous response"):
         client.responses.cancel(long.id)
+
+
+def retrieved(client, response_id):
+    """The stored response, or None (404)."""
+    try:
+        return client.responses.retrieve(response_id)
+    except openai.NotFoundError:
+        return None
+
+
+def test_abandoned_stream_is_stored_incomplete(server, client):
+    """A client that leaves a stored stream before its end: what was generated is stored,
+    incomplete, and a later turn can continue it."""
+    with httpx.stream("POST", server.url + "/v1/responses", timeout=60, json={
+            "input": "Write a very long story.", "model": MODEL, "max_output_tokens": 900,
+            "ignore_eos": True, "stream": True}) as r:
+        rid, read = None, ""
+        for line in r.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            event = json.loads(line[6:])
+            if event["type"] == "response.created":
+                rid = event["response"]["id"]
+            elif event["type"] == "response.output_text.delta":
+                read += event["delta"]
+                if len(read) > 20:
+                    break
+    assert rid and read
+    assert wait_until(lambda: retrieved(client, rid) is not None)
+    got = client.responses.retrieve(rid)
+    assert got.status == "incomplete" and got.incomplete_details.reason == "client_disconnected"
+    (msg,) = got.output
+    assert msg.status == "incomplete" and got.output_text.startswith(read)
+    assert 0 < got.usage.output_tokens < 900
+    assert got.usage.input_tokens == prompt_tokens(server, [
+        {"role": "user", "content": "Write a very long story."}])
+    later = create(client, input="Go on.", previous_response_id=rid, max_output_tokens=3)
+    assert later.usage.input_tokens > got.usage.total_tokens
+    assert wait_until(lambda: idle(server))
+    assert httpx.get(server.url + "/health").status_code == 200
+    canary = create(client, input="Say hello.")
+    assert canary.status == "completed" and canary.output_text
+
+
+def test_store_shares_bytes_running_rows_and_two_replicas(tmp_path):
+    """Two servers on one store file, two API keys: key a floods its share (3 rows, 40 KiB)
+    and key b's rows stay; a's running background row is never evicted, and the second
+    server's first use of the file leaves it running; cancel and retrieve work from
+    either server; the file is private."""
+    path = tmp_path / "made" / "store.sqlite"
+    args = ("--api-key", "ka", "kb", "--responses-store", str(path),
+            "--responses-store-max-count", "6", "--responses-store-max-bytes", "80k")
+    first, second = ServerProcess(*args), ServerProcess(*args)
+    clients = contextlib.ExitStack()
+    try:
+        first.wait_ready()
+        second.wait_ready()
+        a1, b1, a2 = (clients.enter_context(openai.OpenAI(
+            base_url=srv.url + "/v1", api_key=key, max_retries=0))
+            for srv, key in ((first, "ka"), (first, "kb"), (second, "ka")))
+        kept = [create(b1, input=f"Name a fruit ({i}).", max_output_tokens=4)
+                for i in range(2)]
+        running = create(a1, input="Write a very long story about dragons.",
+                         background=True, max_output_tokens=900,
+                         extra_body={"ignore_eos": True})
+        started = time.monotonic()
+        # The second server opens the file now: the first's running row stays running.
+        assert a2.responses.retrieve(running.id).status == "in_progress"
+        flood = [create(a1, input=f"Count to {i}.", max_output_tokens=2) for i in range(4)]
+        # a's share is 3 rows: its running row and its two newest; b's rows stay.
+        assert [retrieved(a1, r.id) is not None for r in flood] == [False, False, True, True]
+        assert all(retrieved(b1, r.id).output_text == r.output_text for r in kept)
+        # The byte bound: two rows of ~26 KB leave room for one within a's 40 KiB share,
+        # though its count (2 of 3) would keep both.
+        big = [create(a1, input=f"{i} " + "word " * 5000, max_output_tokens=1,
+                      truncation="auto") for i in range(2)]
+        assert [retrieved(a1, r.id) is not None for r in big] == [False, True]
+        assert [retrieved(a1, r.id) is not None for r in flood] == [False] * 4
+        assert all(retrieved(a2, r.id) is not None for r in kept)  # from either server
+        assert a1.responses.retrieve(running.id).status == "in_progress", (
+            time.monotonic() - started)
+        # Cancel from the server that does not run it: the one that does stops it.
+        cancelled = a2.responses.cancel(running.id)
+        assert cancelled.status == "cancelled" and cancelled.id == running.id
+        assert a1.responses.retrieve(running.id).status == "cancelled"
+        key = {"Authorization": "Bearer ka"}
+        assert wait_until(lambda: idle(first, key)), httpx.get(first.url + "/metrics",
+                                                               headers=key).text
+        with pytest.raises(openai.BadRequestError, match="Cannot cancel"):
+            a1.responses.cancel(running.id)
+        for srv, c in ((first, b1), (second, a2)):
+            assert httpx.get(srv.url + "/health").status_code == 200
+            canary = create(c, input="Say hello.")
+            assert canary.status == "completed" and canary.output_text
+    finally:
+        clients.close()
+        assert first.stop() == 0
+        assert second.stop() == 0
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
 
 
 def envelope(r: httpx.Response) -> tuple[int, str, str | None, str]:

@@ -23,6 +23,21 @@ def default_responses_store(environ: Mapping[str, str] | None = None) -> Path:
     return state_dir(environ) / "responses.sqlite"
 
 
+def make_private_dirs(path: Path) -> None:
+    """Makes the folder `path` and its missing parents, each one made here mode 0700 (the
+    umask notwithstanding); a folder that was already there is left as it is."""
+    missing = []
+    while not path.exists():
+        missing.append(path)
+        path = path.parent
+    for folder in reversed(missing):
+        try:
+            folder.mkdir(mode=0o700)
+        except FileExistsError:  # made meanwhile by another process: its mode is its own
+            continue
+        os.chmod(folder, 0o700)
+
+
 def store_path_problem(path: Path) -> str | None:
     """Why the server could not keep a store file at ``path`` (None: it can), so a bad
     --responses-store is refused at start, not as a 500 on the first response stored."""

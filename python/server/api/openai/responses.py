@@ -10,12 +10,20 @@ stream events (`event: <type>` + `data: <json>`, numbered by sequence_number).
 
 Stored responses (server.responses_store, SQLite, off the event loop) serve GET and
 `previous_response_id`: a later turn renders the stored conversation, then the stored
-output, then its own input. `store: false` keeps nothing.
+output, then its own input. `store: false` keeps nothing. Each row belongs to the client
+of the request's API key (all clients are one without keys), which holds at most its
+share of the store's bounds. A stored stream whose client leaves before its last event is
+stored `incomplete` with what was generated so far.
 
 `background: true` admits the generation (so 400s and 503s still answer the POST), stores
 it `in_progress` and returns; a task in the server's nursery, not the request's, reads it
 to the end and stores the final state. Cancel stops that task, whose generation is then
 retired (aborted in the engine, its KV blocks freed) and stores it `cancelled`.
+
+Several servers may share one store file (replicas on one machine). GET reads the row,
+whichever server runs it. Cancel of a response another server runs asks it through the
+row: that server polls for the requests on its rows while it runs background responses,
+cancels, stores `cancelled`; the asking server waits for that state and returns it.
 """
 
 from __future__ import annotations
@@ -52,7 +60,12 @@ from server.errors import APIError, bad_request
 from server.frontend import service
 from server.frontend.service import ChoiceDelta, Failed, Finished, Idle, TextGeneration, Usage
 from server.generation import detach_from_request, new_request_id
-from server.responses_store import UNFINISHED, ResponseStore, StoredResponse
+from server.responses_store import (
+    UNFINISHED,
+    ResponseStore,
+    StoredResponse,
+    client_id,
+)
 from server.sse import sse_response
 from server.state import ServerState
 
@@ -62,6 +75,9 @@ MAX_METADATA_PAIRS = 16  # OpenAI's bounds on `metadata`
 MAX_METADATA_KEY = 64
 MAX_METADATA_VALUE = 512
 _CANNOT_CANCEL = "Cannot cancel a synchronous response."
+DISCONNECTED = "client_disconnected"  # incomplete_details.reason of an abandoned stream
+CANCEL_POLL = 0.2  # seconds between looks for cancels asked through the store
+CANCEL_WAIT = 30.0  # seconds a cancel waits for the server that runs the response
 
 
 def not_found(response_id: str, param: str = "response_id") -> APIError:
@@ -209,6 +225,17 @@ def _failed(shape: ResponseShape, builder: OutputBuilder, message: str) -> dict[
                       error={"code": "server_error", "message": message})
 
 
+def _abandoned(shape: ResponseShape, builder: OutputBuilder, gen: TextGeneration,
+               generated: int, finish: str | None) -> dict[str, Any]:
+    """A stream its client left: what was generated, `incomplete`, unless the generation
+    had already finished (only its last events went unread)."""
+    if finish is not None:
+        return _final(shape, builder, gen.usage(generated), finish)
+    builder.feed("", [], "length")  # closes the open item (a parser's held text too)
+    return shape.body("incomplete", builder.output, gen.usage(generated),
+                      incomplete_reason=DISCONNECTED)
+
+
 # -- background responses ----------------------------------------------------------------
 @dataclass
 class _Job:
@@ -226,10 +253,31 @@ class ResponsesAPI:
     def __init__(self, srv: ServerState) -> None:
         self.srv = srv
         cfg = srv.config
+        # Each API key is a client of its own, named by a digest of the key.
+        self.clients = frozenset(client_id(k) for k in cfg.api_keys if k) or frozenset({""})
         self.store = (None if cfg.responses_store is None else ResponseStore(
             cfg.responses_store, max_count=cfg.responses_store_max_count,
-            max_age=cfg.responses_store_max_age))
+            max_age=cfg.responses_store_max_age, max_bytes=cfg.responses_store_max_bytes,
+            clients=self.clients))
         self.jobs: dict[str, _Job] = {}
+        self._watching = False  # a task polls the store for cancels of self.jobs
+
+    def _client(self) -> str:
+        """The request's client: the configured key it came with (the API-key middleware
+        has let it in), as Authorization: Bearer or x-api-key; "" when no keys are set."""
+        if self.clients == {""}:
+            return ""
+        keys = []
+        for value in request.headers.getlist("Authorization"):
+            scheme, _, credential = value.partition(" ")
+            if scheme.lower() == "bearer":
+                keys.append(credential.strip())
+        keys += [value.strip() for value in request.headers.getlist("x-api-key")]
+        for key in keys:  # headers are latin-1 text: their bytes are the key's
+            cid = client_id(key.encode("latin-1", "replace"))
+            if cid in self.clients:
+                return cid
+        return ""
 
     async def create(self, req: ResponsesRequest) -> Response:
         srv = self.srv
@@ -251,6 +299,7 @@ class ResponsesAPI:
                 chat_template_kwargs=req.chat_template_kwargs)),
             add_generation_prompt=True, continue_final_message=False, tools=plan.tools)
         store = self.store if req.store else None
+        client = self._client()
         shape = ResponseShape(response_id=new_id("resp"), model=model,
                               echo=_echo(req, params, store is not None))
         builder = OutputBuilder(plan, _top_logprobs(req))
@@ -263,15 +312,15 @@ class ResponsesAPI:
         except APIError as exc:
             raise _named_for_responses(exc) from None
         if req.background:
-            return await self._start_background(gen, shape, builder, turn)
+            return await self._start_background(gen, shape, builder, turn, client)
         if req.stream:
-            return sse_response(self._events(gen, shape, builder, store, turn))
+            return sse_response(self._events(gen, shape, builder, store, turn, client))
         result = await gen.collect()
         choice = result.choices[0]
         builder.feed(choice.text, choice.logprobs, choice.finish_reason or "stop")
         body = _final(shape, builder, result.usage, choice.finish_reason)
         if store is not None:
-            await store.put(body, turn)
+            await store.put(body, turn, client)
         return json_response(body)
 
     async def _history(self, previous_id: str | None) -> list[dict[str, Any]]:
@@ -287,14 +336,16 @@ class ResponsesAPI:
         return prev.messages + items_to_messages(prev.body.get("output") or [])
 
     async def _events(self, gen: TextGeneration, shape: ResponseShape, builder: OutputBuilder,
-                      store: ResponseStore | None, turn: list[dict[str, Any]]
-                      ) -> AsyncIterator[bytes]:
+                      store: ResponseStore | None, turn: list[dict[str, Any]],
+                      client: str) -> AsyncIterator[bytes]:
         counter = EventCounter()
 
         def out(event: dict[str, Any]) -> bytes:
             return sse.event(counter.number(event), event["type"])
 
         finish: str | None = None
+        generated = 0  # tokens so far
+        stored = store is None
         try:
             opening = shape.body("in_progress", [])
             yield out({"type": "response.created", "response": opening})
@@ -304,6 +355,7 @@ class ResponsesAPI:
                     final = None
                     if isinstance(ev, ChoiceDelta):
                         finish = ev.finish_reason or finish
+                        generated = ev.generated_tokens
                         for event in builder.feed(ev.text, ev.logprobs, ev.finish_reason):
                             yield out(event)
                     elif isinstance(ev, Idle):
@@ -314,25 +366,58 @@ class ResponsesAPI:
                         final = _final(shape, builder, ev.usage, finish)
                     if final is not None:
                         if store is not None:  # before the last event: a client may go then
-                            await store.put(final, turn)
+                            stored = True
+                            await store.put(final, turn, client)
                         yield out({"type": f"response.{final['status']}", "response": final})
         finally:
             gen.retire()
+            if not stored:  # the client left first (or the stream broke): keep what it got
+                assert store is not None
+                with trio.CancelScope(shield=True):  # the request's scope is cancelled
+                    try:
+                        await store.put(_abandoned(shape, builder, gen, generated, finish),
+                                        turn, client)
+                    except Exception:
+                        log.exception("response %s: storing its abandoned stream failed",
+                                      shape.id)
 
     async def _start_background(self, gen: TextGeneration, shape: ResponseShape,
-                                builder: OutputBuilder, turn: list[dict[str, Any]]) -> Response:
+                                builder: OutputBuilder, turn: list[dict[str, Any]],
+                                client: str) -> Response:
         assert self.store is not None and self.srv.reaper is not None
         job = _Job(gen, shape, builder)
         body = shape.body("in_progress", [])
         self.jobs[shape.id] = job
         try:
-            await self.store.put(body, turn)
+            await self.store.put(body, turn, client)
         except BaseException:
             self.jobs.pop(shape.id, None)
             gen.retire()
             raise
         self.srv.reaper.start_soon(self._run_background, job)
+        if not self._watching:
+            self._watching = True
+            self.srv.reaper.start_soon(self._watch_cancels)
         return json_response(body)
+
+    async def _watch_cancels(self) -> None:
+        """While background responses run here, carries out the cancels other servers on
+        the same store file ask for through their rows. Runs in the server's nursery."""
+        assert self.store is not None
+        try:
+            while self.jobs:
+                await trio.sleep(CANCEL_POLL)
+                try:
+                    asked = await self.store.cancel_requests()
+                except Exception:
+                    log.exception("reading the store's cancel requests failed")
+                    continue
+                for rid in asked:
+                    job = self.jobs.get(rid)
+                    if job is not None:
+                        job.scope.cancel()
+        finally:
+            self._watching = False
 
     async def _run_background(self, job: _Job) -> None:
         """Reads the generation to its end (or its cancel) and stores the final state. It
@@ -364,13 +449,22 @@ class ResponsesAPI:
 
     async def cancel(self, response_id: str) -> dict[str, Any]:
         job = self.jobs.get(response_id)
-        if job is None:
-            await self._stored(response_id)  # 404 for an unknown id
+        if job is not None:
+            job.scope.cancel()
+            await job.done.wait()
+            assert job.final is not None
+            return job.final
+        stored = await self._stored(response_id)  # 404 for an unknown id
+        assert self.store is not None
+        if stored.runner in (None, self.store.owner) or not await self.store.request_cancel(
+                response_id):
             raise bad_request(_CANNOT_CANCEL, "response_id")
-        job.scope.cancel()
-        await job.done.wait()
-        assert job.final is not None
-        return job.final
+        # Another server on this store file runs it: wait for the state it stores.
+        with trio.move_on_after(CANCEL_WAIT):
+            while stored.status in UNFINISHED:
+                await trio.sleep(CANCEL_POLL / 2)
+                stored = await self._stored(response_id)
+        return stored.body
 
     async def _stored(self, response_id: str) -> StoredResponse:
         stored = None if self.store is None else await self.store.get(response_id)

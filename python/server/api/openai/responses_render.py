@@ -11,7 +11,9 @@ their ids from `output_item.added` to the final response, as the SDK's stream he
 checks.
 
 The last item of a generation cut by max_output_tokens is `incomplete`, and so is the
-response (incomplete_details.reason "max_output_tokens"), as vLLM reports it.
+response (incomplete_details.reason "max_output_tokens"), as vLLM reports it. A stored
+stream whose client left before its end is stored `incomplete` with what was generated,
+reason "client_disconnected" (this server's: OpenAI's reasons do not cover it).
 """
 
 from __future__ import annotations
@@ -56,8 +58,9 @@ class ResponseShape:
         self.echo = echo
 
     def body(self, status: str, output: list[dict[str, Any]], usage: Usage | None = None,
-             *, error: dict[str, Any] | None = None) -> dict[str, Any]:
-        incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
+             *, error: dict[str, Any] | None = None,
+             incomplete_reason: str = "max_output_tokens") -> dict[str, Any]:
+        incomplete = {"reason": incomplete_reason} if status == "incomplete" else None
         finished = status in ("completed", "incomplete", "failed", "cancelled")
         return {"id": self.id, "object": "response", "created_at": self.created_at,
                 "status": status,
