@@ -198,6 +198,25 @@ def test_bad_inputs_are_audio_input_errors(clip: np.ndarray) -> None:
     assert decode(_wav_with_declared_size(clip, 0xFFFFFFFF), AudioLimits()).shape == clip.shape
 
 
+def test_scripts_naming_other_files_are_refused(tmp_path, monkeypatch) -> None:
+    """Demuxers that open further files or URLs (a concat script, an HLS playlist) are
+    never used: an upload could otherwise make FFmpeg read files beside the server."""
+    wav = (CLIPS / "en_paris.wav").read_bytes()
+    (tmp_path / "beside.wav").write_bytes(wav)
+    monkeypatch.chdir(tmp_path)  # relative names resolve here, as in the server's directory
+    cases = {
+        "ffconcat": b"ffconcat version 1.0\nfile 'beside.wav'\n",
+        "ffconcat, no header": b"file 'beside.wav'\n" * 2,
+        "hls playlist": b"#EXTM3U\n#EXT-X-TARGETDURATION:2\n#EXTINF:2.0,\nbeside.wav\n"
+                        b"#EXT-X-ENDLIST\n",
+    }
+    for name, data in cases.items():
+        with pytest.raises(AudioInputError, match="not audio in a format") as info:
+            decode(data, AudioLimits())
+        assert info.value.param == "file", name
+    assert decode(wav, AudioLimits()).shape[0] > 0  # the file itself is fine
+
+
 def test_video_without_audio_is_refused() -> None:
     buf = io.BytesIO()
     with av.open(buf, "w", format="mp4") as out:

@@ -8,6 +8,7 @@ import sys
 import time
 
 import httpx
+import llmcore
 import msgpack
 import pytest
 import zmq
@@ -53,9 +54,16 @@ def _complete(srv, prompt: list[int]) -> None:
     assert r.status_code == 200, r.text
 
 
+def _prefix_hits(srv) -> float:
+    text = httpx.get(f"{srv.url}/metrics", timeout=30).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:prefix_cache_hits_total"))
+
+
 def test_stored_chain_then_cleared(server):
     srv, sub = server
     prefix = list(range(1000, 1000 + 4 * BLOCK))
+    hits_before = _prefix_hits(srv)
     _complete(srv, prefix + [7, 8, 9])
     _complete(srv, prefix + [5, 6])
     msgs = _drain(sub)
@@ -79,6 +87,13 @@ def test_stored_chain_then_cleared(server):
     assert len(chain) >= 2
     # the second request hit the cache: its shared prefix is not stored again
     assert len(set(hashes)) == len(hashes)
+    deadline = time.monotonic() + 10
+    while _prefix_hits(srv) - hits_before < 4 * BLOCK and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _prefix_hits(srv) - hits_before >= 4 * BLOCK
+    # the chain is keyed by the engine's secret: not the one anyone can compute
+    assert first["block_hashes"][0] != llmcore.block_hash(llmcore.hash_root(0),
+                                                           prefix[:BLOCK])
 
     r = httpx.post(f"{srv.url}/reset_prefix_cache", timeout=30)
     assert r.status_code == 200, r.text
@@ -95,3 +110,117 @@ def test_bad_config_exits_2():
                            capture_output=True, text=True, timeout=60)
         assert p.returncode == 2, p.stderr
         assert "--kv-events-config" in p.stderr
+
+
+# -- the publisher's exposure, in-process (no model) ------------------------------------------
+
+def _non_loopback_address() -> str | None:
+    """An address of this host other than loopback, or None when it has none."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # TEST-NET-1: nothing is sent, a route is chosen
+        except OSError:
+            return None
+        addr = s.getsockname()[0]
+    return None if addr.startswith("127.") or addr == "0.0.0.0" else addr
+
+
+def _publisher(**fields):
+    from actors.core.kv_events import ZmqEventPublisher, parse_kv_events_config
+
+    cfg = parse_kv_events_config('{"enable_kv_cache_events": true, "topic": "kv"}')
+    port = free_port()
+    cfg["endpoint"] = cfg["endpoint"].rsplit(":", 1)[0] + f":{port}"  # the default's host
+    cfg.update(fields)
+    return ZmqEventPublisher(cfg), port
+
+
+def test_default_endpoint_is_loopback_and_bound():
+    from actors.core.kv_events import parse_kv_events_config
+
+    cfg = parse_kv_events_config('{"enable_kv_cache_events": true}')
+    assert cfg["endpoint"] == "tcp://127.0.0.1:5557"
+    pub, port = _publisher()
+    ctx = zmq.Context()
+    try:
+        assert pub.bound == f"tcp://127.0.0.1:{port}"  # bound there, not connected to
+        local = ctx.socket(zmq.SUB)
+        local.setsockopt(zmq.SUBSCRIBE, b"kv")
+        local.connect(f"tcp://127.0.0.1:{port}")
+        other = _non_loopback_address()
+        remote = None
+        if other is not None:  # the same port on another interface of this host
+            remote = ctx.socket(zmq.SUB)
+            remote.setsockopt(zmq.SUBSCRIBE, b"kv")
+            remote.connect(f"tcp://{other}:{port}")
+        time.sleep(0.5)
+        for _ in range(5):
+            pub.publish([{"type": "AllBlocksCleared"}])
+        assert _drain(local, 1.5), "nothing on loopback"
+        if remote is not None:
+            assert _drain(remote, 0.5) == [], f"published on {other}"
+    finally:
+        pub.close()
+        ctx.destroy(0)
+
+
+def test_explicit_endpoint_keeps_vllm_rule():
+    from actors.core.kv_events import parse_kv_events_config
+
+    cfg = parse_kv_events_config('{"enable_kv_cache_events": true, '
+                                 '"endpoint": "tcp://*:6001"}')
+    assert cfg["endpoint"] == "tcp://*:6001" and cfg["endpoint_bind"] is True
+    cfg = parse_kv_events_config('{"enable_kv_cache_events": true, '
+                                 '"endpoint": "tcp://10.1.2.3:6001"}')
+    assert cfg["endpoint_bind"] is False  # a named host is connected to, as vLLM does
+    with pytest.raises(ValueError, match="unknown field"):
+        parse_kv_events_config('{"enable_kv_cache_events": true, "endpoint_bind": true}')
+
+
+def test_oversized_subscription_is_dropped():
+    pub, port = _publisher()
+    ctx = zmq.Context()
+    try:
+        good = ctx.socket(zmq.SUB)
+        good.setsockopt(zmq.SUBSCRIBE, b"kv")
+        good.connect(f"tcp://127.0.0.1:{port}")
+        bad = ctx.socket(zmq.SUB)
+        bad.setsockopt(zmq.RECONNECT_IVL, 60_000)  # once dropped, it stays away
+        bad.setsockopt(zmq.SUBSCRIBE, b"")
+        # 64 KiB: far past any topic (libzmq keeps a subscription as a trie of one node a
+        # byte: without the bound a 5 MB prefix cost the publisher about 230 MB)
+        bad.setsockopt(zmq.SUBSCRIBE, b"x" * (1 << 16))
+        bad.connect(f"tcp://127.0.0.1:{port}")
+        time.sleep(1.0)
+        for _ in range(5):
+            pub.publish([{"type": "AllBlocksCleared"}])
+        assert len(_drain(good, 1.5)) == 5
+        assert _drain(bad, 0.5) == [], "a 64 KiB subscription frame was taken"
+    finally:
+        pub.close()
+        ctx.destroy(0)
+
+
+def test_oversized_replay_request_is_dropped():
+    replay_port = free_port()
+    pub, _ = _publisher(replay_endpoint=f"tcp://127.0.0.1:{replay_port}")
+    ctx = zmq.Context()
+    try:
+        pub.publish([{"type": "AllBlocksCleared"}])
+        time.sleep(0.3)
+        bad = ctx.socket(zmq.DEALER)
+        bad.setsockopt(zmq.RECONNECT_IVL, 60_000)
+        bad.connect(f"tcp://127.0.0.1:{replay_port}")
+        bad.send_multipart((b"", b"\0" * (1 << 20)))  # a 1 MiB "start" frame
+        assert not bad.poll(1000), "a 1 MiB replay frame was read and answered"
+        good = ctx.socket(zmq.DEALER)
+        good.connect(f"tcp://127.0.0.1:{replay_port}")
+        good.send_multipart((b"", (0).to_bytes(8, "big")))
+        assert good.poll(5000), "replay stopped answering"
+        frames = good.recv_multipart()
+        assert frames[1] == b"kv" and int.from_bytes(frames[2], "big") == 0
+    finally:
+        pub.close()
+        ctx.destroy(0)

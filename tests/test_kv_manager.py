@@ -72,7 +72,7 @@ def test_commit_chains_hashes_of_full_computed_blocks() -> None:
     compute(kv, s, 6)  # block 0 full, block 1 half
     assert len(s.block_hashes) == 1
     compute(kv, s, 4)
-    root = llmcore.hash_root(0)
+    root = llmcore.hash_root(kv.extra_key)
     h0 = llmcore.block_hash(root, toks[0:4])
     h1 = llmcore.block_hash(h0, toks[4:8])
     assert s.block_hashes == [h0, h1]
@@ -145,6 +145,55 @@ def test_cache_salt_roots_a_chain_of_its_own() -> None:
     assert kv.match_prefix(seq(toks, salt="other")) == 0
     assert kv.match_prefix(seq(toks)) == 12
     pool.check()
+
+
+def test_chains_are_keyed_by_a_secret_of_each_manager() -> None:
+    toks = list(range(1, 14))
+    pool_a, kv_a = make()
+    pool_b, kv_b = make()
+    a, b = seq(toks), seq(toks)
+    compute(kv_a, a, 13)
+    compute(kv_b, b, 13)
+    # The same prompt chains to other keys in another manager (another engine process)...
+    assert kv_a.extra_key != kv_b.extra_key
+    assert all(x != y for x, y in zip(a.block_hashes, b.block_hashes, strict=True))
+    # ...and to none anyone can compute without the secret: the first block's hash is
+    # keyed by it, not by the fixed root every build shares.
+    public = llmcore.block_hash(llmcore.hash_root(0), toks[0:4])
+    assert a.block_hashes[0] == llmcore.block_hash(llmcore.hash_root(kv_a.extra_key),
+                                                   toks[0:4])
+    assert public not in (a.block_hashes[0], b.block_hashes[0])
+    # A repeated prompt still hits each manager's own cache.
+    kv_a.free(a)
+    kv_b.free(b)
+    assert kv_a.match_prefix(seq(toks)) == 12
+    assert kv_b.match_prefix(seq(toks + [99])) == 12
+    # A cache salt's namespace is keyed by the secret too.
+    assert kv_a._key_of(seq(toks, salt="t")) != kv_b._key_of(seq(toks, salt="t"))
+    pool_a.check()
+    pool_b.check()
+
+
+def test_a_chain_crafted_without_the_secret_is_never_hit() -> None:
+    pool, kv = make()
+    toks = list(range(1, 14))
+    # Blocks registered under the chain anyone can compute (the unkeyed root): what a
+    # crafted prefix would have to match.
+    crafted = pool.allocate(3)
+    parent = llmcore.hash_root(0)
+    for i, bid in enumerate(crafted):
+        parent = pool.commit(bid, parent, toks[i * BS : (i + 1) * BS])
+    pool.free(crafted[::-1])
+    assert pool.match_prefix(toks, 0) == crafted  # they are there, under the public root
+    assert kv.match_prefix(seq(toks)) == 0  # the manager's lookups start elsewhere
+    pool.check()
+
+
+def test_the_secret_comes_from_the_os() -> None:
+    keys = {KVManager(llmcore.BlockPool(2, BS)).extra_key for _ in range(64)}
+    assert len(keys) == 64 and all(0 <= k < 2**64 for k in keys)
+    # an explicit key is kept (a host that shares one cache between managers on purpose)
+    assert KVManager(llmcore.BlockPool(2, BS), extra_key=5).extra_key == 5
 
 
 def test_prefix_caching_off() -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import string
 import warnings
@@ -143,6 +144,46 @@ def test_bad_inputs_then_canary(server, client) -> None:
     assert canary.usage.seconds == 5  # 4.35 s, rounded up as OpenAI bills
 
 
+def test_a_concat_script_is_refused(server) -> None:
+    """An FFmpeg concat script naming a real clip, relative to the server's working
+    directory (this process's): FFmpeg would open the clip, and the transcript would read it
+    back. It is not an audio container, so it is a 400 in the envelope."""
+    rel = os.path.relpath(CLIPS / "en_paris.wav")
+    assert not rel.startswith(".."), rel  # concat's safe mode refuses ".." (no test then)
+    script = f"ffconcat version 1.0\nfile '{rel}'\n".encode()
+    with httpx.Client(base_url=server.url, timeout=60) as http:
+        r = http.post("/v1/audio/transcriptions", files={"file": ("list.txt", script)},
+                      data={"model": MODEL, "language": "en"})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "file" and err["type"] == "BadRequestError", err
+    assert err["code"] == 400 and "not audio" in err["message"], err
+
+
+def _encoded(name: str, fmt: str) -> bytes:
+    """A committed clip in another container: mp3 and webm/opus by FFmpeg, ogg/vorbis and
+    flac by libsndfile."""
+    import av
+
+    samples, rate = sf.read(CLIPS / f"{name}.wav", dtype="float32")
+    buf = io.BytesIO()
+    if fmt in ("ogg", "flac"):
+        sf.write(buf, samples, rate, format=fmt.upper(),
+                 subtype="VORBIS" if fmt == "ogg" else None)
+        return buf.getvalue()
+    codec, codec_rate = {"mp3": ("libmp3lame", rate), "webm": ("libopus", 48_000)}[fmt]
+    frame = av.AudioFrame.from_ndarray(samples[None, :], format="fltp", layout="mono")
+    frame.sample_rate = rate
+    with av.open(buf, "w", format=fmt) as out:
+        stream = out.add_stream(codec, rate=codec_rate, layout="mono")
+        for packet in [*stream.encode(frame), *stream.encode(None)]:
+            out.mux(packet)
+    return buf.getvalue()
+
+
+CONTAINERS = ("mp3", "ogg", "webm", "flac")
+
+
 def _long_audio() -> tuple[bytes, float]:
     """~34 s: en_coffee, 27 s of silence, whisper_numbers (two windows)."""
     first, rate = sf.read(CLIPS / "en_coffee.wav", dtype="int16")
@@ -177,7 +218,7 @@ def answers(server, client) -> dict:
     batches their encoder passes and decoder steps; one after the other they took twice as
     long here)."""
     long_wav, _ = _long_audio()
-    with ThreadPoolExecutor(6) as pool:
+    with ThreadPoolExecutor(6 + len(CONTAINERS)) as pool:
         futures = {f: pool.submit(transcribe, client, "en_coffee", response_format=f)
                    for f in ("text", "verbose_json", "vtt")}
         futures["translation"] = pool.submit(_translate, client)
@@ -185,6 +226,10 @@ def answers(server, client) -> dict:
             client.audio.transcriptions.create, model=MODEL, file=("long.wav", long_wav),
             language="en", response_format="srt")
         futures["stream"] = pool.submit(_stream_lines, server.url)
+        for fmt in CONTAINERS:
+            futures[fmt] = pool.submit(
+                client.audio.transcriptions.create, model=MODEL, language="en",
+                file=(f"en_coffee.{fmt}", _encoded("en_coffee", fmt)))
         # Each test raises its own request's failure, so one broken feature fails one test.
         return {name: fut.exception() or fut.result() for name, fut in futures.items()}
 
@@ -227,6 +272,14 @@ def test_every_response_format(answers) -> None:
         assert _seconds(*m.group(1, 2, 3, 4)) <= _seconds(*m.group(5, 6, 7, 8)) <= duration + 0.01
         texts.append(text)
     assert word_error_rate(ref, " ".join(texts)) <= WER_BOUND
+
+
+@pytest.mark.parametrize("fmt", CONTAINERS)
+def test_other_containers(answers, fmt: str) -> None:
+    """The same clip uploaded as mp3, ogg, webm and flac (wav: every other test)."""
+    out = answer(answers, fmt)
+    assert isinstance(out, Transcription)
+    assert word_error_rate(reference("en_coffee"), out.text) <= WER_BOUND, (fmt, out.text)
 
 
 def test_translation_with_detected_language(answers) -> None:

@@ -1,6 +1,14 @@
-"""API keys: every route but /health and /ping; no path trick slips past."""
+"""API keys: every route but /health and /ping; no path trick slips past.
+
+The routes are not listed here: they are read from the app's url_map, built in-process with
+every optional route family on (dev endpoints, runtime LoRA, scale-out, tokens-only,
+profiler, pooling, offline docs, a Whisper model's audio routes), so a route added later is
+checked for its key without a change here."""
 
 from __future__ import annotations
+
+import dataclasses
+import re
 
 import httpx
 import pytest
@@ -8,6 +16,70 @@ import trio
 
 from server.auth import normalise_path
 from server_helpers import ServerProcess
+
+KEY = "sekret"
+PUBLIC = {"/health", "/ping"}
+# Not settings: a server's environment as a deployment might leave it.
+SECRET_ENV = {"SOME_SECRET_TOKEN": "xyz-token-value", "VLLM_FOO_SECRET": "abc-secret-value"}
+
+
+def _app(model: str | None = None, **overrides):
+    """The real app (create_app: routes and the key middleware), no engine, with every
+    ``enable_*``/``allow_*`` flag of ServerConfig on, the profiler and pooling configured,
+    then ``overrides``."""
+    from actors.config import EngineConfig
+    from server import app as app_module
+    from server.config import ServerConfig
+    from server.state import ServerState
+
+    cfg = ServerConfig(engine=EngineConfig(model=model), served_model_names=[model or "default"],
+                       api_keys=[KEY], profiler_config={"profiler": "torch",
+                                                        "torch_profiler_dir": "/nonexistent"},
+                       pooler_config='{"pooling_type": "MEAN"}')
+    for f in dataclasses.fields(cfg):
+        if f.name.startswith(("enable_", "allow_")) and isinstance(getattr(cfg, f.name), bool):
+            setattr(cfg, f.name, True)
+    for name, value in overrides.items():
+        setattr(cfg, name, value)
+    srv = ServerState(config=cfg)
+    srv.health.loading = False
+    return app_module.create_app(srv)
+
+
+def _concrete(rule: str) -> str:
+    """A path the rule matches: each variable part replaced by a value it takes."""
+    rule = re.sub(r"<any\('([^']*)'[^>]*>", r"\1", rule)
+    return re.sub(r"<[^>]+>", "1", rule)
+
+
+def _routes(*apps) -> set[tuple[str, str]]:
+    return {(method, _concrete(r.rule)) for app in apps for r in app.url_map.iter_rules()
+            for method in r.methods - {"OPTIONS"}}
+
+
+def every_route() -> set[tuple[str, str]]:
+    """(method, path) of every route any configuration mounts."""
+    return _routes(_app(), _app(tokens_only=True, enable_dev_endpoints=False),
+                   _app("whisper-base"))
+
+
+async def test_every_route_in_the_url_map_needs_the_key():
+    routes = every_route()
+    paths = {p for _, p in routes}
+    # each optional family is really on (else this would check less than it says)
+    assert {"/pause", "/start_profile", "/v1/load_lora_adapter", "/inference/v1/generate",
+            "/v1/embeddings", "/v1/audio/transcriptions", "/abort_requests", "/docs",
+            "/v1/responses/1"} <= paths, sorted(paths)
+    open_without_key = set()
+    for app in (_app(), _app(tokens_only=True, enable_dev_endpoints=False),
+                _app("whisper-base")):
+        client = app.test_client()
+        for method, path in sorted(_routes(app)):
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"x-api-key": "wrong"}):
+                r = await client.open(path, method=method, headers=headers, json={})
+                if r.status_code != 401:
+                    open_without_key.add((method, path, r.status_code))
+    assert {p for _, p, _ in open_without_key} == PUBLIC, sorted(open_without_key)
 
 
 def test_normalise_path():
@@ -33,10 +105,26 @@ async def _raw(port: int, request: bytes) -> int:
 
 @pytest.fixture(scope="module")
 def keyed_server():
-    """The real server with a key from the environment (as a deployment would set it)."""
-    srv = ServerProcess(env={"LLMSERVE_API_KEY": "sekret"}).wait_ready()
+    """The real server with a key from the environment (as a deployment would set it), its
+    operator routes on, and secrets in its environment that no route may show."""
+    srv = ServerProcess("--enable-dev-endpoints",
+                        env={"LLMSERVE_API_KEY": KEY, **SECRET_ENV}).wait_ready()
     yield srv
     assert srv.stop() == 0, srv.log()
+
+
+@pytest.mark.slow
+def test_server_info_shows_named_settings_only(keyed_server):
+    r = httpx.get(keyed_server.url + "/server_info", timeout=60,
+                  headers={"Authorization": f"Bearer {KEY}"})
+    assert r.status_code == 200, r.text
+    for name, value in {**SECRET_ENV, "LLMSERVE_API_KEY": KEY}.items():
+        assert name not in r.text and value not in r.text, name
+    from server.api.dev import SERVER_INFO_ENV
+
+    env = r.json()["env"]
+    assert set(env) <= set(SERVER_INFO_ENV), sorted(set(env) - set(SERVER_INFO_ENV))
+    assert env["LLMSERVE_STATE_DIR"]  # a named setting is shown (ServerProcess sets it)
 
 
 @pytest.mark.slow
@@ -45,17 +133,18 @@ async def test_api_key_everywhere(keyed_server):
     async with httpx.AsyncClient(base_url=keyed_server.url, timeout=60) as c:
         assert (await c.get("/health")).status_code == 200
         assert (await c.get("/ping")).status_code == 200
-        for method, path in [("GET", "/v1/models"), ("POST", "/v1/completions"),
-                             ("POST", "/v1/chat/completions"), ("POST", "/invocations"),
-                             ("POST", "/tokenize"), ("POST", "/detokenize"),
-                             ("GET", "/metrics"), ("GET", "/server_info"), ("GET", "/load"),
-                             ("GET", "/tokenizer_info"), ("GET", "/openapi.json"),
-                             ("GET", "/nonexistent")]:
+        routes = sorted(every_route() | {("GET", "/nonexistent")})
+        assert len(routes) > 50
+        for method, path in routes:
+            if path in PUBLIC:
+                continue
             r = await c.request(method, path, json={})
-            assert r.status_code == 401, path
-            assert r.json()["error"]["code"] == 401
+            assert r.status_code == 401, (method, path)
+            if method != "HEAD":  # no body to a HEAD
+                err = r.json()["error"]  # OpenAI's envelope, or Anthropic's on its routes
+                assert err.get("code") == 401 or err["type"] == "authentication_error", path
             r = await c.request(method, path, headers={"Authorization": "Bearer wrong"})
-            assert r.status_code == 401, path
+            assert r.status_code == 401, (method, path)
         good = {"Authorization": "Bearer sekret"}
         assert (await c.get("/v1/models", headers=good)).status_code == 200
         r = await c.post("/v1/completions", headers=good, json={"prompt": "Hi", "max_tokens": 2})

@@ -26,17 +26,26 @@ void check_layout(const lc_tensor* t, const char* what, int32_t ndim) {
     LC_CHECK_ARG(t->ndim == ndim, string(what) + " must have " + to_string(ndim) + " dims, got " +
                                       to_string(t->ndim));
     LC_CHECK_ARG(dtype_size(t->dtype) != 0, string(what) + " has an unsupported dtype");
-    int64_t elems = 1;
+    bool empty = false;
     for (int i = 0; i < ndim; ++i) {
         LC_CHECK_ARG(t->shape[i] >= 0, string(what) + " has a negative dimension");
-        elems *= t->shape[i];
+        empty = empty || t->shape[i] == 0;
     }
-    LC_CHECK_ARG(t->data != nullptr || elems == 0, string(what) + " has no data");
+    // The element count must fit int64 (byte offsets are int64 products of these).
+    int64_t elems = 1;
+    for (int i = 0; i < ndim && !empty; ++i)
+        LC_CHECK_ARG(!__builtin_mul_overflow(elems, t->shape[i], &elems),
+                     string(what) + " " + shape_str(*t) + " has too many elements");
+    LC_CHECK_ARG(t->data != nullptr || empty, string(what) + " has no data");
     LC_CHECK_ARG(t->strides[ndim - 1] == 1 || t->shape[ndim - 1] <= 1,
                  string(what) + " must have a unit stride in its last dimension");
 }
 
 bool supported_head_size(int64_t d) { return d == 64 || d == 80 || d == 96 || d == 128; }
+
+// The longest sequence a call takes: the kernels' int32 position arithmetic
+// (tile and chunk ends, seq_len + block_size - 1) stays far below INT32_MAX.
+constexpr int32_t kMaxSeqLen = int32_t(1) << 30;
 
 void check_device(const lc_attn_plan& plan, const lc_tensor& t, const char* what,
                   const lc_tensor& first) {
@@ -65,11 +74,14 @@ CacheGeometry check_caches(const lc_attn_plan& plan, const lc_tensor* kc, const 
                                              ") and v_cache (" + dtype_name(vc->dtype) +
                                              ") must have the same dtype");
     check_float_dtype(*kc, "k_cache");
+    // Every dimension is range-checked as int64, before it is narrowed to int32.
+    LC_CHECK_ARG(kc->shape[0] <= INT32_MAX && kc->shape[1] <= INT32_MAX && kc->shape[2] <= 1024,
+                 "cache shape " + shape_str(*kc) + " is too large");
+    LC_CHECK_ARG(supported_head_size(kc->shape[3]),
+                 "head_size " + to_string(kc->shape[3]) + " is not supported (64, 80, 96 or 128)");
     LC_CHECK_ARG(is_contiguous(*kc) && is_contiguous(*vc),
                  "k_cache and v_cache must be contiguous");
     CacheGeometry g;
-    LC_CHECK_ARG(kc->shape[0] <= INT32_MAX && kc->shape[1] <= INT32_MAX && kc->shape[2] <= 1024,
-                 "cache shape " + shape_str(*kc) + " is too large");
     g.num_blocks = int32_t(kc->shape[0]);
     g.num_kv_heads = int32_t(kc->shape[1]);
     g.block_size = int32_t(kc->shape[2]);
@@ -79,8 +91,6 @@ CacheGeometry check_caches(const lc_attn_plan& plan, const lc_tensor* kc, const 
         g.num_kv_heads > 0 && g.block_size > 0,
         "cache shape " + shape_str(*kc) +
             " must be [num_blocks, num_kv_heads, block_size, head_size] with no empty dim");
-    LC_CHECK_ARG(supported_head_size(g.head_size),
-                 "head_size " + to_string(g.head_size) + " is not supported (64, 80, 96 or 128)");
     LC_CHECK_ARG(plan.num_blocks == 0 || plan.num_blocks <= g.num_blocks,
                  "the plan was checked for " + to_string(plan.num_blocks) +
                      " blocks but the caches have " + to_string(g.num_blocks));
@@ -98,9 +108,10 @@ void check_block_tables(const lc_attn_plan& plan, const CacheGeometry& g) {
                      to_string(plan.max_blocks_per_seq) + " blocks of block_tables (block_size " +
                      to_string(g.block_size) + ")");
     for (int32_t s = 0; s < plan.num_seqs; ++s) {
-        const int32_t used = (plan.seq_lens[s] + g.block_size - 1) / g.block_size;
+        // int64: seq_len + block_size - 1 can pass INT32_MAX
+        const int64_t used = (int64_t(plan.seq_lens[s]) + g.block_size - 1) / g.block_size;
         const int32_t* row = plan.block_tables.data() + size_t(s) * plan.max_blocks_per_seq;
-        for (int32_t b = 0; b < used; ++b)
+        for (int64_t b = 0; b < used; ++b)
             LC_CHECK_ARG(row[b] >= 0 && row[b] < g.num_blocks,
                          "block id " + to_string(row[b]) + " in block_tables[" + to_string(s) +
                              "][" + to_string(b) + "] is out of range for a cache of " +
@@ -165,6 +176,9 @@ CacheGeometry check_paged_attention(const lc_attn_plan* plan, const lc_tensor* q
     LC_CHECK_ARG(params->sliding_window >= 0,
                  "sliding_window must be >= 0, got " + to_string(params->sliding_window));
     LC_CHECK_ARG(params->softcap >= 0.0f, "softcap must be >= 0");
+    LC_CHECK_ARG(plan->max_seq_len <= kMaxSeqLen,
+                 "a sequence of " + to_string(plan->max_seq_len) + " tokens is longer than " +
+                     to_string(kMaxSeqLen) + " tokens");
     check_block_tables(*plan, g);
     return g;
 }

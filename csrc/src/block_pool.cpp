@@ -6,8 +6,13 @@
 // so a hit is accepted only when the block's stored tokens and stored parent
 // hash equal the query's; a collision then costs a miss, never wrong tokens.
 // Colliding chains (two different prefixes with one hash) could still pair a
-// right block with a wrong prefix; the odds are 2^-64 per pair, and a host
-// that fears crafted collisions mixes a secret salt into extra_key.
+// right block with a wrong prefix. By chance the odds are 2^-64 per pair, but
+// XXH64 is not collision-resistant: a client who can compute the chain can
+// search for such a prefix. The root therefore must be secret: the Python host
+// (actors/core/kv_manager.py) passes 64 random bits from os.urandom as
+// extra_key, drawn per engine, so chain hashes are stable within a process and
+// unpredictable outside it. A host of this ABI that chains under a fixed
+// extra_key (0, the default root) gives that protection up.
 #include "block_pool.h"
 
 #include <algorithm>

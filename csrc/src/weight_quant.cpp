@@ -41,20 +41,34 @@ extern "C" lc_status lc_weight_pack_quant(int32_t type, const void* blocks, int6
         lc::require(n > 0 && k > 0 && k % kBlock == 0,
                     "a quantized weight needs N > 0 and K a positive multiple of 32, got [" +
                         std::to_string(n) + ", " + std::to_string(k) + "]");
-        const int64_t nb = k / kBlock, src_row = nb * gguf_block_bytes(type);
-        lc::require(nbytes == n * src_row,
+        // Every size below is checked for int64 overflow: a host's n and k could
+        // otherwise wrap the source size onto its buffer's and the packed size onto
+        // a small allocation that the repack loop then overruns.
+        const int64_t nb = k / kBlock;
+        int64_t src_row = 0, src_bytes = 0;
+        const bool src_fits = !__builtin_mul_overflow(nb, gguf_block_bytes(type), &src_row) &&
+                              !__builtin_mul_overflow(n, src_row, &src_bytes);
+        lc::require(src_fits, std::string(name(type)) + " [" + std::to_string(n) + ", " +
+                                  std::to_string(k) + "] is too large (its size overflows int64)");
+        lc::require(nbytes == src_bytes,
                     std::string(name(type)) + " [" + std::to_string(n) + ", " + std::to_string(k) +
-                        "] is " + std::to_string(n * src_row) + " bytes, got " +
+                        "] is " + std::to_string(src_bytes) + " bytes, got " +
                         std::to_string(nbytes));
         lc::require(blocks != nullptr, "blocks is NULL");
+        const int64_t panels = n / lc::weight::kPanel + (n % lc::weight::kPanel != 0);
+        const int64_t bb = block_bytes(type), qb = quant_bytes(type);
+        int64_t packed_blocks = 0, packed_bytes = 0;
+        lc::require(!__builtin_mul_overflow(panels, nb, &packed_blocks) &&
+                        !__builtin_mul_overflow(packed_blocks, bb, &packed_bytes),
+                    std::string(name(type)) + " [" + std::to_string(n) + ", " +
+                        std::to_string(k) + "] is too large to pack (its size overflows int64)");
         auto* pw = new lc_weight;
         pw->n = n;
         pw->k = k;
         pw->dtype = LC_DTYPE_F32;
         pw->qtype = type;
-        pw->panels = (n + lc::weight::kPanel - 1) / lc::weight::kPanel;
-        const int64_t bb = block_bytes(type), qb = quant_bytes(type);
-        pw->bytes = size_t(pw->panels * nb * bb);
+        pw->panels = panels;
+        pw->bytes = size_t(packed_bytes);
         try {
             pw->data = lc::weight::alloc_memory(pw->bytes);
         } catch (...) {

@@ -16,11 +16,24 @@ The wire format is vLLM's, so any consumer of vLLM's events reads ours:
 - block hashes are the pool's 64-bit chained hashes, sent as unsigned ints (vLLM's
   ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES`` form). A consumer uses them only as keys: to
   chain a store to its parent and to find what a removal names; the token ids carry the
-  content.
+  content. The chains are keyed by each engine's secret (actors.core.kv_manager), so a
+  hash is stable for the engine's life but says nothing across engines or restarts; vLLM's
+  are keyed per process by a random root too.
 - replay (optional ``replay_endpoint``, a ROUTER socket): a request
   ``[identity, b"", start_seq(8 bytes)]`` gets every buffered batch from start_seq on as
   ``[identity, b"", topic, seq, payload]``, then ``[identity, b"", b"", -1(8 bytes,
   signed), b""]``.
+
+Exposure. A BlockStored event carries the token ids of the block, so a subscriber reads
+every prompt the engine caches (in blocks), and ZMQ asks no credentials. The endpoint
+therefore defaults to ``tcp://127.0.0.1:5557``, bound on loopback (vLLM binds
+``tcp://*:5557``); another interface is used only when the config's ``endpoint`` names it:
+``tcp://*:PORT`` binds every interface (logged as a warning), and a named host is connected
+to, vLLM's rule (a broker or a subscriber that binds). Put a wider endpoint only on a
+network where every host may read the prompts. Every socket refuses a peer frame over
+``MAX_PEER_FRAME`` bytes (``zmq.MAXMSGSIZE``: the peer is dropped): a subscription is a
+topic prefix and a replay request three short frames, while libzmq keeps a subscription as
+a trie of one node a byte (a 5 MB prefix cost the publisher about 230 MB).
 
 Only the default namespace's chains are published: a chain under a cache salt or a LoRA
 adapter (actors.core.kv_manager) is kept out, since a consumer that keys blocks by token
@@ -55,7 +68,7 @@ MEDIUM = "GPU"  # vLLM's medium for an engine's own KV cache; consumers score it
 DEFAULTS: dict[str, Any] = {
     "enable_kv_cache_events": False,
     "publisher": None,  # None: "zmq" when enabled, else "null"
-    "endpoint": "tcp://*:5557",
+    "endpoint": "tcp://127.0.0.1:5557",  # vLLM's is tcp://*:5557 (see Exposure above)
     "replay_endpoint": None,
     "buffer_steps": 10_000,
     "hwm": 100_000,
@@ -64,6 +77,21 @@ DEFAULTS: dict[str, Any] = {
 }
 _PUBLISHERS = ("null", "zmq")
 _SCHEMES = ("tcp://", "ipc://", "inproc://")
+# The largest frame a peer may send (zmq.MAXMSGSIZE): a subscription frame is one byte
+# plus a topic prefix, a replay request's longest frame is 8 bytes.
+MAX_PEER_FRAME = 4096
+
+
+def _binds(endpoint: str) -> bool:
+    """vLLM's rule for an endpoint the config names: a wildcard host, ipc and inproc bind;
+    a named host is connected to."""
+    return ("*" in endpoint or "::" in endpoint
+            or endpoint.startswith(("ipc://", "inproc://")))
+
+
+def _all_interfaces(endpoint: str) -> bool:
+    host = endpoint.removeprefix("tcp://").rpartition(":")[0]
+    return endpoint.startswith("tcp://") and host in ("*", "0.0.0.0", "[::]", "::", "[*]")
 
 
 def parse_kv_events_config(text: str) -> dict[str, Any] | None:
@@ -71,7 +99,8 @@ def parse_kv_events_config(text: str) -> dict[str, Any] | None:
 
     Returns the full config (defaults filled in) when events are to be published, None when
     they are off (enable_kv_cache_events false, or publisher "null"). Raises ValueError
-    naming the first problem.
+    naming the first problem. The result adds ``endpoint_bind``: whether the publisher binds
+    the endpoint (the loopback default, or vLLM's rule for a named one) or connects to it.
     """
     try:
         doc = json.loads(text)
@@ -110,6 +139,7 @@ def parse_kv_events_config(text: str) -> dict[str, Any] | None:
         raise ValueError(f"topic must be a string, got {cfg['topic']!r}")  # noqa: TRY004
     if not cfg["enable_kv_cache_events"] or cfg["publisher"] == "null":
         return None
+    cfg["endpoint_bind"] = "endpoint" not in doc or _binds(cfg["endpoint"])
     return cfg
 
 
@@ -188,6 +218,9 @@ class ZmqEventPublisher:
     def __init__(self, cfg: dict[str, Any], data_parallel_rank: int = 0) -> None:
         self.rank = data_parallel_rank
         self.endpoint = offset_endpoint(cfg["endpoint"], data_parallel_rank)
+        self._bind = bool(cfg.get("endpoint_bind", _binds(self.endpoint)))
+        self._max_frame = MAX_PEER_FRAME + len(str(cfg["topic"]).encode())
+        self.bound: str | None = None  # the address bound (ZMQ's last endpoint), if bound
         self.replay_endpoint = offset_endpoint(cfg["replay_endpoint"], data_parallel_rank)
         self._hwm = int(cfg["hwm"])
         self._topic = str(cfg["topic"]).encode()
@@ -208,6 +241,11 @@ class ZmqEventPublisher:
         log.info("KV events: publishing on %s%s (topic %r, rank %d)", self.endpoint,
                  f", replay on {self.replay_endpoint}" if self.replay_endpoint else "",
                  self._topic.decode(), self.rank)
+        for ep in (self.endpoint if self._bind else None, self.replay_endpoint):
+            if ep is not None and _all_interfaces(ep):
+                log.warning("KV events: %s is bound on every interface; any host that can "
+                            "reach it reads the token ids of every cached prompt (ZMQ asks "
+                            "no credentials)", ep)
 
     def publish(self, events: list[dict[str, Any]]) -> None:
         """Hands one step's events to the thread (called from the engine's step)."""
@@ -224,15 +262,6 @@ class ZmqEventPublisher:
         self._thread.join(timeout)
 
     # -- the thread -----------------------------------------------------------------------
-    @staticmethod
-    def _open(sock: Any, endpoint: str) -> None:
-        # vLLM's rule: a wildcard host, ipc and inproc bind; a named host is connected to
-        # (a broker or a subscriber that binds)
-        if "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://")):
-            sock.bind(endpoint)
-        else:
-            sock.connect(endpoint)
-
     def _run(self) -> None:
         try:
             import msgpack
@@ -242,11 +271,17 @@ class ZmqEventPublisher:
             pub = ctx.socket(zmq.PUB)
             pub.setsockopt(zmq.SNDHWM, self._hwm)
             pub.setsockopt(zmq.LINGER, 0)
-            self._open(pub, self.endpoint)
+            pub.setsockopt(zmq.MAXMSGSIZE, self._max_frame)
+            if self._bind:
+                pub.bind(self.endpoint)
+                self.bound = pub.getsockopt_string(zmq.LAST_ENDPOINT)
+            else:
+                pub.connect(self.endpoint)
             replay = None
             if self.replay_endpoint is not None:
                 replay = ctx.socket(zmq.ROUTER)
                 replay.setsockopt(zmq.LINGER, 0)
+                replay.setsockopt(zmq.MAXMSGSIZE, self._max_frame)
                 replay.bind(self.replay_endpoint)
         except Exception as exc:  # noqa: BLE001 (reported by the constructor)
             self._error = exc

@@ -14,6 +14,18 @@ cached chain of full blocks, always leaving at least one token to compute (its
 logits are needed). ``commit`` registers each block once it is full AND computed, so
 a cached block's KV is always written before anyone can find it.
 
+The chains' secret: every chain starts at ``hash_root(extra_key)``, and ``extra_key``
+defaults to 64 random bits drawn from ``os.urandom`` for each manager, that is for each
+engine (each data-parallel engine process holds its own manager and cache). The pool's
+XXH64 chain is fast, not collision-resistant: with a root anyone can compute, a client could
+search for a prefix whose chain hash equals another prompt's, and the pool (which checks
+only a block's own tokens and its parent hash) would then pair that prompt's next block with
+the wrong prefix. Keyed by the secret, no chain hash can be computed, nor a collision
+searched for, from outside the process. A repeated prompt still hits: the secret is fixed
+for the manager's life (a cache reset keeps it). vLLM keys its chains the same way (a random
+root per process, unless PYTHONHASHSEED is set), so its published block hashes, like these,
+are meaningful only within the engine that sent them.
+
 Cache salts: a sequence whose params carry ``cache_salt`` looks up and commits its chain
 under a root of its own, ``hash_root(key)`` with key = a 64-bit digest of the manager's
 extra_key and the salt. The salt thus enters the first block's hash and, by chaining,
@@ -37,6 +49,7 @@ drop of every hash. Off, each of those verbs pays one ``is None`` test.
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -67,9 +80,14 @@ class KVManager:
         pool: llmcore.BlockPool,
         *,
         enable_prefix_caching: bool = True,
-        extra_key: int = 0,
+        extra_key: int | None = None,
     ) -> None:
+        """``extra_key``: the 64-bit key of every chain (see the module docstring); None
+        draws a secret one. Pass a key only to share a cache's chains on purpose."""
         import llmcore
+
+        if extra_key is None:
+            extra_key = int.from_bytes(os.urandom(8), "little")
 
         self._block_hash = llmcore.block_hash
         self._hash_root = llmcore.hash_root

@@ -34,6 +34,18 @@ PAUSE_MODES = ("abort", "wait", "keep")
 # What /collective_rpc may call: commands that read state or drop caches, nothing that
 # runs code a client names (vLLM forwards any worker method name).
 RPC_METHODS = ("reset_prefix_cache", "weight_info", "is_paused", "is_sleeping")
+# The environment /server_info shows: only these names, settings this server reads (or its
+# threading and device libraries do), none of them a credential. Anything else (tokens,
+# passwords, a cloud's keys, VLLM_*_SECRET) stays out, whatever its name.
+SERVER_INFO_ENV = (
+    "VLLM_SERVER_DEV_MODE", "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "VLLM_MAX_AUDIO_CLIP_FILESIZE_MB",
+    "VLLM_MAX_AUDIO_DECODE_DURATION_S", "VLLM_MAX_AUDIO_DECODE_BYTES",
+    "VLLM_MAX_AUDIO_PREPROCESS_WORKERS", "LLMSERVE_STATE_DIR", "LLMSERVE_CACHE_DIR",
+    "LLMSERVE_STALL_TIMEOUT", "LLMSERVE_SSE_KEEPALIVE", "LLMSERVE_FAULT_INJECT",
+    "LLMSERVE_FAULT_AFTER_STEPS", "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "PYTORCH_CUDA_ALLOC_CONF",
+    "TOKENIZERS_PARALLELISM",
+)
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
@@ -169,8 +181,7 @@ def register(app: Quart, srv: ServerState) -> None:
         cfg = dataclasses.asdict(srv.config)
         cfg.pop("api_keys", None)  # never disclosed
         cfg = orjson.loads(orjson.dumps(cfg, default=str))  # paths and the like as text
-        env = {k: v for k, v in os.environ.items()
-               if k.startswith(("VLLM_", "LLMSERVE_")) and "KEY" not in k}
+        env = {k: os.environ[k] for k in SERVER_INFO_ENV if k in os.environ}
         return json_response({
             "config": str(cfg) if request.args.get("config_format") == "text" else cfg,
             "version": __version__,

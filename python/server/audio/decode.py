@@ -13,6 +13,14 @@ upload size, decoded duration and decoded PCM bytes. Their defaults and environm
 variables are vLLM's (VLLM_MAX_AUDIO_CLIP_FILESIZE_MB, VLLM_MAX_AUDIO_DECODE_DURATION_S,
 VLLM_MAX_AUDIO_DECODE_BYTES).
 
+FFmpeg reads only the containers in ``_FFMPEG_FORMATS`` and opens nothing but the upload:
+left to probe every demuxer, it would take a concat script (``ffconcat version 1.0`` /
+``file 'x.wav'``) or a playlist as input and open the files it names, relative to the
+server's working directory, and the transcript would read them back to the client. Its
+options ``format_whitelist`` (checked after probing, before the demuxer reads anything) and
+an empty ``protocol_whitelist`` (no demuxer may open a further file or URL) enforce that,
+and the opened container's format is checked again against the list.
+
 This runs in a worker thread (server.audio.prepare), never on the event loop.
 """
 
@@ -34,6 +42,14 @@ MIB = 1024 * 1024
 # is newer and less tolerant than FFmpeg's, and its Opus reader is off by a few ms).
 _SOUNDFILE_FORMATS = frozenset({"WAV", "WAVEX", "RF64", "W64", "FLAC", "OGG", "AIFF", "CAF"})
 _READ_BLOCK = 1 << 16  # frames per soundfile read
+# The FFmpeg demuxers an upload may use (names as FFmpeg's, "matroska,webm" matching either):
+# audio containers that read only their own bytes. Not concat, hls, image2, tee and the like.
+_FFMPEG_FORMATS = ("aac", "aiff", "caf", "flac", "matroska", "webm", "mov", "mp4", "m4a",
+                   "mp3", "ogg", "wav", "w64")
+_FFMPEG_OPTIONS = {
+    "format_whitelist": ",".join(_FFMPEG_FORMATS),
+    "protocol_whitelist": "",  # the upload is read through Python; nothing else is opened
+}
 # A file is cut off when what decodes falls short of its declared length by more than
 # this (containers round their durations; encoders pad the last frame).
 _SHORTFALL_S = 0.25
@@ -186,12 +202,15 @@ def _decode_soundfile(data: bytes, limits: AudioLimits) -> tuple[np.ndarray, int
 def _decode_pyav(data: bytes, limits: AudioLimits) -> tuple[np.ndarray, int]:
     import av
 
+    not_audio = ("the file is not audio in a format this server reads "
+                 "(wav, flac, ogg, mp3, webm, m4a ...)")
     try:
-        container = av.open(io.BytesIO(data), mode="r")
+        container = av.open(io.BytesIO(data), mode="r", container_options=_FFMPEG_OPTIONS)
     except (av.error.FFmpegError, UnicodeDecodeError, ValueError, IndexError) as exc:
-        raise AudioInputError("the file is not audio in a format this server reads "
-                              "(wav, flac, ogg, mp3, webm, m4a ...)") from exc
+        raise AudioInputError(not_audio) from exc
     with container:
+        if not set(container.format.name.split(",")) & set(_FFMPEG_FORMATS):
+            raise AudioInputError(not_audio)
         if not container.streams.audio:
             raise AudioInputError("the file has no audio stream")
         stream = container.streams.audio[0]
