@@ -1,14 +1,17 @@
 """The structured-outputs compile cache (LRU, shared compiles, the time bound, cached
-refusals), the pathological specs each refused quickly or compiled within the default
-bound, the benchmark script, and the optional xgrammar backend, over the default model's
-tokenizer.
+refusals; its queue's bound, order and dropped compiles; pins and holds; the size bounds),
+the engine that never compiles on its callers' threads, the pathological specs each refused
+quickly or compiled within the default bound, the benchmark script, and the optional
+xgrammar backend, over the default model's tokenizer.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import threading
 import time
+import uuid
 from typing import Any
 
 import numpy as np
@@ -16,7 +19,21 @@ import pytest
 
 pytest.importorskip("llguidance")
 
-from actors.core.structured import GrammarCache, StructuredSpec, make_backend
+from actors.core.structured import (
+    GrammarBackend,
+    GrammarCache,
+    Matcher,
+    StructuredSpec,
+    bitmask_words,
+    make_backend,
+)
+from actors.core.structured.cache import (
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_PENDING,
+    DEFAULT_MAX_SUBSCHEMAS,
+    CompileLimits,
+    CompileQueueFull,
+)
 from actors.errors import RequestRefused
 from structured_helpers import (
     ARITH_GBNF,
@@ -72,14 +89,14 @@ def _settle(cache: GrammarCache) -> None:
 
 
 def test_cache_time_bound_refuses_and_remembers(backend: Any) -> None:
-    cache = GrammarCache(backend, timeout_s=0.02)
-    slow = _many_required(3000)  # a few hundred ms to compile
+    cache = GrammarCache(backend, timeout_s=0.1)
+    slow = _many_required(5000)  # about half a second to compile
     t0 = time.monotonic()
     with pytest.raises(RequestRefused) as e:
         cache.get(slow)
     assert time.monotonic() - t0 < 1.0
     assert e.value.param == "structured_outputs.json"
-    assert "took longer than 0.02 s" in e.value.message
+    assert "took longer than 0.1 s" in e.value.message
     _settle(cache)  # the compile finished in the background, past the bound: refused again
     t0 = time.monotonic()
     with pytest.raises(RequestRefused, match="took longer than"):
@@ -103,11 +120,440 @@ async def test_cache_async_shares_one_compile(backend: Any) -> None:
             nursery.start_soon(one)
     assert len(got) == 4 and len({id(m) for m in got}) == 4
     assert cache.stats()["misses"] == 1
-    slow = GrammarCache(backend, timeout_s=0.02)
+    slow = GrammarCache(backend, timeout_s=0.1)
     with pytest.raises(RequestRefused, match="took longer than"):
-        await slow.aget(_many_required(3000))
+        await slow.aget(_many_required(5000))
     cache.close()
     slow.close()
+
+
+# -- the compile queue: bounded, smallest first, abandoned compiles dropped, pins ----------
+
+class Gated(GrammarBackend):
+    """The real backend behind a gate: every compile waits until the test opens it, and
+    the specs compiled are recorded in order."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.vocab_size = inner.vocab_size
+        self.eos_token_ids = inner.eos_token_ids
+        self.gate = threading.Event()
+        self.running = threading.Event()
+        self.compiled: list[StructuredSpec] = []
+
+    @property
+    def tokenizer_key(self) -> str:
+        return self.inner.tokenizer_key
+
+    def compile_grammar(self, spec: StructuredSpec) -> Any:
+        self.running.set()
+        assert self.gate.wait(30)
+        self.compiled.append(spec)
+        return self.inner.compile_grammar(spec)
+
+
+def _regex(n: int) -> StructuredSpec:
+    """A spec of about ``n`` bytes (sizes order the queue)."""
+    return StructuredSpec.from_params(regex="a" * n + "b+")
+
+
+def _in_thread(fn: Any, *args: Any) -> tuple[threading.Thread, dict[str, Any]]:
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["value"] = fn(*args)
+        except Exception as exc:  # noqa: BLE001 - the test reads it
+            out["error"] = exc
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t, out
+
+
+def _wait_for(cond: Any, seconds: float = 10) -> None:
+    deadline = time.monotonic() + seconds
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
+def test_bounded_queue_refuses_or_takes_a_larger_ones_place(backend: Any) -> None:
+    gated = Gated(backend)
+    cache = GrammarCache(gated, workers=1)
+    limits = CompileLimits(None, None, max_pending=2)
+    running, big, huge, small = _regex(10), _regex(500), _regex(900), _regex(100)
+    t_run, out_run = _in_thread(cache.get, running, limits)
+    assert gated.running.wait(10)
+    t_big, out_big = _in_thread(cache.get, big, limits)
+    _wait_for(lambda: cache.stats()["pending"] == 2)
+    # full, and nothing queued is larger than it: refused at once, nothing queued
+    t0 = time.monotonic()
+    with pytest.raises(CompileQueueFull) as e:
+        cache.get(huge, limits)
+    assert time.monotonic() - t0 < 0.5 and e.value.retry_after >= 1
+    # full, but a larger one is queued: it takes that one's place, whose waiter is told
+    t_small, out_small = _in_thread(cache.get, small, limits)
+    t_big.join(10)
+    assert isinstance(out_big.get("error"), CompileQueueFull), out_big
+    assert cache.stats()["pending"] == 2 and cache.stats()["turned_away"] == 2
+    gated.gate.set()
+    for t in (t_run, t_small):
+        t.join(30)
+    assert "value" in out_run and "value" in out_small
+    assert gated.compiled == [running, small]  # the displaced and the refused never ran
+    assert big not in cache and huge not in cache
+    # without limits (the engine's side) nothing is turned away
+    assert cache.get(huge) is not None
+    cache.close()
+
+
+def test_smallest_spec_compiles_first(backend: Any) -> None:
+    gated = Gated(backend)
+    cache = GrammarCache(gated, workers=1)
+    first, large, small = _regex(1), _regex(800), _regex(50)
+    threads = [_in_thread(cache.get, first)[0]]
+    assert gated.running.wait(10)
+    threads.append(_in_thread(cache.get, large)[0])
+    _wait_for(lambda: cache.stats()["pending"] == 2)
+    threads.append(_in_thread(cache.get, small)[0])
+    _wait_for(lambda: cache.stats()["pending"] == 3)
+    gated.gate.set()
+    for t in threads:
+        t.join(30)
+    assert gated.compiled == [first, small, large]
+    cache.close()
+
+
+async def test_a_compile_whose_waiters_all_left_is_dropped(backend: Any) -> None:
+    import trio
+
+    gated = Gated(backend)
+    cache = GrammarCache(gated, workers=1, timeout_s=0.3)
+    blocker, left, waited = _regex(1), _regex(20), _regex(30)
+    t_block, out_block = _in_thread(cache.get, blocker)
+    assert gated.running.wait(10)
+    # a waiter cancelled (its client went away) while its compile is queued
+    with trio.move_on_after(0.1) as scope:
+        await cache.aget(left)
+    assert scope.cancelled_caught
+    assert cache.stats()["dropped"] == 1 and cache.stats()["pending"] == 1
+    # a waiter whose compile could not start within the bound: a 503, not the spec's fault
+    t0 = time.monotonic()
+    with pytest.raises(CompileQueueFull, match="could start within"):
+        await cache.aget(waited)
+    assert 0.25 < time.monotonic() - t0 < 2.0
+    assert cache.stats()["dropped"] == 2 and cache.stats()["pending"] == 1
+    gated.gate.set()
+    t_block.join(30)
+    assert "took longer than" in out_block["error"].message  # it ran, held at the gate
+    _settle(cache)
+    assert gated.compiled == [blocker] and left not in cache and waited not in cache
+    # a later request for a dropped spec compiles it afresh
+    assert await cache.aget(left) is not None and gated.compiled[-1] == left
+    cache.close()
+
+
+async def test_pinned_grammars_are_not_evicted(backend: Any) -> None:
+    cache = GrammarCache(backend, capacity=2)
+    a, b, c, d = (_regex(n) for n in (1, 2, 3, 4))
+    pin = await cache.acompile(a)
+    for spec in (b, c, d):
+        cache.get(spec)
+    assert a in cache and d in cache and b not in cache and c not in cache
+    assert len(cache) == 2 and cache.stats()["pinned"] == 1
+    pin.release()
+    pin.release()  # idempotent
+    cache.get(b)
+    assert a not in cache and cache.stats()["pinned"] == 0
+    # a pin taken on a refused spec is never handed out: the refusal is raised
+    with pytest.raises(RequestRefused):
+        await cache.acompile(StructuredSpec.from_params(regex="(ab"))
+    cache.close()
+
+
+def test_a_hold_never_waits_and_is_never_dropped(backend: Any) -> None:
+    gated = Gated(backend)
+    cache = GrammarCache(gated, workers=1)
+    blocker, held, small = _regex(1), _regex(600), _regex(10)
+    t_block, _ = _in_thread(cache.get, blocker)
+    assert gated.running.wait(10)
+    t0 = time.monotonic()
+    hold = cache.hold(held)
+    assert time.monotonic() - t0 < 0.05 and not hold.ready()
+    # a full queue does not displace a held compile, even for a smaller spec
+    with pytest.raises(CompileQueueFull):
+        cache.get(small, CompileLimits(None, None, max_pending=2))
+    gated.gate.set()
+    t_block.join(30)
+    hold.future.result(timeout=30)
+    assert hold.ready() and hold.grammar().matcher() is not None
+    hold.release()
+    assert held in cache and cache.hold(held).ready()  # a hit: ready at once
+    # a hold released while its compile is still queued drops it
+    gated.gate.clear()
+    gated.running.clear()
+    t_block, _ = _in_thread(cache.get, _regex(2))
+    assert gated.running.wait(10)
+    gone = cache.hold(_regex(700))
+    gone.release()
+    assert cache.stats()["dropped"] == 1
+    gated.gate.set()
+    t_block.join(30)
+    cache.close()
+
+
+@pytest.mark.parametrize("source,param", [("response_format", "response_format"),
+                                          ("structured_outputs", "structured_outputs.json"),
+                                          ("tools", "tools")])
+def test_size_bounds_name_the_field(source: str, param: str) -> None:
+    def spec(schema: dict[str, Any]) -> StructuredSpec:
+        if source == "response_format":
+            return StructuredSpec.from_response_format(
+                {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}})
+        return StructuredSpec.from_params(json=schema, source=source)
+
+    wide = {"type": "object", "properties": {f"k{i}": {"type": "string"} for i in range(100)}}
+    assert spec(wide).size_bytes() == len(json.dumps(wide, separators=(",", ":")))
+    spec(wide).check_size(10_000, 102)  # 102 objects: the root, properties, 100 values
+    with pytest.raises(RequestRefused) as e:
+        spec(wide).check_size(10_000, 101)
+    assert e.value.param == param and "more than 101 subschemas" in e.value.message
+    with pytest.raises(RequestRefused) as e:
+        spec(wide).check_size(1000, None)
+    assert e.value.param == param and "at most 1000 bytes" in e.value.message
+    # enum, const, default and examples hold data: their objects are not subschemas
+    data = {"enum": [{"a": i} for i in range(500)], "default": {"x": {}},
+            "examples": [{}, {}], "const": {"b": {}}}
+    spec(data).check_size(None, 1)
+    regex = StructuredSpec.from_params(regex="a" * 2000)
+    with pytest.raises(RequestRefused) as e:
+        regex.check_size(1999, 1)
+    assert e.value.param == "structured_outputs.regex"
+    choice = StructuredSpec.from_params(choice=["ab", "é"])
+    assert choice.size_bytes() == 3 + 3
+
+
+def test_server_defaults_are_the_cache_defaults() -> None:
+    from server.config import ServerConfig
+
+    config = ServerConfig()
+    assert (config.max_grammar_bytes, config.max_grammar_subschemas,
+            config.max_pending_grammars) == (DEFAULT_MAX_BYTES, DEFAULT_MAX_SUBSCHEMAS,
+                                             DEFAULT_MAX_PENDING)
+
+
+# -- a matcher that raises ends its choice's request, never the step ---------------------
+
+class Raising(Matcher):
+    """A matcher that follows ``inner`` until its ``what`` call, which raises."""
+
+    def __init__(self, inner: Any, what: str, after: int = 0) -> None:
+        self.inner, self.what, self.after = inner, what, after
+
+    def _maybe(self, what: str) -> None:
+        if what == self.what:
+            if self.after == 0:
+                raise RuntimeError(f"{what} broke")
+            self.after -= 1
+
+    def fill_bitmask(self, out_row: Any) -> None:
+        self.inner.fill_bitmask(out_row)
+
+    def accept(self, token_id: int) -> bool:
+        self._maybe("accept")
+        return self.inner.accept(token_id)
+
+    def rollback(self, k: int) -> None:
+        self._maybe("rollback")
+        self.inner.rollback(k)
+
+    def is_terminated(self) -> bool:
+        return self.inner.is_terminated()
+
+    def forced_tokens(self) -> list[int]:
+        return self.inner.forced_tokens()
+
+
+def test_mask_guards_accept_rollback_and_replay(backend: Any) -> None:
+    from actors.core.structured.mask import EosOnlyMask, MatcherMask, mask_for
+
+    vocab, eos = backend.vocab_size, tuple(backend.eos_token_ids)
+    grammar = backend.compile_grammar(StructuredSpec.from_params(regex="[a-z]{5,9}"))
+    letters = [int(t) for t in allowed(grammar.matcher(), vocab)[:3]]
+
+    def eos_only(mask: Any) -> bool:
+        row = np.full(bitmask_words(vocab), -1, np.int32)
+        mask.fill_bitmask(row)
+        ids = np.flatnonzero(np.unpackbits(row.view(np.uint8), bitorder="little")[:vocab])
+        return set(ids.tolist()) == set(eos)
+
+    mask = MatcherMask(Raising(grammar.matcher(), "accept", after=1), vocab, vocab, eos)
+    mask.accept(letters[0])
+    assert mask.failed is None and not eos_only(mask)
+    mask.accept(letters[1])  # raises inside: recorded, not raised
+    assert mask.failed is not None and "accept" in mask.failed and eos_only(mask)
+    assert mask.fast_forward(8, lambda t: True) == []
+    mask.rollback(1)  # inert once failed
+    mask = MatcherMask(Raising(grammar.matcher(), "rollback"), vocab, vocab, eos)
+    mask.accept(letters[0])
+    mask.rollback(1)
+    assert mask.failed is not None and "rollback" in mask.failed and eos_only(mask)
+    # replay of a resumed choice stops at the failure; a matcher that cannot be built at all
+    mask = mask_for(lambda: (Raising(grammar.matcher(), "accept", after=1), vocab), vocab, eos,
+                    letters)
+    assert mask.failed is not None
+    def no_matcher() -> Any:
+        raise RuntimeError("gone")
+    mask = mask_for(no_matcher, vocab, eos, letters)
+    assert isinstance(mask, EosOnlyMask) and mask.failed is not None and eos_only(mask)
+
+
+class AcceptRaises:
+    """A token mask (the sampler's protocol, not a MatcherMask) whose third accept raises."""
+
+    def __init__(self) -> None:
+        self.accepted = 0
+
+    def fill_bitmask(self, row: np.ndarray) -> None:
+        pass  # allows everything
+
+    def accept(self, token_id: int) -> None:
+        self.accepted += 1
+        if self.accepted == 3:
+            raise RuntimeError("accept broke")
+
+    def rollback(self, num_tokens: int) -> None:
+        pass
+
+
+@pytest.mark.slow
+def test_a_raising_token_mask_ends_only_its_request(tok: Any) -> None:
+    from actors.core.runner.sampler import SamplingHooks
+    from actors.messages import Admit
+    from actors.params.sampling import SamplingParams
+    from server_helpers import offline_llm
+
+    engine = offline_llm().engine
+    prompt = tuple(engine.tokenizer.encode("Once upon a time", add_special_tokens=False))
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    engine.runner.set_sampling_hooks("broken", 0, SamplingHooks(token_mask=AcceptRaises()))
+    for rid in ("broken", "fine"):
+        engine.add(Admit(rid, prompt, params, time.monotonic()))
+    out = _run(engine)
+    broken, fine = out["broken", 0], out["fine", 0]
+    assert broken[-1].finish_reason == "error"
+    assert sum(len(o.new_token_ids) for o in broken) == 2  # the third draw was refused
+    assert fine[-1].finish_reason == "length"
+    assert sum(len(o.new_token_ids) for o in fine) == 8
+
+
+# -- the engine never compiles on its callers' threads -------------------------------------
+
+def _admit(engine: Any, request_id: str, spec: StructuredSpec, n: int = 1) -> Any:
+    from actors.messages import Admit
+    from actors.params.sampling import SamplingParams
+
+    prompt = tuple(engine.tokenizer.encode("Answer in JSON:", add_special_tokens=False))
+    params = SamplingParams(temperature=0.0, max_tokens=12, n=n, structured=spec)
+    return Admit(request_id, prompt, params, time.monotonic())
+
+
+def _run(engine: Any) -> dict[tuple[str, int], list[Any]]:
+    out: dict[tuple[str, int], list[Any]] = {}
+    deadline = time.monotonic() + 120
+    while engine.has_unfinished():
+        assert time.monotonic() < deadline
+        for o in engine.step().outputs:
+            out.setdefault((o.request_id, o.index), []).append(o)
+    return out
+
+
+@pytest.mark.slow
+def test_engine_add_holds_a_request_whose_grammar_compiles(tok: Any) -> None:
+    from server_helpers import offline_llm
+
+    engine = offline_llm().engine
+    engine.grammar_cache()  # the backend is built: only the compile is left
+    spec = _many_required(5000)  # about half a second to compile
+    nonce = uuid.uuid4().hex[:6]
+    spec = StructuredSpec.from_params(json={**json.loads(spec.value), "title": nonce})
+    t0 = time.monotonic()
+    engine.add(_admit(engine, "held", spec, n=2))
+    added = time.monotonic() - t0
+    assert added < 0.05, f"add took {added:.3f} s"
+    assert engine.has_unfinished() and engine.stats().num_waiting == 1
+    out = _run(engine)
+    for i in range(2):
+        text = tok.decode([t for o in out["held", i] for t in o.new_token_ids])
+        assert text.startswith('{"p0"') or text.startswith('{ "p0"'), text
+        assert out["held", i][-1].finish_reason == "length"
+    # a spec the compile refuses: the request ends with "error", every choice
+    bad = StructuredSpec.from_params(json={"type": "objectx", "title": nonce})
+    engine.add(_admit(engine, "bad", bad, n=2))
+    out = _run(engine)
+    assert sorted(out) == [("bad", 0), ("bad", 1)]
+    assert all(o[-1].finish_reason == "error" and o[-1].finished for o in out.values())
+    # and once the refusal is known, add refuses it at once, as before
+    with pytest.raises(RequestRefused):
+        engine.add(_admit(engine, "bad again", bad))
+    # aborted while held: nothing of it runs
+    engine.add(_admit(engine, "gone", StructuredSpec.from_params(
+        json={**json.loads(spec.value), "title": nonce + "x"})))
+    engine.abort_request("gone")
+    assert not engine.has_unfinished()
+
+
+@pytest.mark.slow
+def test_the_step_never_compiles_an_evicted_grammar(tok: Any) -> None:
+    from server_helpers import offline_llm
+
+    engine = offline_llm().engine
+    cache = engine.grammar_cache()
+    spec = StructuredSpec.from_params(regex=f"[a-z]{{4}}-{uuid.uuid4().hex[:6]}")
+    cache.get(spec)
+    engine.add(_admit(engine, "evicted", spec, n=3))  # queued: its choices have no mask yet
+    capacity, cache.capacity = cache.capacity, 1
+    try:
+        cache.get(_regex(3))  # evicts the request's grammar
+    finally:
+        cache.capacity = capacity
+    assert spec not in cache
+    misses = cache.stats()["misses"]
+    out = _run(engine)
+    assert cache.stats()["misses"] == misses and spec not in cache
+    for i in range(3):
+        text = tok.decode([t for o in out["evicted", i] for t in o.new_token_ids
+                           if t not in engine.eos_token_ids])
+        assert re.fullmatch(r"[a-z]{4}-[0-9a-f]{6}", text), text
+
+
+@pytest.mark.slow
+def test_a_child_process_core_answers_add_while_it_compiles(default_model: Any) -> None:
+    from actors.config import EngineConfig
+    from actors.core.process import ProcessEngineCore
+
+    loaded = default_model[0]
+    config = EngineConfig(model=str(loaded.source), dtype="float32", kv_cache_memory=64 << 20,
+                          max_model_len=256, num_threads=1)
+    with ProcessEngineCore(config) as core:
+        spec = _many_required(5000)  # the child builds its backend, then compiles this
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(str(loaded.model_dir))
+        from actors.messages import Admit
+        from actors.params.sampling import SamplingParams
+
+        prompt = tuple(tok.encode("Answer in JSON:", add_special_tokens=False))
+        t0 = time.monotonic()
+        core.add(Admit("child", prompt, SamplingParams(temperature=0.0, max_tokens=8,
+                                                       structured=spec), 0.0))
+        added = time.monotonic() - t0
+        assert added < 0.2, f"add took {added:.3f} s"
+        out = _run(core)
+        text = tok.decode([t for o in out["child", 0] for t in o.new_token_ids])
+        assert text.startswith('{"p0"') or text.startswith('{ "p0"'), text
 
 
 # -- pathological specs: refused quickly, or compiled within the default bound -------------

@@ -17,6 +17,12 @@ and waits for it.
 
 The in-process engine and this one give the same tokens for the same calls: a draw
 depends only on (seed, position) and its row, never on the process it runs in.
+
+The parent's ``add`` waits for the child's answer, and the parent calls it on its event
+loop's thread: the child's ``LLMEngine.add`` therefore never compiles a grammar nor builds
+a grammar backend (the child has its own grammar cache, which the server's compile did not
+fill). It queues the compile on the cache's workers and holds the request; a later step
+admits it once compiled (``LLMEngine._admit_held``), while the parent goes on serving.
 """
 
 from __future__ import annotations

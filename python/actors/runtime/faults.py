@@ -11,11 +11,16 @@ makes the named point fail on its N-th pass (N >= 1):
                sequences are decoding, the oldest one's sampling row gets repetition_penalty=0,
                a value validation refuses: the core then refuses that one row of the batch at
                run time, as it would a value validation let through by mistake
+    matcher_accept
+               a structured-output grammar matcher raises on its N-th accept (a token drawn
+               or forced in the engine step), as a backend bug would
 
 The supervisor reads the variable once at startup (`configure`); nothing a client sends can
 reach these points. LLMSERVE_FAULT_AFTER_STEPS (engine_actor) fails engine steps themselves.
 bad_row reaches into LLMEngine's scheduler: a spoiled row is by definition below the
-EngineCore boundary, and other cores simply never take this point.
+EngineCore boundary, and other cores simply never take this point. matcher_accept is set into
+the grammar masks of this process (actors.core.structured.mask), so it reaches an in-process
+engine core only, not a --data-parallel-size child.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ __all__ = ["FAULT_ENV", "InjectedFault", "check", "configure", "hit", "maybe_spo
 log = logging.getLogger("actors.runtime.faults")
 
 FAULT_ENV = "LLMSERVE_FAULT_INJECT"
-POINTS = ("engine", "tokenizer", "metrics", "bad_row")
+POINTS = ("engine", "tokenizer", "metrics", "bad_row", "matcher_accept")
 
 _plan: dict[str, int] = {}
 _passes: dict[str, int] = {}
@@ -63,8 +68,27 @@ def configure(environ: Mapping[str, str]) -> None:
         _plan.clear()
         _plan.update(plan)
         _passes.clear()
+    _set_matcher_fault("matcher_accept" in plan)
     for point, count in plan.items():
         log.warning("%s: %s fails on pass %d", FAULT_ENV, point, count)
+
+
+def _set_matcher_fault(on: bool) -> None:
+    """Points the grammar masks' accept hook at the matcher_accept point, or clears it (the
+    module is imported only when the point is planned: nothing changes otherwise)."""
+    import sys
+
+    if on:
+        from actors.core.structured import mask
+    else:
+        mask = sys.modules.get("actors.core.structured.mask")  # type: ignore[assignment]
+        if mask is None:
+            return
+    mask.set_accept_fault(_matcher_accept if on else None)
+
+
+def _matcher_accept() -> None:
+    check("matcher_accept")
 
 
 def hit(point: str) -> bool:

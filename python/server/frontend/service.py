@@ -334,13 +334,38 @@ async def start(srv: ServerState, request_id: str, prompts: list[PromptInput],
     the server is full or not serving, 400 for a prompt the engine cannot take).
     ``encoder_input``: an encoder-decoder model's (Whisper: one prompt, the decoder's
     tokens; see server.frontend.transcription)."""
+    pin = None
     if params.structured is not None:
-        # compiled before admission (a 400 for a spec the backend refuses), off the loop
-        await compile_spec(srv, params.structured)
-    gen = Generation(srv, request_id, prompts, params, encoder_input=encoder_input)
-    await gen.start()
+        # compiled before admission (a 400 for a spec the backend refuses, a 503 when the
+        # compile queue is full), off the loop; pinned until the request has retired
+        pin = await compile_spec(srv, params.structured)
+    try:
+        gen = Generation(srv, request_id, prompts, params, encoder_input=encoder_input)
+        await gen.start()
+    except BaseException:
+        if pin is not None:
+            pin.release()  # the engine compiles for itself (off its threads) if it must
+        raise
+    if pin is not None:
+        _release_when_retired(srv, gen, pin)
     try:
         return TextGeneration(gen, srv.token_texts)
     except BaseException:
         gen.retire()
         raise
+
+
+def _release_when_retired(srv: ServerState, gen: Generation, pin: Any) -> None:
+    """Unpins the request's grammar once every sequence of it has left the engine."""
+    state = gen.state
+    if srv.reaper is None or state.retired.is_set():
+        pin.release()
+        return
+
+    async def release() -> None:
+        try:
+            await state.retired.wait()
+        finally:
+            pin.release()
+
+    srv.reaper.start_soon(release)

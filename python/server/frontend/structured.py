@@ -5,6 +5,13 @@ The spec (``SamplingParams.structured``) is compiled through the process's share
 waits; a spec the backend refuses is a 400 naming its field before the request takes a
 slot, and an in-process engine core then finds the grammar compiled (a cache hit). Requests
 without a constraint never come here.
+
+The server's bounds apply here, before anything is queued: a constraint over
+``--max-grammar-bytes`` or ``--max-grammar-subschemas`` is a 400 naming its field, and one
+that finds ``--max-pending-grammars`` compiles pending (or cannot start within the compile
+bound) is a 503 with Retry-After. The compiled spec stays pinned in the cache (the returned
+``GrammarPin``) until the request has retired, so the engine finds it at admission however
+many other specs the cache saw meanwhile.
 """
 
 from __future__ import annotations
@@ -13,19 +20,28 @@ from typing import Any
 
 import trio
 
+from actors.core.structured.cache import CompileLimits, CompileQueueFull, GrammarPin
 from actors.errors import RequestRefused
 from actors.params.structured import StructuredSpec
-from server.errors import bad_request
+from server.errors import bad_request, overloaded
 
 __all__ = ["compile_spec"]
 
 
-async def compile_spec(srv: Any, spec: StructuredSpec) -> None:
-    """Compiles ``spec`` (or finds it compiled); a refusal is a 400 naming its field."""
+async def compile_spec(srv: Any, spec: StructuredSpec) -> GrammarPin:
+    """Compiles ``spec`` (or finds it compiled) and pins it: release the pin once the
+    request has retired. A refusal is a 400 naming its field; a full queue a 503."""
     from actors.core.structured.cache import peek_shared_cache, shared_cache
 
     info = srv.actors.info
-    backend = spec.backend or srv.config.engine.structured_outputs_backend
+    config = srv.config
+    backend = spec.backend or config.engine.structured_outputs_backend
+    limits = CompileLimits(config.max_grammar_bytes, config.max_grammar_subschemas,
+                           config.max_pending_grammars)
+    try:
+        spec.check_size(limits.max_bytes, limits.max_subschemas)  # before any build
+    except RequestRefused as exc:
+        raise bad_request(exc.message, exc.param) from None
     eos = tuple(info.eos_token_ids)
     cache = peek_shared_cache(backend, info.model_dir, info.vocab_size, eos)
     if cache is None:  # the first constrained request builds the backend (~0.5 s)
@@ -37,6 +53,9 @@ async def compile_spec(srv: Any, spec: StructuredSpec) -> None:
                 raise
             raise bad_request(str(exc), "guided_decoding_backend") from None
     try:
-        await cache.aget(spec)
+        # the size bounds were checked above: only the queue's bound is left to apply
+        return await cache.acompile(spec, CompileLimits(None, None, limits.max_pending))
     except RequestRefused as exc:
         raise bad_request(exc.message, exc.param) from None
+    except CompileQueueFull as exc:
+        raise overloaded(exc.retry_after) from None

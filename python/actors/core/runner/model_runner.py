@@ -27,6 +27,7 @@ The flattened batch of a step (T tokens in all):
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 
@@ -47,6 +48,8 @@ from actors.params.structured import StructuredSpec
 MaskFactory = Callable[[StructuredSpec, tuple[int, ...]], TokenMask]
 
 __all__ = ["ModelRunner", "SamplingHooks", "kv_bytes_per_block"]
+
+log = logging.getLogger("actors.core.runner")
 
 # Prompt-logprob rows go through the LM head this many at a time: a whole 2048-row chunk
 # times a 49152-token vocabulary would be 400 MB of fp32 logits.
@@ -185,9 +188,13 @@ class ModelRunner:
             mask = allowed_mask_of(ns.allowed_token_ids, self.vocab_size)
         hooks = self._hooks.get((ns.request_id, ns.index)) if self._hooks else None
         if hooks is None and ns.structured is not None and self.structured_masks is not None:
-            hooks = SamplingHooks(token_mask=self.structured_masks(ns.structured,
-                                                                   ns.output_token_ids),
-                                  accepted=len(ns.output_token_ids))
+            try:
+                hooks = SamplingHooks(token_mask=self.structured_masks(ns.structured,
+                                                                       ns.output_token_ids),
+                                      accepted=len(ns.output_token_ids))
+            except Exception as exc:  # noqa: BLE001 - its first draw is refused, not the step
+                log.warning("no token mask for %s choice %d: %s", ns.request_id, ns.index, exc)
+                hooks = SamplingHooks(failed=f"no token mask: {type(exc).__name__}")
             self._hooks[(ns.request_id, ns.index)] = hooks
         # A window that names its allowed tokens (language detection: one step among the
         # language tokens) is constrained by them alone, not by the timestamp rules.
@@ -201,7 +208,12 @@ class ModelRunner:
             # Back after preemption with fewer tokens than the mask took: undo the rest.
             excess = hooks.accepted - len(ns.output_token_ids)
             if excess > 0 and hooks.token_mask is not None:
-                hooks.token_mask.rollback(excess)
+                try:
+                    hooks.token_mask.rollback(excess)
+                except Exception as exc:  # noqa: BLE001 - its next draw is refused, not the step
+                    log.warning("the token mask of %s choice %d failed to roll back: %s",
+                                ns.request_id, ns.index, exc)
+                    hooks.failed = f"the token mask's rollback raised {type(exc).__name__}"
                 hooks.accepted -= excess
         self._seqs[ns.seq_id] = SeqState(
             prompt=np.asarray(ns.prompt_token_ids, dtype=np.int32),

@@ -25,6 +25,11 @@ The seam for constrained decoding (structured outputs plug in here): a sequence 
   model steps that could only have drawn them. Rows that want logprobs or carry logits
   processors never fast-forward (both must see every position).
 
+A mask whose ``accept`` or fast-forward raises, or that reports ``failed`` (a matcher that
+cannot be trusted any more; ``SamplingHooks.failed`` when the runner could not build or
+roll back the mask), cannot constrain the choice's next token: its row comes back refused,
+so its request ends with "error" alone and the step goes on.
+
 A step in which no sequence has hooks takes none of these paths (one boolean test).
 """
 
@@ -74,6 +79,7 @@ class SamplingHooks:
     logits_processors: tuple[LogitsProcessor, ...] = ()
     token_mask: TokenMask | None = None
     accepted: int = 0
+    failed: str | None = None  # why the constraint cannot be followed: the next draw is refused
 
 
 @dataclass(slots=True)
@@ -91,6 +97,11 @@ class SeqState:
         if self.output_array is None or len(self.output_array) != len(self.outputs):
             self.output_array = np.asarray(self.outputs, dtype=np.int32)
         return self.output_array
+
+
+def _broken(h: SamplingHooks) -> bool:
+    """Whether the choice's constraint can no longer be followed (see the module's notes)."""
+    return h.failed is not None or getattr(h.token_mask, "failed", None) is not None
 
 
 def allowed_mask_of(token_ids: Sequence[int], vocab_size: int) -> np.ndarray:
@@ -121,17 +132,27 @@ class Sampler:
                      for j in range(len(rows))]
         sampled = []
         for sid, row, st, d in zip(seq_ids, rows, states, drawn):
-            if d is None:
+            h = st.hooks
+            if d is None or (h is not None and _broken(h)):
                 sampled.append(SampledToken(seq_id=sid, token_id=llmcore.NO_TOKEN, refused=True))
                 continue
+            before = len(st.outputs)
             st.outputs.append(d[0])
             forced: tuple[int, ...] = ()
-            h = st.hooks
             if h is not None and h.token_mask is not None and d[0] >= 0:
-                h.token_mask.accept(d[0])
-                h.accepted += 1
-                if self.fast_forward and not row.want_logprobs and not h.logits_processors:
-                    forced = self._forced(row, st, h.token_mask)
+                try:
+                    h.token_mask.accept(d[0])
+                    h.accepted += 1
+                    if self.fast_forward and not row.want_logprobs and not h.logits_processors:
+                        forced = self._forced(row, st, h.token_mask)
+                except Exception as exc:  # noqa: BLE001 - ends this choice's request only
+                    log.warning("the token mask of sequence %d raised: %s", sid, exc)
+                    h.failed = f"the token mask raised {type(exc).__name__}"
+                if _broken(h):
+                    del st.outputs[before:]
+                    sampled.append(SampledToken(seq_id=sid, token_id=llmcore.NO_TOKEN,
+                                                refused=True))
+                    continue
             sampled.append(SampledToken(seq_id=sid, token_id=d[0], logprobs=d[1],
                                         forced=forced))
         return sampled

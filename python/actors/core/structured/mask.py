@@ -5,9 +5,13 @@ hangs it on the choice's ``SamplingHooks``; the sampler then fills its bitmask r
 step and feeds it each drawn token. The sampler's row is as wide as the model's logits; a
 backend built over a larger tokenizer writes into a scratch row cut to that width.
 
-A matcher that cannot be built (a refusal in a core that compiles for itself, in another
-process) or that stops following its tokens allows only the end-of-sequence tokens: the
-choice then ends, instead of the step failing.
+A matcher that stops following its tokens (it refuses a token, or its fill raises) allows
+only the end-of-sequence tokens: the choice then ends, instead of the step failing. A matcher
+whose ``accept``, ``rollback`` or ``replay`` raises (a backend bug; llguidance refusing a
+rollback), or that cannot be built at all, leaves its state unknown: the mask records why in
+``failed``, allows only end-of-sequence from then on, and the sampler refuses the choice's
+next draw, so the request ends with an "error" finish (a 500, as vLLM answers one) while the
+rest of the step goes on. Nothing a matcher raises leaves this module.
 
 Fast-forward (``MatcherMask.fast_forward``): right after a draw the mask computes the next
 position's allowed set; while that set is a single token (not an end-of-sequence token),
@@ -31,12 +35,22 @@ __all__ = ["EosOnlyMask", "MatcherMask", "mask_for"]
 
 log = logging.getLogger("actors.core.structured.mask")
 
+# Called before every matcher accept when set: the fault point matcher_accept
+# (actors.runtime.faults, LLMSERVE_FAULT_INJECT); None otherwise.
+_accept_fault: Callable[[], None] | None = None
+
+
+def set_accept_fault(hook: Callable[[], None] | None) -> None:
+    global _accept_fault
+    _accept_fault = hook
+
 
 class MatcherMask:
     """``sampler.TokenMask`` over one choice's matcher. ``_taken`` records, per token the
-    sampler reported, whether the matcher took it, so a rollback undoes exactly that."""
+    sampler reported, whether the matcher took it, so a rollback undoes exactly that.
+    ``failed``: why the matcher can no longer be trusted (None while it can)."""
 
-    __slots__ = ("_eos", "_m", "_next", "_next_valid", "_scratch", "_taken")
+    __slots__ = ("_eos", "_m", "_next", "_next_valid", "_scratch", "_taken", "failed")
 
     def __init__(self, matcher: Matcher, backend_vocab: int, vocab_size: int,
                  eos_token_ids: Iterable[int]) -> None:
@@ -47,6 +61,7 @@ class MatcherMask:
         self._eos = tuple(eos_token_ids)
         self._next = np.zeros(words, np.int32)  # the look-ahead row of fast_forward
         self._next_valid = False
+        self.failed: str | None = None
 
     def fill_bitmask(self, row: np.ndarray) -> None:
         if self._next_valid:
@@ -56,14 +71,17 @@ class MatcherMask:
         self._fill(row)
 
     def _fill(self, row: np.ndarray) -> None:
-        try:
-            if self._scratch is None:
-                self._m.fill_bitmask(row)
-            else:
-                self._m.fill_bitmask(self._scratch)
-                row[:] = self._scratch[: len(row)]
-        except Exception as exc:  # noqa: BLE001 - a matcher's failure ends its choice only
-            log.warning("the grammar matcher failed (%s); ending the choice", exc)
+        if self.failed is None:
+            try:
+                if self._scratch is None:
+                    self._m.fill_bitmask(row)
+                else:
+                    self._m.fill_bitmask(self._scratch)
+                    row[:] = self._scratch[: len(row)]
+            except Exception as exc:  # noqa: BLE001 - a matcher's failure ends its choice only
+                log.warning("the grammar matcher failed (%s); ending the choice", exc)
+                row[:] = 0
+        else:
             row[:] = 0
         if not row.any():
             # nothing allowed would leave the sampler nothing to draw: end the choice
@@ -75,7 +93,13 @@ class MatcherMask:
         """Accepts the tokens the grammar now forces, at most ``limit``, stopping at one
         that ``allowed`` refuses (the sampler would not draw it there); returns them."""
         forced: list[int] = []
-        if self._m.is_terminated():  # the draw was its end-of-sequence token
+        if self.failed is not None:
+            return forced
+        try:
+            if self._m.is_terminated():  # the draw was its end-of-sequence token
+                return forced
+        except Exception as exc:  # noqa: BLE001 - ends this choice's request only
+            self._fail("is_terminated", exc)
             return forced
         row = self._next
         while len(forced) < limit:
@@ -85,41 +109,65 @@ class MatcherMask:
                 self._next_valid = True
                 break
             self.accept(token)
+            if self.failed is not None:
+                break
             forced.append(token)
         return forced
 
     def accept(self, token_id: int) -> None:
+        if self.failed is not None:
+            return
         self._next_valid = False
-        taken = self._m.accept(token_id)
+        try:
+            if _accept_fault is not None:
+                _accept_fault()
+            taken = self._m.accept(token_id)
+        except Exception as exc:  # noqa: BLE001 - ends this choice's request only
+            self._fail("accept", exc)
+            return
         if not taken and token_id not in self._eos:
             log.warning("the grammar refused token %d; ending the choice", token_id)
         self._taken.append(taken)
 
     def rollback(self, num_tokens: int) -> None:
-        if num_tokens <= 0:
+        if num_tokens <= 0 or self.failed is not None:
             return
         self._next_valid = False
         undone = sum(self._taken[-num_tokens:])
         del self._taken[-num_tokens:]
         if undone:
-            self._m.rollback(undone)
+            try:
+                self._m.rollback(undone)
+            except Exception as exc:  # noqa: BLE001 - ends this choice's request only
+                self._fail("rollback", exc)
 
     def replay(self, token_ids: Iterable[int]) -> None:
         """Brings a fresh matcher to where a resumed sequence's outputs left it."""
         for t in token_ids:
             self.accept(int(t))
+            if self.failed is not None:
+                return
+
+    def _fail(self, what: str, exc: Exception) -> None:
+        log.warning("the grammar matcher's %s raised (%s: %s); ending the choice's request",
+                    what, type(exc).__name__, exc)
+        self.failed = f"the grammar matcher's {what} raised {type(exc).__name__}"
+        self._next_valid = False
 
 
 class EosOnlyMask:
-    """A mask that lets the choice only end: the spec could not be compiled here."""
+    """A mask that lets the choice only end: the spec could not be compiled here, or (with
+    ``failed`` set) no matcher could be built for it, which ends the choice's request."""
 
-    __slots__ = ("_row",)
+    __slots__ = ("_row", "failed")
 
-    def __init__(self, vocab_size: int, eos_token_ids: Iterable[int]) -> None:
+    def __init__(self, vocab_size: int, eos_token_ids: Iterable[int],
+                 failed: str | None = None) -> None:
         row = np.zeros(bitmask_words(vocab_size), np.uint32)
         for t in eos_token_ids:
             row[t // 32] |= np.uint32(1 << (t % 32))
         self._row = row.view(np.int32)
+        self.failed = failed
 
     def fill_bitmask(self, row: np.ndarray) -> None:
         row[:] = self._row
@@ -131,6 +179,9 @@ class EosOnlyMask:
         pass
 
     def rollback(self, num_tokens: int) -> None:
+        pass
+
+    def replay(self, token_ids: Iterable[int]) -> None:
         pass
 
 
@@ -151,12 +202,14 @@ def mask_for(get_matcher: Callable[[], tuple[Matcher, int]], vocab_size: int,
              eos_token_ids: tuple[int, ...], outputs: Iterable[int]
              ) -> MatcherMask | EosOnlyMask:
     """A choice's mask: ``get_matcher()`` returns (a fresh matcher, its backend's vocabulary
-    size); ``outputs`` are the tokens the choice already holds (a resumed sequence)."""
+    size); ``outputs`` are the tokens the choice already holds (a resumed sequence). Never
+    raises: a matcher that cannot be built or replayed gives a mask with ``failed`` set."""
     try:
         matcher, backend_vocab = get_matcher()
-    except Exception as exc:  # noqa: BLE001 - a refusal here must end the choice, not the step
+    except Exception as exc:  # noqa: BLE001 - must end the choice's request, not the step
         log.warning("structured output constraint unavailable in the engine: %s", exc)
-        return EosOnlyMask(vocab_size, eos_token_ids)
+        return EosOnlyMask(vocab_size, eos_token_ids,
+                           failed=f"no grammar matcher: {type(exc).__name__}")
     mask = MatcherMask(matcher, backend_vocab, vocab_size, eos_token_ids)
     mask.replay(outputs)
     return mask
