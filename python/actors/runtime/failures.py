@@ -35,11 +35,13 @@ class PrepareFailed(RequestFailed):
 
 
 class RowRefused(RequestFailed):
-    """The sampler refused this request's row at run time (a value validation should have
-    stopped); only this request ends."""
+    """This request's row was refused at run time: the sampler refused its values (a value
+    validation should have stopped), or its output constraint's matcher failed; only this
+    request ends."""
 
-    def __init__(self, message: str = "internal error: the sampler refused this request's "
-                                      "parameters") -> None:
+    def __init__(self, message: str = "internal error: this request's sampling parameters "
+                                      "or output constraint failed at run time; other "
+                                      "requests are unaffected") -> None:
         super().__init__(message)
 
 
