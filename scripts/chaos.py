@@ -684,6 +684,17 @@ async def chaos(args, url: str, server: ServerUnderTest | None, pid: int | None)
     return out
 
 
+def cpu_name() -> str | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -784,6 +795,7 @@ def main() -> int:
     if "sigterm" in result:
         checks["sigterm_all_told_and_exit_0"] = result["sigterm"]["ok"]
     result["checks"] = checks
+    result["cpu"] = cpu_name()
     result["ok"] = all(checks.values())
     json.dump(result, sys.stdout, indent=2)
     print()
