@@ -1,7 +1,8 @@
 """Tool calling on /v1/chat/completions against the real server and the real OpenAI SDK:
 named and required tool choice (constrained decoding) streamed and whole, arguments valid
-against the tool's schema, parallel_tool_calls=false, a max_tokens cut, history with tool
-results through the bundled tool template, vLLM's 400s naming the field, then a canary;
+against the tool's schema, an auto (Hermes) call forced by a regex streamed as it parses,
+parallel_tool_calls=false, a max_tokens cut, history with tool results through the
+bundled tool template, vLLM's 400s naming the field, then a canary;
 LangChain's bind_tools and with_structured_output when langchain-openai is installed."""
 
 from __future__ import annotations
@@ -114,6 +115,24 @@ def test_cut_by_max_tokens_is_length_without_half_call(client):
     for choice_kind in (NAMED, "required"):
         choice = create(client, tool_choice=choice_kind, max_tokens=3).choices[0]
         assert choice.finish_reason == "length" and not choice.message.tool_calls
+
+
+def test_auto_tool_call_streams_as_it_parses(client):
+    # structured_outputs.regex makes the model write one Hermes call whose arguments hold
+    # an array: streamed token by token, its deltas add up to the call parsed whole.
+    regex = (r'<tool_call>\n\{"name": "get_weather", "arguments": \{"city": "Paris", '
+             r'"tags": \[("[a-z]{1,3}", ){40}"x"\]\}\}\n</tool_call>')
+    kw = {"tool_choice": "auto", "max_tokens": 400,
+          "extra_body": {"structured_outputs": {"regex": regex}}}
+    whole = create(client, **kw).choices[0]
+    assert whole.finish_reason == "tool_calls" and not whole.message.content, whole
+    (call,) = whole.message.tool_calls
+    assert len(json.loads(call.function.arguments)["tags"]) == 41
+    calls, reason, content = streamed(client, **kw)
+    assert reason == "tool_calls" and content == "" and list(calls) == [0]
+    assert calls[0]["name"] == "get_weather"
+    assert calls[0]["arguments"] == call.function.arguments
+    assert calls[0]["id"].startswith("chatcmpl-tool-") and calls[0]["id"] != call.id
 
 
 def test_none_and_auto_answer_as_content(client):

@@ -350,3 +350,18 @@ def test_stream_after_finish_refuses_more_text():
     assert stream.finish() == []
     with pytest.raises(RuntimeError):
         stream.feed("x")
+
+
+def test_call_arguments_too_deep_to_decode_are_no_json():
+    """A named call cut by max_tokens inside 100 000 `[` is no call (the decoder's depth
+    limit ends it, not a 500); Anthropic's `input` of such arguments is {}."""
+    from server.api.anthropic.render import _input
+    from server.api.openai.tool_calls import ToolCallChoice
+    from server.api.openai.tool_parsers.tool_schema import NamedToolCallParser
+    from server.api.openai.tools import ToolPlan
+
+    deep = "[" * 100_000
+    plan = ToolPlan("named", [], NamedToolCallParser("f"), schema={})
+    message, reason = ToolCallChoice(plan).message("assistant", "", deep, "length")
+    assert reason == "length" and "tool_calls" not in message
+    assert _input(deep) == {}

@@ -4,6 +4,8 @@ Request bodies are refused beyond MAX_JSON_DEPTH levels of arrays and objects be
 reach pydantic or a chat template: a deep value costs a recursion level per level in each of
 them (a template's `tojson` of a few hundred levels raised RecursionError), while no request
 field of the OpenAI API nests more than about 10 levels (a tool's JSON schema included).
+JSON carried as a string inside the body (a tool call's `arguments`) is held to the same
+bound before it is decoded: `text_nesting_depth`.
 """
 
 from __future__ import annotations
@@ -34,3 +36,12 @@ def nesting_depth(raw: bytes) -> int:
         return 0
     steps = np.frombuffer(brackets.translate(_STEPS), dtype=np.int8)
     return int(np.cumsum(steps, dtype=np.int32).max())
+
+
+def text_nesting_depth(text: str) -> int:
+    """`nesting_depth` of JSON text held in a str (JSON nested in a body as a string).
+
+    The text need not be valid JSON: up to the first error the strings and brackets are
+    read as a decoder reads them, so no decoder recurses deeper than this before it fails.
+    """
+    return nesting_depth(text.encode("utf-8", "surrogatepass"))

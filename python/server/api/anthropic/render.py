@@ -78,7 +78,7 @@ def _input(arguments: str) -> dict[str, Any]:
     that is not an object, which a tool's input cannot be, becomes {})."""
     try:
         value = json.loads(arguments)
-    except ValueError:
+    except (ValueError, RecursionError):
         return {}
     return value if isinstance(value, dict) else {}
 
@@ -86,7 +86,7 @@ def _input(arguments: str) -> dict[str, Any]:
 def _is_json(text: str) -> bool:
     try:
         json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
     return True
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from server.api.openai.tools import check_arguments_depth
 from server.errors import bad_request
 
 _ROLES = ("user", "assistant", "system", "developer")
@@ -98,6 +99,10 @@ def input_messages(request_input: str | list[dict[str, Any]]) -> list[dict[str, 
         return [{"role": "user", "content": request_input}]
     if not request_input:
         raise bad_request("input must not be empty", "input")
+    for index, item in enumerate(request_input):
+        if isinstance(item, dict) and item.get("type") == "function_call" and isinstance(
+                item.get("arguments"), str):
+            check_arguments_depth(item["arguments"], f"input[{index}].arguments")
     return items_to_messages(request_input)
 
 

@@ -98,6 +98,6 @@ class ToolCallChoice(ChatChoice):
 def _is_json(text: str) -> bool:
     try:
         json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested past the decoder's depth: no client's either
         return False
     return True

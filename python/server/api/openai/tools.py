@@ -35,6 +35,7 @@ from server.api.openai.tool_parsers.tool_schema import (
 )
 from server.config import ServerConfig
 from server.errors import bad_request
+from server.json_depth import MAX_JSON_DEPTH, text_nesting_depth
 
 logger = logging.getLogger(__name__)
 
@@ -158,12 +159,21 @@ def apply_plan(params: SamplingParams, plan: ToolPlan) -> SamplingParams:
     return dataclasses.replace(params, **changes) if changes else params
 
 
+def check_arguments_depth(arguments: str, param: str) -> None:
+    """A 400 naming `param` when JSON arguments text nests deeper than a request body may
+    (decoding it would recurse once per level: 100 000 `[` raised RecursionError)."""
+    if text_nesting_depth(arguments) > MAX_JSON_DEPTH:
+        raise bad_request(f"the tool call arguments are nested more than {MAX_JSON_DEPTH} "
+                          "levels deep", param)
+
+
 def history_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Assistant tool calls as chat templates read them (as vLLM hands them over): the
     arguments an object, not JSON text; an empty tool_calls list dropped. Arguments that
-    are not a JSON object become {} rather than failing every later turn of the chat."""
+    are not a JSON object become {} rather than failing every later turn of the chat;
+    arguments nested too deeply are a 400 naming them."""
     out = []
-    for message in messages:
+    for index, message in enumerate(messages):
         calls = message.get("tool_calls")
         if message.get("role") != "assistant" or calls is None:
             out.append(message)
@@ -174,16 +184,18 @@ def history_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             out.append(message)
             continue
         fixed = []
-        for call in calls:
+        for number, call in enumerate(calls):
             function = call.get("function")
             if call.get("type", "function") != "function" or not isinstance(function, dict):
                 raise bad_request("chat completions only support assistant tool_calls of "
                                   "type 'function'.", "tool_calls")
             arguments = function.get("arguments")
             if isinstance(arguments, str):
+                check_arguments_depth(
+                    arguments, f"messages[{index}].tool_calls[{number}].function.arguments")
                 try:
                     arguments = json.loads(arguments) if arguments else {}
-                except json.JSONDecodeError:
+                except ValueError:
                     logger.warning("tool call arguments in the history are not JSON; "
                                    "rendering them as {}")
                     arguments = {}

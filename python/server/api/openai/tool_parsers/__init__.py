@@ -2,7 +2,8 @@
 together with `--enable-auto-tool-choice` (the flags and names vLLM's `serve` uses).
 
 Each parser splits a choice's generated text into content and function calls, whole
-(`parse`) or as it streams (`new_stream()`, then `feed` per text delta and `finish`).
+(`parse`) or as it streams (`new_stream()`, then `feed` per text delta and `finish`; the
+stream's `Scanner` reads each delta once, from where the last one stopped).
 `tool_schema` holds the other half of tool choice: the JSON schema that constrains
 output for `"required"` or a named function, and the reading of that output.
 
@@ -18,6 +19,7 @@ from server.api.openai.tool_parsers.base import (
     Delta,
     ParsedToolCalls,
     Scan,
+    Scanner,
     ToolCall,
     ToolCallDelta,
     ToolCallStream,
@@ -77,6 +79,7 @@ __all__ = [
     "ParsedToolCalls",
     "PythonicToolParser",
     "Scan",
+    "Scanner",
     "ToolCall",
     "ToolCallDelta",
     "ToolCallStream",

@@ -1,7 +1,8 @@
 """Reading one function call written as a JSON object (`{"name": ..., "arguments": ...}`),
 both ways the parsers need: decoded from a finished text, and scanned from a text that
-may still be growing. Hermes, llama3_json, mistral and the required-tool-choice array
-differ only in the keys and in what a missing or string `arguments` means.
+may still be growing (`CallScanner`, which reads each part of the text once). Hermes,
+llama3_json, mistral and the required-tool-choice array differ only in the keys and in
+what a missing or string `arguments` means.
 """
 
 from __future__ import annotations
@@ -46,59 +47,105 @@ def decode_call(obj: Any, shape: CallShape) -> tuple[str, str] | None:
 class ObjectCall:
     progress: CallProgress | None  # None until a complete name is known
     end: int | None  # just past the object, None while it is open
-    bad: bool  # the text can no longer become a call
+    bad: bool  # the text cannot be a call now
 
 
-def scan_call(text: str, index: int, shape: CallShape, final: bool) -> ObjectCall:
-    """The call whose `{` is at `index`, as far as the text makes it certain.
+_BAD = ObjectCall(None, None, True)
+_NOT_YET = ObjectCall(None, None, False)
 
-    An object arguments value streams as its raw text, which is a prefix of the final
-    value at every step; any other value (a string, say) is sent whole once complete,
-    in the same form `decode_call` gives it.
+
+class CallScanner:
+    """The call whose `{` is at `index` of a growing text, as far as the text makes it
+    certain; `advance` reads only what arrived since the last one.
+
+    An object arguments value streams as its raw text (a span of the text), which is a
+    prefix of the final value at every step; any other value (a string, say) is sent
+    whole once complete, in the same form `decode_call` gives it. While the object is
+    open, every complete `name` must be a string; once it closes, the strict decoder
+    settles it.
     """
-    scan = js.scan_object(text, index)
-    if scan.bad:
-        return ObjectCall(None, None, True)
-    if scan.end is not None:
-        # Complete: the strict decoder settles it.
+
+    __slots__ = (
+        "_arguments",
+        "_bad_name",
+        "_done",
+        "_name",
+        "_named",
+        "_rank",
+        "_raw",
+        "_seen",
+        "_shape",
+        "_value",
+        "index",
+    )
+
+    def __init__(self, index: int, shape: CallShape) -> None:
+        self.index = index
+        self._shape = shape
+        self._value = js.JsonValue(index, members=True)
+        self._done: ObjectCall | None = None  # the result once the object has closed
+        self._raw: js.Member | None = None  # the arguments member
+        self._rank = len(shape.argument_keys)  # its key's place in argument_keys
+        self._arguments: str | None = None  # a complete non-object arguments value, as text
+        self._seen = 0  # members looked at for the arguments member
+        self._named = 0  # members whose complete value was looked at for the name
+        self._name: str | None = None
+        self._bad_name = False
+
+    def advance(self, text: str, final: bool) -> ObjectCall:
+        if self._done is not None:
+            return self._done
+        value = self._value
+        value.advance(text)
+        if value.bad:
+            return _BAD
+        members = value.members
+        keys = self._shape.argument_keys
+        for member in members[self._seen :]:
+            # The first member of the most preferred argument key.
+            if member.key in keys and keys.index(member.key) < self._rank:
+                self._raw, self._rank, self._arguments = member, keys.index(member.key), None
+        self._seen = len(members)
+        if value.end is not None:
+            self._done = self._decode(text, value.end)
+            return self._done
+        if final:
+            return _BAD
+        while self._named < len(members) and members[self._named].end is not None:
+            member = members[self._named]
+            self._named += 1
+            if member.key == "name":
+                name = js.loads_strict(text[member.start : member.end])
+                if isinstance(name, str):
+                    self._name = name
+                else:
+                    self._bad_name = True
+        if self._bad_name:
+            return _BAD
+        raw = self._raw
+        if self._name is None or raw is None:
+            return _NOT_YET
+        if text[raw.start] == "{":
+            end = raw.end if raw.end is not None else len(text)
+            return ObjectCall(CallProgress(self._name, span=(raw.start, end)), None, False)
+        if raw.end is None:
+            return ObjectCall(CallProgress(self._name), None, False)
+        if self._arguments is None:
+            self._arguments = arguments_text(
+                js.loads_strict(text[raw.start : raw.end]), self._shape
+            )
+        return ObjectCall(CallProgress(self._name, self._arguments), None, False)
+
+    def _decode(self, text: str, end: int) -> ObjectCall:
         try:
-            decoded = decode_call(js.loads_strict(text[index : scan.end]), shape)
+            decoded = decode_call(js.loads_strict(text[self.index : end]), self._shape)
         except ValueError:
             decoded = None
         if decoded is None:
-            return ObjectCall(None, scan.end, True)
+            return ObjectCall(None, end, True)
         name, arguments = decoded
-        raw = _argument_member(scan, shape)
+        raw = self._raw
         if raw is not None and text[raw.start] == "{":
-            arguments = text[raw.start : raw.end]
-        return ObjectCall(CallProgress(name, arguments, complete=True), scan.end, False)
-    if final or not js.is_valid_prefix(text, index):
-        return ObjectCall(None, None, True)
-    name = None
-    for member in scan.members:
-        if member.key == "name" and member.end is not None:
-            try:
-                value = js.loads_strict(text[member.start : member.end])
-            except ValueError:
-                return ObjectCall(None, None, True)
-            if not isinstance(value, str):
-                return ObjectCall(None, None, True)
-            name = value
-    raw = _argument_member(scan, shape)
-    if name is None or raw is None:
-        return ObjectCall(None, None, False)
-    if text[raw.start] == "{":
-        arguments = text[raw.start : raw.end if raw.end is not None else len(text)]
-    elif raw.end is not None:
-        arguments = arguments_text(js.loads_strict(text[raw.start : raw.end]), shape)
-    else:
-        arguments = ""
-    return ObjectCall(CallProgress(name, arguments), None, False)
-
-
-def _argument_member(scan: js.ObjectScan, shape: CallShape) -> js.Member | None:
-    for key in shape.argument_keys:
-        for member in scan.members:
-            if member.key == key:
-                return member
-    return None
+            return ObjectCall(CallProgress(name, complete=True, span=(raw.start, raw.end)),
+                              end, False)
+        return ObjectCall(CallProgress(name, arguments, complete=True), end, False)

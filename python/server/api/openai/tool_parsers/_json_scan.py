@@ -1,38 +1,38 @@
-"""A structural scanner for JSON that may still be arriving, shared by the JSON tool-call
-formats (hermes, llama3_json, mistral, the required-tool-choice array).
+"""A scanner for JSON that is still arriving, shared by the JSON tool-call formats (hermes,
+llama3_json, mistral, the required-tool-choice array).
 
-Streaming re-reads the whole text each time a token arrives, so every answer here is
-prefix-stable: scanning a longer text yields the same spans, only extended. The scanner
-finds where values start and end (strings, escapes and nesting respected) and checks the
-punctuation between members; `is_valid_prefix` says whether a value that has not ended
-can still become valid JSON. It hands every complete part to the strict decoder (C code)
-and checks only the open tail with regular expressions: `partial-json-parser`, pure
-Python over the whole text on every token, cost ~0.7 s of CPU to stream one 4 KB call.
+`JsonValue` reads one value from where it starts in a growing text. Each `advance` reads
+only the text that arrived since the one before: the scanner keeps where it stopped, the
+open containers (a stack, not recursion) and whether it stopped inside a string, a key or
+a number. So streaming a choice reads each character a bounded number of times, however
+long the call grows (re-reading the whole text on every token made a call of k array
+items cost O(k) per token).
+
+It tells where the value ends, whether the text read so far can still become valid JSON,
+and where the top-level members (or elements) of a container start and end. Validity is
+the strict decoder's: a closed string, key, number or literal is what `loads_strict`
+accepts (NaN and Infinity refused), and an open one is a prefix of such a token. A key is
+checked once it closes; until then only its closing quote is looked for.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 from dataclasses import dataclass
 from typing import Any
 
-_STRUCTURAL = re.compile(r'["{}\[\]]')
-# A string up to its closing quote, escapes skipped. The body is taken in a lookahead,
-# which the engine never re-enters, so a string that has not closed fails in one pass
-# instead of backtracking through every split of its body.
-_CLOSED_STRING = re.compile(r'"(?=((?:[^"\\]+|\\.)*))\1"', re.DOTALL)
+# A closed key's body: anything but quotes, escapes taken whole (any escaped character).
+_KEY_BODY = re.compile(r'(?:[^"\\]+|\\.)*', re.DOTALL)
+# A string value's body: plain characters and whole, valid escapes; no control characters.
+_STRING_BODY = re.compile(r'(?:[^"\\\x00-\x1f]+|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*')
+# An escape that has only begun, at the end of the text.
+_PARTIAL_ESCAPE = re.compile(r"\\(?:u[0-9a-fA-F]{0,3})?")
 _SCALAR_STOP = re.compile(r"[,}\] \t\n\r]")
 _WHITESPACE = re.compile(r"\s*")
 _JSON_WHITESPACE = re.compile(r"[ \t\n\r]*")
-# The body of a string that has not closed: plain characters and whole escapes (taken
-# atomically, as above), then perhaps an escape that has only begun.
-_OPEN_STRING = re.compile(
-    r'(?=((?:[^"\\\x00-\x1f]+|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*))\1'
-    r"(?:\\(?:u[0-9a-fA-F]{0,3})?)?"
-)
 _OPEN_NUMBER = re.compile(r"-|-?(?:0|[1-9]\d*)(?:\.\d*)?|-?(?:0|[1-9]\d*)(?:\.\d+)?[eE][+-]?\d*")
+_LITERALS = ("true", "false", "null")
 
 
 def _reject_constant(name: str) -> Any:
@@ -61,189 +61,172 @@ def skip_ws(text: str, index: int) -> int:
     return match.end() if match else index
 
 
-def _skip_json_ws(text: str, index: int) -> int:
-    match = _JSON_WHITESPACE.match(text, index)
-    return match.end() if match else index
-
-
-# One streamed text is scanned from several places (the call, its validity, each
-# nesting level), each asking where the same values end. The caches answer repeats
-# within one scan; the key's text is the same object each time, so its hash is cached
-# and equality is identity. `clear_caches` runs after every scan, so no text outlives
-# its scan here.
-_scan_cache = functools.lru_cache(maxsize=512)
-
-
-@_scan_cache
-def string_end(text: str, index: int) -> int | None:
-    """Index just past the string whose opening quote is at `index`, None if it has not
-    closed yet."""
-    match = _CLOSED_STRING.match(text, index)
-    return match.end() if match else None
-
-
-@_scan_cache
-def value_end(text: str, index: int) -> int | None:
-    """Index just past the JSON value starting at `index`, None if it may still grow."""
-    first = text[index]
-    if first == '"':
-        return string_end(text, index)
-    if first in "{[":
-        depth = 0
-        pos = index
-        while True:
-            match = _STRUCTURAL.search(text, pos)
-            if match is None:
-                return None
-            char = match.group()
-            if char == '"':
-                end = string_end(text, match.start())
-                if end is None:
-                    return None
-                pos = end
-                continue
-            pos = match.end()
-            depth += 1 if char in "{[" else -1
-            if depth == 0:
-                return pos
-    # A number or literal ends at the first delimiter; at the end of the text it may
-    # still be growing.
-    match = _SCALAR_STOP.search(text, index)
-    return match.start() if match else None
-
-
-def _complete_is_valid(text: str, start: int, end: int) -> bool:
-    try:
-        loads_strict(text[start:end])
-    except ValueError:
-        return False
-    return True
-
-
-def is_valid_prefix(text: str, index: int = 0) -> bool:
-    """Whether the value starting at `index` and running to the end of `text` is valid
-    JSON or can still grow into it."""
-    end = value_end(text, index)
-    if end is not None:
-        return _complete_is_valid(text, index, end) and not text[end:].strip()
-    first = text[index]
-    if first == '"':
-        return _OPEN_STRING.fullmatch(text, index + 1) is not None
-    if first in "{[":
-        if first == "{":
-            obj = scan_object(text, index)
-            bad, spans = obj.bad, [(m.start, m.end) for m in obj.members]
-        else:
-            array = scan_array(text, index)
-            bad, spans = array.bad, array.elements
-        if bad:
-            return False
-        for start, stop in spans:
-            if stop is None:
-                return is_valid_prefix(text, start)
-            if not _complete_is_valid(text, start, stop):
-                return False
-        return True
-    tail = text[index:]
-    if _OPEN_NUMBER.fullmatch(tail):
-        return True
-    return any(word.startswith(tail) for word in ("true", "false", "null"))
+def _open_scalar_ok(tail: str) -> bool:
+    """Whether a number or literal running to the end of the text can still become one."""
+    return _OPEN_NUMBER.fullmatch(tail) is not None or any(w.startswith(tail) for w in _LITERALS)
 
 
 @dataclass
 class Member:
-    key: str
+    """A top-level member of an object (`key`) or element of an array (`key` None)."""
+
+    key: str | None
     start: int
-    end: int | None
+    end: int | None  # just past the value, None while it is open
 
 
-@dataclass
-class ObjectScan:
-    members: list[Member]
-    end: int | None  # just past the closing brace, None while open
-    bad: bool  # the text cannot be an object any more
+# What the scanner expects next.
+_VALUE, _VALUE_OR_CLOSE, _KEY, _KEY_OR_CLOSE, _COLON, _AFTER = range(6)
+_IN_STRING, _IN_KEY, _IN_SCALAR, _DONE = range(6, 10)
 
 
-def scan_object(text: str, index: int) -> ObjectScan:
-    """The top-level members of the object whose `{` is at `index`."""
-    members: list[Member] = []
-    pos = index + 1
-    size = len(text)
-    after_value = False
-    while True:
-        pos = _skip_json_ws(text, pos)
-        if pos >= size:
-            return ObjectScan(members, None, False)
-        char = text[pos]
-        if char == "}" and (after_value or not members):
-            return ObjectScan(members, pos + 1, False)
-        if after_value:
-            if char != ",":
-                return ObjectScan(members, None, True)
-            after_value = False
+class JsonValue:
+    """The JSON value that starts at `start` of a growing text, read as far as it goes.
+
+    After `advance(text)`: `end` is the index just past the value (None while it may
+    grow), `bad` whether the text can no longer be valid JSON there, and `members` the
+    top-level members of an object or elements of an array (when made with
+    `members=True`), each recorded once its value starts. What lies after the value is
+    not read. Every `advance` must get the same text, grown or not.
+    """
+
+    __slots__ = (
+        "_key",
+        "_mode",
+        "_pos",
+        "_record",
+        "_stack",
+        "_token",
+        "bad",
+        "end",
+        "members",
+        "start",
+    )
+
+    def __init__(self, start: int, members: bool = False) -> None:
+        self.start = start
+        self.end: int | None = None
+        self.bad = False
+        self.members: list[Member] = []
+        self._record = members
+        self._pos = start  # where reading resumes
+        self._mode = _VALUE
+        self._stack: list[str] = []  # the open containers' brackets
+        self._token = start  # where the open string, key or scalar starts
+        self._key: str | None = None  # a top-level key waiting for its value
+
+    def advance(self, text: str) -> None:
+        if self.end is not None or self.bad:
+            return
+        pos, mode, stack = self._pos, self._mode, self._stack
+        size = len(text)
+        while True:
+            if mode == _IN_STRING:
+                pos = _STRING_BODY.match(text, pos).end()
+                if pos >= size:
+                    break
+                if text[pos] == '"':
+                    pos += 1
+                    mode = self._closed(pos)
+                    if mode == _DONE:
+                        break
+                    continue
+                if text[pos] == "\\" and _PARTIAL_ESCAPE.fullmatch(text, pos):
+                    break  # resumes at the escape once it is whole
+                self.bad = True
+                return
+            if mode == _IN_KEY:
+                pos = _KEY_BODY.match(text, pos).end()
+                if pos >= size or text[pos] != '"':
+                    break  # open, or a backslash that ends the text
+                pos += 1
+                try:
+                    key = loads_strict(text[self._token : pos])
+                except ValueError:
+                    self.bad = True
+                    return
+                if len(stack) == 1:
+                    self._key = key
+                mode = _COLON
+                continue
+            if mode == _IN_SCALAR:
+                stop = _SCALAR_STOP.search(text, pos)
+                if stop is None:
+                    pos = size
+                    break
+                pos = stop.start()
+                try:
+                    loads_strict(text[self._token : pos])
+                except ValueError:
+                    self.bad = True
+                    return
+                mode = self._closed(pos)
+                if mode == _DONE:
+                    break
+                continue
+            pos = _JSON_WHITESPACE.match(text, pos).end()
+            if pos >= size:
+                break
+            char = text[pos]
+            if mode == _AFTER:
+                if char == ",":
+                    pos += 1
+                    mode = _KEY if stack[-1] == "{" else _VALUE
+                    continue
+                if char != ("}" if stack[-1] == "{" else "]"):
+                    self.bad = True
+                    return
+            elif mode == _COLON:
+                if char != ":":
+                    self.bad = True
+                    return
+                pos += 1
+                mode = _VALUE
+                continue
+            elif mode == _KEY or mode == _KEY_OR_CLOSE:
+                if char != "}" or mode == _KEY:
+                    if char != '"':
+                        self.bad = True
+                        return
+                    self._token = pos
+                    pos += 1
+                    mode = _IN_KEY
+                    continue
+            elif char != "]" or mode == _VALUE:
+                # A value starts here.
+                if char in ",:}]":
+                    self.bad = True
+                    return
+                if self._record and len(stack) == 1:
+                    self.members.append(Member(self._key if stack[0] == "{" else None, pos, None))
+                if char == '"':
+                    self._token = pos
+                    pos += 1
+                    mode = _IN_STRING
+                elif char == "{" or char == "[":
+                    stack.append(char)
+                    pos += 1
+                    mode = _KEY_OR_CLOSE if char == "{" else _VALUE_OR_CLOSE
+                else:
+                    self._token = pos
+                    mode = _IN_SCALAR
+                continue
+            # A closing bracket where one may stand.
+            stack.pop()
             pos += 1
-            continue
-        if char != '"':
-            return ObjectScan(members, None, True)
-        key_end = string_end(text, pos)
-        if key_end is None:
-            return ObjectScan(members, None, False)
-        try:
-            key = loads_strict(text[pos:key_end])
-        except ValueError:
-            return ObjectScan(members, None, True)
-        pos = _skip_json_ws(text, key_end)
-        if pos >= size:
-            return ObjectScan(members, None, False)
-        if text[pos] != ":":
-            return ObjectScan(members, None, True)
-        pos = _skip_json_ws(text, pos + 1)
-        if pos >= size:
-            return ObjectScan(members, None, False)
-        if text[pos] in ",:}]":
-            return ObjectScan(members, None, True)
-        end = value_end(text, pos)
-        members.append(Member(key, pos, end))
-        if end is None:
-            return ObjectScan(members, None, False)
-        pos, after_value = end, True
+            mode = self._closed(pos)
+            if mode == _DONE:
+                break
+        if mode == _IN_SCALAR and not _open_scalar_ok(text[self._token :]):
+            self.bad = True
+            return
+        self._pos, self._mode = pos, mode
 
-
-@dataclass
-class ArrayScan:
-    elements: list[tuple[int, int | None]]  # (start, end) of each element
-    end: int | None
-    bad: bool
-
-
-def scan_array(text: str, index: int) -> ArrayScan:
-    """The elements of the array whose `[` is at `index`."""
-    elements: list[tuple[int, int | None]] = []
-    pos = index + 1
-    size = len(text)
-    after_value = False
-    while True:
-        pos = _skip_json_ws(text, pos)
-        if pos >= size:
-            return ArrayScan(elements, None, False)
-        char = text[pos]
-        if char == "]" and (after_value or not elements):
-            return ArrayScan(elements, pos + 1, False)
-        if after_value:
-            if char != ",":
-                return ArrayScan(elements, None, True)
-            after_value = False
-            pos += 1
-            continue
-        if char in ",:}]":
-            return ArrayScan(elements, None, True)
-        end = value_end(text, pos)
-        elements.append((pos, end))
-        if end is None:
-            return ArrayScan(elements, None, False)
-        pos, after_value = end, True
-
-
-def clear_caches() -> None:
-    string_end.cache_clear()
-    value_end.cache_clear()
+    def _closed(self, end: int) -> int:
+        """A value has ended at `end`: the whole value, or a member of the open container."""
+        if not self._stack:
+            self.end = end
+            return _DONE
+        if self._record and len(self._stack) == 1:
+            self.members[-1].end = end
+        return _AFTER

@@ -5,24 +5,26 @@ A parser reads the text a model generated under `tool_choice: "auto"` and splits
 content and function calls. It does so twice, by two separate readings of the format:
 
 - `parse(text)` decodes a finished text with the strict JSON decoder (or `ast`);
-- `scan(text, final)` reads a text that may still be growing and reports only what no
-  further text can change: the content so far, and for each call its name once complete
-  and the prefix of its arguments that is already certain.
+- a `Scanner` reads a text that may still be growing and reports only what no further
+  text can change: the content so far, and for each call its name once complete and the
+  prefix of its arguments that is already certain.
 
-`ToolCallStream` drives `scan` for one choice: each `feed` re-scans the text received so
-far and emits what is new since the last scan, `finish` scans the text as final. Keeping
-the two readings apart lets the tests check that a streamed choice ends up with the same
-content and calls as the same text parsed at once, however the text was split.
+`ToolCallStream` drives one scanner per choice: each `feed` appends the delta and the
+scanner reads on from where it stopped (it keeps its place, so a choice costs time in
+proportion to its length, not its length squared); what is new since the last delta goes
+out; `finish` reads the text as final. Keeping the two readings apart lets the tests check
+that a streamed choice ends up with the same content and calls as the same text parsed at
+once, however the text was split.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
-
-from server.api.openai.tool_parsers import _json_scan
 
 logger = logging.getLogger(__name__)
 
@@ -91,19 +93,59 @@ Delta = ContentDelta | ToolCallDelta
 @dataclass
 class CallProgress:
     """What a scan knows of one call: its name once complete (a call is not announced
-    before), the certain prefix of its arguments, whether the arguments are complete."""
+    before), the certain prefix of its arguments, whether the arguments are complete.
+
+    Arguments that are a stretch of the text itself are given as `span`, its (start, end),
+    instead of `arguments`: a streamed call's arguments grow with every token, and
+    copying them each time would cost their length per token."""
 
     name: str | None
     arguments: str = ""
     complete: bool = False
+    span: tuple[int, int] | None = None
+
+    def arguments_in(self, text: str) -> str:
+        if self.span is None:
+            return self.arguments
+        return text[self.span[0] : self.span[1]]
 
 
 @dataclass
 class Scan:
+    """A scanner's reading of the text so far. The content is `text[:content_end]` when
+    `content_end` is set, else `content`; the calls are `calls` (the scanner's own list,
+    shared rather than copied on every token), then `open_call` if there is one."""
+
     content: str = ""
-    calls: list[CallProgress] = field(default_factory=list)
-    # The text cannot be tool calls: `content` is then the whole text as content.
+    calls: Sequence[CallProgress] = ()
+    # The text cannot be tool calls: the content is then the whole text (Mistral's: without
+    # its markers).
     invalid: bool = False
+    content_end: int | None = None
+    open_call: CallProgress | None = None
+
+
+class Scanner:
+    """The reading of one choice's growing text. `advance(text, final)` is given the whole
+    text each time (the text read before, grown), reads what arrived since the last call,
+    and reports the content and calls it makes certain; `final` when no more text will
+    come. A scanner that fails stays failed: the text is content from then on."""
+
+    def __init__(self, parser_name: str) -> None:
+        self._parser_name = parser_name
+        self._failed = False
+
+    def advance(self, text: str, final: bool) -> Scan:
+        if not self._failed:
+            try:
+                return self._advance(text, final)
+            except Exception:
+                logger.exception("%s tool parser scan failed", self._parser_name)
+                self._failed = True
+        return Scan(content_end=len(text), invalid=True)
+
+    def _advance(self, text: str, final: bool) -> Scan:
+        raise NotImplementedError
 
 
 def partial_overlap(text: str, tag: str) -> int:
@@ -138,23 +180,14 @@ class ToolParser:
             logger.exception("%s tool parser failed; returning the text as content", self.name)
             return ParsedToolCalls(content=text)
 
-    def scan(self, text: str, final: bool) -> Scan:
-        """The prefix-stable reading of `text`; `final` when no more text will come."""
-        try:
-            return self._scan(text, final)
-        except Exception:
-            logger.exception("%s tool parser scan failed", self.name)
-            return Scan(content=text, invalid=True)
-        finally:
-            _json_scan.clear_caches()
+    def new_scanner(self) -> Scanner:
+        """A scanner for one growing text."""
+        raise NotImplementedError
 
     def new_stream(self) -> ToolCallStream:
         return ToolCallStream(self)
 
     def _parse(self, text: str) -> ParsedToolCalls:
-        raise NotImplementedError
-
-    def _scan(self, text: str, final: bool) -> Scan:
         raise NotImplementedError
 
     def _calls(self, pairs: list[tuple[str, str]]) -> list[ToolCall]:
@@ -169,10 +202,17 @@ def content_or_none(content: str, has_calls: bool) -> str | None:
     return content if content or not has_calls else None
 
 
+_NOT_SPACE = re.compile(r"\S")
+
+
 @dataclass
 class _SentCall:
+    """What went out of one call: its arguments, as a span of the text when they were one."""
+
     id: str
     arguments: str
+    span: tuple[int, int] | None
+    length: int
 
 
 class ToolCallStream:
@@ -180,9 +220,15 @@ class ToolCallStream:
 
     def __init__(self, parser: ToolParser) -> None:
         self._parser = parser
+        self._scanner = parser.new_scanner()
         self._text = ""
+        # The content sent: text[:_content_end], or _content when _content_end is None.
         self._content = ""
+        self._content_end: int | None = 0
         self._calls: list[_SentCall] = []
+        self._settled = 0  # calls complete and sent in full: nothing more can come for them
+        self._first_char: int | None = None  # the text's first non-whitespace character
+        self._spaces_to = 0  # the text before this is whitespace
         self._finished = False
 
     @property
@@ -204,7 +250,12 @@ class ToolCallStream:
             raise RuntimeError("feed() after finish()")
         if not delta_text:
             return []
-        self._text += delta_text
+        # Dropping the attribute's reference first lets CPython grow the string in place
+        # rather than copy the whole text on every delta.
+        text = self._text
+        self._text = ""
+        text += delta_text
+        self._text = text
         return self._advance(final=False)
 
     def finish(self) -> list[Delta]:
@@ -216,31 +267,78 @@ class ToolCallStream:
         return self._advance(final=True)
 
     def _advance(self, final: bool) -> list[Delta]:
-        scan = self._parser.scan(self._text, final)
+        text = self._text
+        scan = self._scanner.advance(text, final)
         deltas: list[Delta] = []
         if scan.invalid and self._calls:
             # Calls already sent cannot be taken back: the stream stops where the
             # output left the format.
             return deltas
-        content = scan.content
-        if not final and not content.strip():
-            # Whitespace before a first call is dropped at the end, so it waits.
-            content = ""
-        if len(content) > len(self._content) and content.startswith(self._content):
-            deltas.append(ContentDelta(content[len(self._content) :]))
-            self._content = content
-        for index, call in enumerate(scan.calls):
+        self._send_content(text, scan, final, deltas)
+        calls = scan.calls
+        count = len(calls) + (scan.open_call is not None)
+        for index in range(self._settled, count):
+            call = calls[index] if index < len(calls) else scan.open_call
+            assert call is not None
             if call.name is None:
                 break
             if index == len(self._calls):
-                sent = _SentCall(self._parser.make_call_id(), call.arguments)
+                arguments = call.arguments_in(text)
+                sent = _SentCall(self._parser.make_call_id(), arguments, call.span,
+                                 len(arguments))
                 self._calls.append(sent)
-                deltas.append(ToolCallDelta(index, call.arguments, sent.id, call.name))
-                continue
-            sent = self._calls[index]
-            if len(call.arguments) > len(sent.arguments) and call.arguments.startswith(
-                sent.arguments
-            ):
-                deltas.append(ToolCallDelta(index, call.arguments[len(sent.arguments) :]))
-                sent.arguments = call.arguments
+                deltas.append(ToolCallDelta(index, arguments, sent.id, call.name))
+            else:
+                self._send_arguments(text, index, call, deltas)
+            if call.complete and index == self._settled:
+                self._settled += 1
         return deltas
+
+    def _send_content(self, text: str, scan: Scan, final: bool, deltas: list[Delta]) -> None:
+        end = scan.content_end
+        if end is not None:
+            if not final and not self._has_content(text, end):
+                # Whitespace before a first call is dropped at the end, so it waits.
+                end = 0
+            if self._content_end is not None:
+                if end > self._content_end:
+                    deltas.append(ContentDelta(text[self._content_end : end]))
+                    self._content_end = end
+                return
+            content = text[:end]
+        else:
+            content = scan.content
+            if not content or (not final and not content.strip()):
+                return
+        sent = self._content if self._content_end is None else text[: self._content_end]
+        if len(content) > len(sent) and content.startswith(sent):
+            deltas.append(ContentDelta(content[len(sent) :]))
+            self._content, self._content_end = content, end
+
+    def _has_content(self, text: str, end: int) -> bool:
+        """Whether text[:end] holds more than whitespace."""
+        if self._first_char is None:
+            found = _NOT_SPACE.search(text, self._spaces_to)
+            if found is None:
+                self._spaces_to = len(text)
+                return False
+            self._first_char = found.start()
+        return self._first_char < end
+
+    def _send_arguments(self, text: str, index: int, call: CallProgress,
+                        deltas: list[Delta]) -> None:
+        sent = self._calls[index]
+        span = call.span
+        length = len(call.arguments) if span is None else span[1] - span[0]
+        if length <= sent.length:
+            return
+        if span is not None and sent.span is not None and span[0] == sent.span[0]:
+            delta = text[sent.span[1] : span[1]]
+        else:
+            arguments = call.arguments_in(text)
+            before = sent.arguments if sent.span is None else text[sent.span[0] : sent.span[1]]
+            if not arguments.startswith(before):
+                return
+            delta = arguments[len(before) :]
+        deltas.append(ToolCallDelta(index, delta))
+        sent.arguments, sent.span, sent.length = call.arguments, span, length

@@ -17,10 +17,12 @@ special tokens for requests with tools.
 from __future__ import annotations
 
 from server.api.openai.tool_parsers import _json_scan as js
-from server.api.openai.tool_parsers._json_calls import CallShape, decode_call, scan_call
+from server.api.openai.tool_parsers._json_calls import CallScanner, CallShape, decode_call
 from server.api.openai.tool_parsers.base import (
+    CallProgress,
     ParsedToolCalls,
     Scan,
+    Scanner,
     ToolParser,
     content_or_none,
     partial_overlap,
@@ -59,36 +61,77 @@ class HermesToolParser(ToolParser):
             start = text.find(START, after)
         return ParsedToolCalls(content_or_none(text[:first], True), self._calls(pairs))
 
-    def _scan(self, text: str, final: bool) -> Scan:
-        first = text.find(START)
-        if first < 0:
-            held = 0 if final else partial_overlap(text, START)
-            return Scan(content=text[: len(text) - held])
-        content = text[:first]
-        scan = Scan(content=content)
-        start = first
-        while start >= 0:
-            index = js.skip_ws(text, start + len(START))
-            if index >= len(text):
-                if final:
-                    return Scan(content=text, invalid=True)
+    def new_scanner(self) -> Scanner:
+        return _HermesScanner(self.name)
+
+
+# Where the reading of the current block stands.
+_OPEN_TAG, _IN_CALL, _AFTER_CALL, _BETWEEN = range(4)
+
+
+class _HermesScanner(Scanner):
+    """The blocks read so far are kept as finished calls; only the current block (its
+    opening tag, its object, its closing tag, or the text before the next block) is read
+    on. The content is the text before the first tag, or all of it while there is none
+    (less what may be the start of one)."""
+
+    def __init__(self, parser_name: str) -> None:
+        super().__init__(parser_name)
+        self._first = -1  # the first START
+        self._pos = 0  # where the current stage reads on
+        self._stage = _OPEN_TAG
+        self._call: CallScanner | None = None
+        self._calls: list[CallProgress] = []  # the calls of finished blocks
+
+    def _advance(self, text: str, final: bool) -> Scan:
+        size = len(text)
+        if self._first < 0:
+            first = text.find(START, self._pos)
+            if first < 0:
+                self._pos = max(0, size - len(START) + 1)
+                held = 0 if final else partial_overlap(text, START)
+                return Scan(content_end=size - held)
+            self._first, self._pos = first, first + len(START)
+        open_call = None
+        while True:
+            if self._stage == _OPEN_TAG:
+                index = js.skip_ws(text, self._pos)
+                self._pos = index
+                if index >= size:
+                    if final:
+                        return Scan(content_end=size, invalid=True)
+                    break
+                if text[index] != "{":
+                    return Scan(content_end=size, invalid=True)
+                self._call, self._stage = CallScanner(index, _SHAPE), _IN_CALL
+            if self._stage == _IN_CALL:
+                assert self._call is not None
+                call = self._call.advance(text, final)
+                if call.bad:
+                    return Scan(content_end=size, invalid=True)
+                if call.end is None:
+                    open_call = call.progress
+                    break
+                assert call.progress is not None
+                self._calls.append(call.progress)
+                self._call, self._stage, self._pos = None, _AFTER_CALL, call.end
+            if self._stage == _AFTER_CALL:
+                after = js.skip_ws(text, self._pos)
+                self._pos = after
+                if text.startswith(END, after):
+                    self._stage, self._pos = _BETWEEN, after + len(END)
+                elif after < size and not (
+                    not final and size - after < len(END) and END.startswith(text[after:])
+                ):
+                    return Scan(content_end=size, invalid=True)
+                else:
+                    break  # the closing tag may still come
+            start = text.find(START, self._pos)
+            if start < 0:
+                self._pos = max(self._pos, size - len(START) + 1)
                 break
-            if text[index] != "{":
-                return Scan(content=text, invalid=True)
-            call = scan_call(text, index, _SHAPE, final)
-            if call.bad:
-                return Scan(content=text, invalid=True)
-            if call.progress is not None:
-                scan.calls.append(call.progress)
-            if call.end is None:
-                break
-            after = js.skip_ws(text, call.end)
-            rest = text[after:]
-            if rest.startswith(END):
-                after += len(END)
-            elif rest and not (END.startswith(rest) and not final):
-                return Scan(content=text, invalid=True)
-            start = text.find(START, after)
-        if final:
-            scan.content = content_or_none(content, True) or ""
-        return scan
+            self._stage, self._pos = _OPEN_TAG, start + len(START)
+        first = self._first
+        if final and not content_or_none(text[:first], True):
+            first = 0
+        return Scan(content_end=first, calls=self._calls, open_call=open_call)

@@ -17,8 +17,14 @@ that is not a call ends the list (it and what follows are dropped).
 from __future__ import annotations
 
 from server.api.openai.tool_parsers import _json_scan as js
-from server.api.openai.tool_parsers._json_calls import CallShape, decode_call, scan_call
-from server.api.openai.tool_parsers.base import ParsedToolCalls, Scan, ToolParser
+from server.api.openai.tool_parsers._json_calls import CallScanner, CallShape, decode_call
+from server.api.openai.tool_parsers.base import (
+    CallProgress,
+    ParsedToolCalls,
+    Scan,
+    Scanner,
+    ToolParser,
+)
 
 PYTHON_TAG = "<|python_tag|>"
 _SHAPE = CallShape(argument_keys=("arguments", "parameters"))
@@ -63,22 +69,43 @@ class Llama3JsonToolParser(ToolParser):
             start = text.find("{", end)
         return ParsedToolCalls(content=None, calls=self._calls(pairs))
 
-    def _scan(self, text: str, final: bool) -> Scan:
-        start = _calls_start(text, final)
-        if start is None:
-            return Scan()
-        if start < 0:
-            return Scan(content=text)
-        scan = Scan()
-        while start >= 0:
-            call = scan_call(text, start, _SHAPE, final)
+    def new_scanner(self) -> Scanner:
+        return _Llama3JsonScanner(self.name)
+
+
+class _Llama3JsonScanner(Scanner):
+    """Finished objects are kept as calls; only the current object, or the text before
+    the next `{`, is read on."""
+
+    def __init__(self, parser_name: str) -> None:
+        super().__init__(parser_name)
+        self._start: int | None = None  # where the first object starts, -1 for prose
+        self._call: CallScanner | None = None
+        self._pos = 0  # where the next `{` is looked for, between objects
+        self._calls: list[CallProgress] = []
+
+    def _advance(self, text: str, final: bool) -> Scan:
+        if self._start is None:
+            self._start = _calls_start(text, final)
+            if self._start is None:
+                return Scan()
+            self._pos = self._start
+        if self._start < 0:
+            return Scan(content_end=len(text))
+        while True:
+            if self._call is None:
+                start = text.find("{", self._pos)
+                if start < 0:
+                    self._pos = len(text)
+                    return Scan(calls=self._calls)
+                self._call = CallScanner(start, _SHAPE)
+            call = self._call.advance(text, final)
             if call.bad:
-                if not scan.calls:
-                    return Scan(content=text, invalid=True)
-                break
-            if call.progress is not None:
-                scan.calls.append(call.progress)
+                if not self._calls:
+                    return Scan(content_end=len(text), invalid=True)
+                return Scan(calls=self._calls)  # an object that is no call ends the list
             if call.end is None:
-                break
-            start = text.find("{", call.end)
-        return scan
+                return Scan(calls=self._calls, open_call=call.progress)
+            assert call.progress is not None
+            self._calls.append(call.progress)
+            self._call, self._pos = None, call.end

@@ -20,11 +20,12 @@ import re
 import string
 
 from server.api.openai.tool_parsers import _json_scan as js
-from server.api.openai.tool_parsers._json_calls import CallShape, decode_call, scan_call
+from server.api.openai.tool_parsers._json_calls import CallScanner, CallShape, decode_call
 from server.api.openai.tool_parsers.base import (
     CallProgress,
     ParsedToolCalls,
     Scan,
+    Scanner,
     ToolParser,
     content_or_none,
     partial_overlap,
@@ -115,98 +116,167 @@ class MistralToolParser(ToolParser):
 
     # -- growing text -----------------------------------------------------------------
 
-    def _scan(self, text: str, final: bool) -> Scan:
-        first = text.find(BOT)
-        if first < 0:
-            held = 0 if final else partial_overlap(text, BOT)
-            return Scan(content=text[: len(text) - held])
-        content = text[:first]
-        index = _after_markers(text, first + len(BOT))
-        rest = text[index:]
-        if not final and (not rest or BOT.startswith(rest)):
-            return Scan(content=content)
-        if rest[:1] in ("[", "{"):
-            calls = self._scan_json(text, index, final)
+    def new_scanner(self) -> Scanner:
+        return _MistralScanner(self.name)
+
+
+_Calls = tuple[list[CallProgress], CallProgress | None]  # finished calls, the open one
+# Where the reading of the v11 form stands.
+_NAME_STAGE, _ARGS_STAGE, _NEXT_STAGE = range(3)
+
+
+class _MistralScanner(Scanner):
+    """The text before `[TOOL_CALLS]` is content; after it, once the first character
+    tells the form, the JSON list (or object) or the v11 calls are read on from where the
+    last advance stopped: finished calls are kept, only the current one is read."""
+
+    def __init__(self, parser_name: str) -> None:
+        super().__init__(parser_name)
+        self._first = -1  # the first BOT
+        self._pos = 0
+        self._index = 0  # where the calls start, past the markers
+        self._form: str | None = None  # "json" or "named" once the text tells
+        self._calls: list[CallProgress] = []
+        # The JSON form.
+        self._object: CallScanner | None = None  # the single object, or the current element
+        self._array: js.JsonValue | None = None
+        self._element = 0  # the array element being read
+        self._array_valid: bool | None = None
+        # The v11 form.
+        self._stage = _NAME_STAGE
+        self._markers_from = 0  # where the markers before the current name start
+        self._name = ""
+        self._arguments: js.JsonValue | None = None
+
+    def _advance(self, text: str, final: bool) -> Scan:
+        size = len(text)
+        if self._first < 0:
+            first = text.find(BOT, self._pos)
+            if first < 0:
+                self._pos = max(0, size - len(BOT) + 1)
+                held = 0 if final else partial_overlap(text, BOT)
+                return Scan(content_end=size - held)
+            self._first = first
+            self._index = first + len(BOT)
+        if self._form is None:
+            index = self._index = _after_markers(text, self._index)
+            if not final and (
+                index >= size or (size - index < len(BOT) and BOT.startswith(text[index:]))
+            ):
+                return Scan(content_end=self._first)
+            self._form = "json" if text[index : index + 1] in ("[", "{") else "named"
+            self._markers_from = index
+        if self._form == "json":
+            calls = self._json(text, final)
         else:
-            calls = self._scan_named(text, index, final)
+            calls = self._named(text, final)
         if calls is None:
             return Scan(content=text.replace(BOT, ""), invalid=True)
-        if final:
-            content = content_or_none(content, True) or ""
-        return Scan(content=content, calls=calls)
+        first = self._first
+        if final and not content_or_none(text[:first], True):
+            first = 0
+        return Scan(content_end=first, calls=calls[0], open_call=calls[1])
 
-    @staticmethod
-    def _scan_json(text: str, index: int, final: bool) -> list[CallProgress] | None:
-        """The calls of the list (or single object) at `index`; None when it cannot
+    def _json(self, text: str, final: bool) -> _Calls | None:
+        """The calls of the list (or single object) at the index; None when it cannot
         hold calls."""
+        index = self._index
         if text[index] == "{":
-            call = scan_call(text, index, _SHAPE, final)
+            if self._object is None:
+                self._object = CallScanner(index, _SHAPE)
+            call = self._object.advance(text, final)
             if call.bad:
                 return None
-            return [call.progress] if call.progress else []
-        array = js.scan_array(text, index)
-        if array.bad or (array.end is None and (final or not js.is_valid_prefix(text, index))):
+            return self._calls, call.progress
+        if self._array is None:
+            self._array = js.JsonValue(index, members=True)
+        array = self._array
+        array.advance(text)
+        if array.bad or (array.end is None and final):
             return None
-        calls: list[CallProgress] = []
-        for start, end in array.elements:
-            if text[start] != "{":
+        elements = array.members
+        open_call = None
+        while self._element < len(elements):
+            element = elements[self._element]
+            if text[element.start] != "{":
+                if element.end is None:
+                    break
+                self._element += 1
                 continue
-            call = scan_call(text, start, _SHAPE, final)
+            if self._object is None:
+                self._object = CallScanner(element.start, _SHAPE)
+            call = self._object.advance(text, final)
             if call.bad and call.end is None:
                 return None
-            if call.progress is not None:
-                calls.append(call.progress)
-            if end is None:
+            if element.end is None:
+                open_call = call.progress
                 break
+            if call.progress is not None:
+                self._calls.append(call.progress)
+            self._element += 1
+            self._object = None
         if array.end is not None:
-            try:
-                js.loads_strict(text[index : array.end])
-            except ValueError:
+            if self._array_valid is None:
+                try:
+                    js.loads_strict(text[index : array.end])
+                    self._array_valid = True
+                except ValueError:
+                    self._array_valid = False
+            if not self._array_valid or not self._calls:
                 return None
-            if not calls:
-                return None
-        return calls
+        return self._calls, open_call
 
-    @staticmethod
-    def _scan_named(text: str, index: int, final: bool) -> list[CallProgress] | None:
-        calls: list[CallProgress] = []
+    def _named(self, text: str, final: bool) -> _Calls | None:
+        """The v11 calls: `name[ARGS]{...}` (or `name{...}`), `[TOOL_CALLS]` between."""
+        size = len(text)
         while True:
-            split = _name_end(text, index)
-            if split is None:
-                if not final:
-                    # A name may still be growing, or `[ARGS]` be half there.
-                    grown = text[index : len(text) - partial_overlap(text, ARGS)].strip()
-                    return None if grown and not _NAME.fullmatch(grown) else calls
-                name, args_at = text[index:].strip(), len(text)
-            else:
-                name, args_at = text[index : split[0]].strip(), split[1]
-            if not _NAME.fullmatch(name):
-                return None
-            args_at = js.skip_ws(text, args_at)
-            if args_at >= len(text):
-                calls.append(CallProgress(name, "{}" if final else "", final))
-                return calls
-            if text[args_at] != "{":
-                return None
-            obj = js.scan_object(text, args_at)
-            if obj.bad:
-                return None
-            if obj.end is None:
-                if final or not js.is_valid_prefix(text, args_at):
+            if self._stage == _NAME_STAGE:
+                index = _after_markers(text, self._markers_from)
+                if index >= size and self._calls:
+                    return self._calls, None  # the next name has not begun
+                split = _name_end(text, index)
+                if split is None:
+                    if not final:
+                        # A name may still be growing, or `[ARGS]` be half there.
+                        grown = text[index : size - partial_overlap(text, ARGS)].strip()
+                        if grown and not _NAME.fullmatch(grown):
+                            return None
+                        return self._calls, None
+                    name, args_at = text[index:].strip(), size
+                else:
+                    name, args_at = text[index : split[0]].strip(), split[1]
+                if not _NAME.fullmatch(name):
                     return None
-                calls.append(CallProgress(name, text[args_at:]))
-                return calls
-            try:
-                js.loads_strict(text[args_at : obj.end])
-            except ValueError:
-                return None
-            calls.append(CallProgress(name, text[args_at : obj.end], complete=True))
-            following = text.find(BOT, obj.end)
+                args_at = js.skip_ws(text, args_at)
+                if args_at >= size:
+                    return self._calls, CallProgress(name, "{}" if final else "", final)
+                if text[args_at] != "{":
+                    return None
+                self._name, self._arguments = name, js.JsonValue(args_at)
+                self._stage = _ARGS_STAGE
+            if self._stage == _ARGS_STAGE:
+                arguments = self._arguments
+                assert arguments is not None
+                arguments.advance(text)
+                if arguments.bad:
+                    return None
+                if arguments.end is None:
+                    if final:
+                        return None
+                    return self._calls, CallProgress(self._name, span=(arguments.start, size))
+                try:
+                    js.loads_strict(text[arguments.start : arguments.end])
+                except ValueError:
+                    return None
+                self._calls.append(
+                    CallProgress(self._name, complete=True, span=(arguments.start, arguments.end))
+                )
+                self._stage, self._pos = _NEXT_STAGE, arguments.end
+            following = text.find(BOT, self._pos)
             if following < 0:
-                return calls
-            index = _after_markers(text, following + len(BOT))
-            if index >= len(text):
-                return calls
+                self._pos = max(self._pos, size - len(BOT) + 1)
+                return self._calls, None
+            self._stage, self._markers_from = _NAME_STAGE, following + len(BOT)
 
 
 def _name_end(text: str, index: int) -> tuple[int, int] | None:

@@ -26,7 +26,13 @@ import re
 from typing import Any
 
 from server.api.openai.tool_parsers import _json_scan as js
-from server.api.openai.tool_parsers.base import CallProgress, ParsedToolCalls, Scan, ToolParser
+from server.api.openai.tool_parsers.base import (
+    CallProgress,
+    ParsedToolCalls,
+    Scan,
+    Scanner,
+    ToolParser,
+)
 
 _DOTTED = re.compile(r"[^\W\d]\w*(?:\.[^\W\d]\w*)*")
 _KEY = re.compile(r"[^\W\d]\w*")
@@ -103,56 +109,84 @@ def _call(node: ast.AST) -> tuple[str, str]:
     return _call_name(node.func), json.dumps(arguments, ensure_ascii=False)
 
 
-def _string_end(text: str, index: int) -> int | None:
-    """Index just past the Python string literal whose quote is at `index`."""
-    quote = text[index]
-    if text.startswith(quote * 3, index):
-        delimiter, pos = quote * 3, index + 3
-    elif len(text) - index < 3 and text[index:] == quote * (len(text) - index):
-        return None  # '' or ' at the end: an empty string or a triple quote opening
-    else:
-        delimiter, pos = quote, index + 1
-    while True:
-        stop = min(
-            (i for i in (text.find(delimiter, pos), text.find("\\", pos)) if i >= 0),
-            default=-1,
-        )
-        if stop < 0:
-            return None
-        if text[stop] == "\\":
-            pos = stop + 2
-            continue
-        return stop + len(delimiter)
-
-
 _BAD = -1
 
 
-def _value_end(text: str, index: int) -> int | None:
-    """Index of the `,` or `)` ending the argument value at `index`; None while the text
-    may still extend it, _BAD when a bracket closes that was never opened."""
-    depth = 0
-    pos = index
-    while True:
-        match = _VALUE_STOP.search(text, pos)
-        if match is None:
-            return None
-        char = match.group()
-        if char in "\"'":
-            end = _string_end(text, match.start())
-            if end is None:
+class _ValueEnd:
+    """Where the argument value starting at `start` of a growing text ends: the index of
+    the `,` or `)` after it, None while the text may still extend it, _BAD when a bracket
+    closes that was never opened. Each `advance` reads on from where the last stopped:
+    past the last bracket, or inside a string literal."""
+
+    __slots__ = ("_delimiter", "_depth", "_escaped_to", "_pos", "_quote", "_searched", "start")
+
+    def __init__(self, start: int) -> None:
+        self.start = start
+        self._pos = start  # where the search for brackets, commas and quotes resumes
+        self._depth = 0
+        self._quote = -1  # the open string literal's opening quote
+        self._delimiter = ""  # its closing quote(s), "" while a triple quote may still open
+        self._escaped_to = 0  # the string's text before this holds no closing quote
+        self._searched = 0  # the text searched for a delimiter or backslash before this
+
+    def advance(self, text: str) -> int | None:
+        pos, depth = self._pos, self._depth
+        while True:
+            if self._quote >= 0:
+                end = self._string_end(text)
+                if end is None:
+                    return None
+                self._quote, pos = -1, end
+            match = _VALUE_STOP.search(text, pos)
+            if match is None:
+                self._pos, self._depth = len(text), depth
                 return None
-            pos = end
-            continue
-        if depth == 0 and char in ",)":
-            return match.start()
-        if char in "([{":
-            depth += 1
-        elif char in ")]}":
-            if depth == 0:
-                return _BAD
-            depth -= 1
-        pos = match.end()
+            char = match.group()
+            if char in "\"'":
+                self._quote, self._delimiter = match.start(), ""
+                self._pos, self._depth = match.start(), depth
+                continue
+            if depth == 0 and char in ",)":
+                return match.start()
+            if char in "([{":
+                depth += 1
+            elif char in ")]}":
+                if depth == 0:
+                    return _BAD
+                depth -= 1
+            pos = match.end()
+
+    def _string_end(self, text: str) -> int | None:
+        """Index just past the string literal whose quote is at `_quote`, None while open."""
+        index, size = self._quote, len(text)
+        if not self._delimiter:
+            quote = text[index]
+            if text.startswith(quote * 3, index):
+                self._delimiter, self._escaped_to = quote * 3, index + 3
+            elif size - index < 3 and text[index:] == quote * (size - index):
+                return None  # '' or ' at the end: an empty string or a triple quote opening
+            else:
+                self._delimiter, self._escaped_to = quote, index + 1
+            self._searched = self._escaped_to
+        delimiter, pos = self._delimiter, self._escaped_to
+        while True:
+            # Neither a delimiter nor a backslash starts in [pos, _searched) but perhaps
+            # a delimiter that the text cut short.
+            closing = text.find(delimiter, max(pos, self._searched - len(delimiter) + 1))
+            backslash = text.find("\\", max(pos, self._searched))
+            stop = min((i for i in (closing, backslash) if i >= 0), default=-1)
+            if stop < 0:
+                self._escaped_to, self._searched = pos, size
+                return None
+            if text[stop] == "\\":
+                pos = stop + 2
+                continue
+            return stop + len(delimiter)
+
+
+# Where the reading of the list stands: before a call, in its arguments, before a value
+# (after `=`), in a value, after a call's `)`.
+_CALL, _ARGUMENTS, _BEFORE_VALUE, _IN_VALUE, _AFTER_CALL = range(5)
 
 
 class PythonicToolParser(ToolParser):
@@ -179,88 +213,127 @@ class PythonicToolParser(ToolParser):
             return ParsedToolCalls(content=None, calls=self._calls(pairs))
         return ParsedToolCalls(content=text)
 
-    def _scan(self, text: str, final: bool) -> Scan:
-        start = js.skip_ws(text, 0)
-        if start >= len(text):
-            return Scan(content=text if final else "")
-        if text[start] != "[":
-            return Scan(content=text)
-        calls: list[CallProgress] = []
-        try:
-            done = self._scan_list(text, start + 1, final, calls)
-        except _NotToolCalls:
-            return Scan(content=text, invalid=True)
-        if final and not done:
-            return Scan(content=text, invalid=True)
-        return Scan(calls=calls)
+    def new_scanner(self) -> Scanner:
+        return _PythonicScanner(self.name)
 
-    @staticmethod
-    def _scan_list(text: str, pos: int, final: bool, calls: list[CallProgress]) -> bool:
-        """Append the calls of the list body at `pos`; True once its `]` is reached,
-        False while the text may continue it."""
+
+class _PythonicScanner(Scanner):
+    """The list is read on from the last point the text ran out at: before a call, a
+    keyword or a value, or inside a value (`_ValueEnd`). Each finished argument is
+    converted once and appended to its call's arguments."""
+
+    def __init__(self, parser_name: str) -> None:
+        super().__init__(parser_name)
+        self._start: int | None = None  # the `[`, -1 for prose
+        self._pos = 0
+        self._stage = _CALL
+        self._calls: list[CallProgress] = []
+        self._call = CallProgress(None)
+        self._keys: set[str] = set()
+        self._key = ""
+        self._value: _ValueEnd | None = None
+        self._done = False  # the list's `]` was read
+        self._invalid = False
+
+    def _advance(self, text: str, final: bool) -> Scan:
         size = len(text)
+        if self._start is None:
+            start = self._pos = js.skip_ws(text, self._pos)
+            if start >= size:
+                return Scan(content_end=size if final else 0)
+            self._start = start if text[start] == "[" else -1
+            self._pos = start + 1
+        if self._start < 0:
+            return Scan(content_end=size)
+        if not self._done and not self._invalid:
+            try:
+                self._done = self._read(text)
+            except _NotToolCalls:
+                self._invalid = True
+        if self._invalid or (final and not self._done):
+            return Scan(content_end=size, invalid=True)
+        return Scan(calls=self._calls)
+
+    def _read(self, text: str) -> bool:
+        """Read the list body on; True once its `]` is reached, False while the text may
+        continue it."""
+        size = len(text)
+        pos = self._pos
         while True:
-            pos = js.skip_ws(text, pos)
-            if pos >= size:
-                return False
-            if calls and text[pos] == "]":
-                return True
-            name = _DOTTED.match(text, pos)
-            if name is None:
-                raise _NotToolCalls("expected a call")
-            pos = js.skip_ws(text, name.end())
-            if pos >= size or (text[pos] == "." and pos + 1 >= size):
-                return False  # the name may still grow
-            if text[pos] != "(" or any(keyword.iskeyword(p) for p in name.group().split(".")):
-                raise _NotToolCalls("expected (")
-            # Announced once its first keyword or its `)` shows it is a call the
-            # format allows: `f("Paris")`, a positional call, stays content.
-            call = CallProgress(name.group(), "{")
-            items: list[str] = []
-            keys: set[str] = set()
-            pos += 1
-            while True:
+            if self._stage == _CALL:
                 pos = js.skip_ws(text, pos)
                 if pos >= size:
-                    return False
-                if text[pos] == ")":
-                    if not items:
-                        calls.append(call)
-                    call.arguments = "{" + ", ".join(items) + "}"
-                    call.complete = True
-                    pos += 1
                     break
+                if self._calls and text[pos] == "]":
+                    return True
+                name = _DOTTED.match(text, pos)
+                if name is None:
+                    raise _NotToolCalls("expected a call")
+                after = js.skip_ws(text, name.end())
+                if after >= size or (text[after] == "." and after + 1 >= size):
+                    break  # the name may still grow
+                if text[after] != "(" or any(
+                    keyword.iskeyword(p) for p in name.group().split(".")
+                ):
+                    raise _NotToolCalls("expected (")
+                # Announced once its first keyword or its `)` shows it is a call the
+                # format allows: `f("Paris")`, a positional call, stays content.
+                self._call, self._keys = CallProgress(name.group(), "{"), set()
+                self._stage, pos = _ARGUMENTS, after + 1
+            if self._stage == _ARGUMENTS:
+                pos = js.skip_ws(text, pos)
+                if pos >= size:
+                    break
+                call = self._call
+                if text[pos] == ")":
+                    if not self._keys:
+                        self._calls.append(call)
+                    call.arguments += "}"
+                    call.complete = True
+                    self._stage, pos = _AFTER_CALL, pos + 1
+                    continue
                 key = _KEY.match(text, pos)
                 if key is None:
                     raise _NotToolCalls("expected a keyword argument")
-                pos = js.skip_ws(text, key.end())
-                if pos >= size:
-                    return False
-                if key.group() in keys or keyword.iskeyword(key.group()):
+                after = js.skip_ws(text, key.end())
+                if after >= size:
+                    break
+                if key.group() in self._keys or keyword.iskeyword(key.group()):
                     raise _NotToolCalls("repeated or reserved keyword")
-                if text[pos] != "=" or text.startswith("==", pos):
+                if text[after] != "=" or text.startswith("==", after):
                     raise _NotToolCalls("expected =")
-                if not keys:
-                    calls.append(call)
-                pos = js.skip_ws(text, pos + 1)
+                if not self._keys:
+                    self._calls.append(call)
+                self._key, self._stage, pos = key.group(), _BEFORE_VALUE, after + 1
+            if self._stage == _BEFORE_VALUE:
+                pos = js.skip_ws(text, pos)
                 if pos >= size:
-                    return False
-                end = _value_end(text, pos)
+                    break
+                self._value, self._stage = _ValueEnd(pos), _IN_VALUE
+            if self._stage == _IN_VALUE:
+                value = self._value
+                assert value is not None
+                end = value.advance(text)
                 if end is None:
-                    return False
+                    break
                 if end == _BAD:
                     raise _NotToolCalls("unbalanced brackets")
-                keys.add(key.group())
-                items.append(
-                    f"{json.dumps(key.group(), ensure_ascii=False)}: {_literal_json(text[pos:end])}"
-                )
-                call.arguments = "{" + ", ".join(items)
+                call, key = self._call, self._key
+                item = f"{json.dumps(key, ensure_ascii=False)}: "
+                item += _literal_json(text[value.start : end])
+                call.arguments += item if not self._keys else ", " + item
+                self._keys.add(key)
+                self._value, self._stage = None, _ARGUMENTS
                 pos = end + 1 if text[end] == "," else end
-            pos = js.skip_ws(text, pos)
-            if pos >= size:
-                return False
-            if text[pos] == "]":
-                return True
-            if text[pos] != ",":
-                raise _NotToolCalls("expected , or ]")
-            pos += 1
+                continue
+            if self._stage == _AFTER_CALL:
+                pos = js.skip_ws(text, pos)
+                if pos >= size:
+                    break
+                if text[pos] == "]":
+                    return True
+                if text[pos] != ",":
+                    raise _NotToolCalls("expected , or ]")
+                self._stage, pos = _CALL, pos + 1
+        self._pos = pos
+        return False

@@ -21,8 +21,14 @@ import copy
 from typing import Any
 
 from server.api.openai.tool_parsers import _json_scan as js
-from server.api.openai.tool_parsers._json_calls import CallShape, decode_call, scan_call
-from server.api.openai.tool_parsers.base import CallProgress, ParsedToolCalls, Scan, ToolParser
+from server.api.openai.tool_parsers._json_calls import CallScanner, CallShape, decode_call
+from server.api.openai.tool_parsers.base import (
+    CallProgress,
+    ParsedToolCalls,
+    Scan,
+    Scanner,
+    ToolParser,
+)
 
 _EMPTY_OBJECT = {"type": "object", "properties": {}}
 _REQUIRED_SHAPE = CallShape(argument_keys=("parameters",))
@@ -125,26 +131,67 @@ class RequiredToolCallParser(ToolParser):
             pairs.append(call)
         return ParsedToolCalls(content=None, calls=self._calls(pairs[: self.limit]))
 
-    def _scan(self, text: str, final: bool) -> Scan:
-        index = js.skip_ws(text, 0)
-        if index >= len(text):
-            return Scan()
-        if text[index] != "[":
-            return Scan(invalid=True)
-        array = js.scan_array(text, index)
+    def new_scanner(self) -> Scanner:
+        return _RequiredScanner(self.name, self.limit)
+
+
+class _RequiredScanner(Scanner):
+    """The array is read on from where the last advance stopped; finished elements are
+    kept as calls, only the current one is read."""
+
+    def __init__(self, parser_name: str, limit: int | None) -> None:
+        super().__init__(parser_name)
+        self._limit = limit
+        self._pos = 0
+        self._array: js.JsonValue | None = None
+        self._element = 0  # the element being read
+        self._call: CallScanner | None = None
+        self._calls: list[CallProgress] = []
+
+    def _advance(self, text: str, final: bool) -> Scan:
+        if self._array is None:
+            index = self._pos = js.skip_ws(text, self._pos)
+            if index >= len(text):
+                return Scan()
+            if text[index] != "[":
+                return Scan(invalid=True)
+            self._array = js.JsonValue(index, members=True)
+        array = self._array
+        array.advance(text)
         if array.bad:
             return Scan(invalid=True)
-        calls: list[CallProgress] = []
-        for start, _ in array.elements:
-            call = scan_call(text, start, _REQUIRED_SHAPE, final) if text[start] == "{" else None
-            if call is None or call.bad:
+        elements = array.members
+        open_call = None
+        while self._element < len(elements):
+            element = elements[self._element]
+            if text[element.start] != "{":
                 return Scan(invalid=True)
-            if call.progress is None:
+            if self._call is None:
+                self._call = CallScanner(element.start, _REQUIRED_SHAPE)
+            call = self._call.advance(text, final)
+            if call.bad:
+                return Scan(invalid=True)
+            if call.end is None:
+                open_call = call.progress
                 break
-            calls.append(call.progress)
-        if final and (array.end is None or not js.is_valid_prefix(text, index)):
+            assert call.progress is not None
+            self._calls.append(call.progress)
+            self._element += 1
+            self._call = None
+        if final and (array.end is None or not _only_json(text, array.start, array.end)):
             return Scan(invalid=True)
-        return Scan(calls=calls[: self.limit])
+        if self._limit is not None and len(self._calls) >= self._limit:
+            return Scan(calls=self._calls[: self._limit])
+        return Scan(calls=self._calls, open_call=open_call)
+
+
+def _only_json(text: str, start: int, end: int) -> bool:
+    """Whether text[start:end] is valid JSON with nothing but whitespace after it."""
+    try:
+        js.loads_strict(text[start:end])
+    except ValueError:
+        return False
+    return not text[end:].strip()
 
 
 class NamedToolCallParser(ToolParser):
@@ -162,10 +209,25 @@ class NamedToolCallParser(ToolParser):
             return ParsedToolCalls(content=None)
         return ParsedToolCalls(content=None, calls=self._calls([(self.function_name, text)]))
 
-    def _scan(self, text: str, final: bool) -> Scan:
-        if not text.strip():
-            return Scan()
-        return Scan(calls=[CallProgress(self.function_name, text, complete=final)])
+    def new_scanner(self) -> Scanner:
+        return _NamedScanner(self.name, self.function_name)
+
+
+class _NamedScanner(Scanner):
+    def __init__(self, parser_name: str, function_name: str) -> None:
+        super().__init__(parser_name)
+        self._function_name = function_name
+        self._blank_to = 0  # the text before this is whitespace
+        self._started = False
+
+    def _advance(self, text: str, final: bool) -> Scan:
+        if not self._started:
+            self._blank_to = js.skip_ws(text, self._blank_to)
+            if self._blank_to >= len(text):
+                return Scan()
+            self._started = True
+        return Scan(open_call=CallProgress(self._function_name, complete=final,
+                                           span=(0, len(text))))
 
 
 def forced_tool_parser(
