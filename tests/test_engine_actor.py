@@ -27,6 +27,17 @@ def _request(registry: Registry, rid: str, ids: list[int], params: SamplingParam
     return state, req
 
 
+def _actor(core, registry: Registry):
+    """An engine actor over `core` with its channels: (actor, admit_send, batch_recv,
+    fatal failures). The metrics channel is large enough never to drop."""
+    admit_send, admit_recv = trio.open_memory_channel[EngineRequest](8)
+    batch_send, batch_recv = trio.open_memory_channel[tuple[RequestOutput, ...]](BATCH_CREDITS)
+    metrics_send, _metrics_recv = trio.open_memory_channel[object](10_000)
+    fatal: list[BaseException] = []
+    actor = EngineActor(core, registry, admit_recv, batch_send, metrics_send, fatal.append)
+    return actor, admit_send, batch_recv, fatal
+
+
 def test_controls_aborts_and_closure():
     core = offline_llm().engine
     ids = offline_llm().tokenizer("Once upon a time", add_special_tokens=False)["input_ids"]
@@ -36,12 +47,7 @@ def test_controls_aborts_and_closure():
 
     async def main() -> None:
         registry = Registry()
-        admit_send, admit_recv = trio.open_memory_channel[EngineRequest](8)
-        batch_send, batch_recv = trio.open_memory_channel[tuple[RequestOutput, ...]](
-            BATCH_CREDITS)
-        metrics_send, metrics_recv = trio.open_memory_channel[object](10_000)
-        fatal: list[BaseException] = []
-        actor = EngineActor(core, registry, admit_recv, batch_send, metrics_send, fatal.append)
+        actor, admit_send, batch_recv, fatal = _actor(core, registry)
         first_tokens = trio.Event()
 
         async def consume() -> None:
@@ -115,12 +121,7 @@ def test_abandoned_controls_and_heavy_ones_off_the_loop():
 
     async def main() -> None:
         registry = Registry()
-        admit_send, admit_recv = trio.open_memory_channel[EngineRequest](8)
-        batch_send, batch_recv = trio.open_memory_channel[tuple[RequestOutput, ...]](
-            BATCH_CREDITS)
-        metrics_send, _metrics_recv = trio.open_memory_channel[object](10_000)
-        fatal: list[BaseException] = []
-        actor = EngineActor(core, registry, admit_recv, batch_send, metrics_send, fatal.append)
+        actor, admit_send, batch_recv, fatal = _actor(core, registry)
 
         async def consume() -> None:
             async with batch_recv:

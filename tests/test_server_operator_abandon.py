@@ -183,36 +183,23 @@ def test_abandoned_operator_calls_leave_the_server_serving(server, c, adapter_di
     assert_serving(server, c, expected)
 
 
-def test_resume_overtakes_a_draining_pause(server, c):
-    """pause?mode=wait is pending while a stream drains; /resume comes first: the engine
-    must end up running, not paused with nobody to resume it."""
+@pytest.mark.parametrize("first, then, state", [
+    ("/pause?mode=wait", "/resume", "is_paused"),
+    ("/sleep?mode=wait&level=1", "/wake_up", "is_sleeping"),
+])
+def test_a_later_command_overtakes_a_draining_one(server, c, first, then, state):
+    """pause (sleep) of mode wait is pending while a stream drains; resume (wake_up) comes
+    first: the engine must end up running, not paused (asleep) with nobody to undo it."""
     expected = canary(c)
     seen: dict[str, Any] = {}
 
     def overtake() -> None:
-        seen["abandoned"] = abandon(server, "POST", "/pause?mode=wait")
-        seen["resume"] = c.post("/resume").status_code
+        seen["abandoned"] = abandon(server, "POST", first)
+        seen["then"] = c.post(then).status_code
 
     ended = stream_while(server, overtake)
     assert ended["finish_reason"] == "length" and ended["error"] is None, ended
-    assert seen == {"abandoned": True, "resume": 200}
-    time.sleep(0.3)  # the drain has ended: a pause applied late would show now
-    assert c.get("/is_paused").json() == {"is_paused": False}
-    assert_serving(server, c, expected)
-
-
-def test_wake_up_overtakes_a_draining_sleep(server, c):
-    """sleep?mode=wait then wake_up before the drain ends: the engine is awake afterwards."""
-    expected = canary(c)
-    seen: dict[str, Any] = {}
-
-    def overtake() -> None:
-        seen["abandoned"] = abandon(server, "POST", "/sleep?mode=wait&level=1")
-        seen["wake"] = c.post("/wake_up").status_code
-
-    ended = stream_while(server, overtake)
-    assert ended["finish_reason"] == "length" and ended["error"] is None, ended
-    assert seen == {"abandoned": True, "wake": 200}
-    time.sleep(0.3)
-    assert c.get("/is_sleeping").json() == {"is_sleeping": False}
+    assert seen == {"abandoned": True, "then": 200}
+    time.sleep(0.3)  # the drain has ended: a pause (sleep) applied late would show now
+    assert c.get(f"/{state}").json() == {state: False}
     assert_serving(server, c, expected)
