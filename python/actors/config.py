@@ -18,6 +18,11 @@ GiB = 1 << 30
 
 # EngineConfig.quantization_activations -> the core's activation width (bits)
 QUANT_ACTIVATION_BITS = {"int16": 16, "int8": 8}
+# A profiling session's bounds (--profiler-config max_iterations, max_profile_bytes): it
+# stops and writes its trace after this many engine steps, or once the process has grown by
+# this many bytes while it records (actors.core.operator).
+PROFILE_MAX_ITERATIONS = 1000
+PROFILE_MAX_BYTES = 2 * 2**30
 
 
 @dataclass(slots=True)

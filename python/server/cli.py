@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import re
 import sys
 from pathlib import Path
-from typing import Any
 
-from actors.config import QUANT_ACTIVATION_BITS, EngineConfig
+from actors.config import (
+    QUANT_ACTIVATION_BITS,
+    EngineConfig,
+)
 from actors.loader.dtype import QUANTIZATION_CHOICES, resolve_quantization
 from actors.loader.whisper import WHISPER_MODELS
 from actors.params.pooling import PoolerConfig
 
 from server import flag_checks as check
+from server import flag_types as ft
 from server.api.openai.tool_parsers import (
     UnknownToolParserError,
     check_tool_parser_flags,
@@ -29,142 +30,6 @@ DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
 RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
 
 
-def _lora_module(text: str) -> tuple[str, str]:
-    """--lora-modules item: name=path, or vLLM's JSON object {"name", "path"}."""
-    if text.lstrip().startswith("{"):
-        try:
-            obj = json.loads(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not valid JSON: {text[:100]!r}") from None
-        if not (isinstance(obj, dict) and isinstance(obj.get("name"), str)
-                and isinstance(obj.get("path"), str)):
-            raise argparse.ArgumentTypeError('a JSON LoRA module needs "name" and "path"')
-        return obj["name"], obj["path"]
-    name, sep, path = text.partition("=")
-    if not sep or not name or not path:
-        raise argparse.ArgumentTypeError(f"expected name=path, got {text[:100]!r}")
-    return name, path
-
-
-def _size(text: str) -> int:
-    """Bytes, with an optional k/m/g/t suffix (powers of 1024): '2g', '512M', '1048576'."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgtKMGT]?)(?:i?[bB])?\s*", text)
-    if not m:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r}")
-    scale = 1024 ** " kmgt".index(m.group(2).lower() or " ")
-    return int(float(m.group(1)) * scale)
-
-
-def _tokens(text: str) -> int:
-    """A token count, optionally with k (1000): '2048', '8k', '25.6k'."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kK]?)\s*", text)
-    if not m:
-        raise argparse.ArgumentTypeError(f"not a token count: {text!r}")
-    return int(float(m.group(1)) * (1000 if m.group(2) else 1))
-
-
-_STRUCTURED_BACKENDS = ("auto", "guidance", "xgrammar")
-
-
-def _kv_events_config(text: str) -> dict[str, Any] | None:
-    """--kv-events-config: vLLM's KVEventsConfig as a JSON object; None when events are off."""
-    from actors.core.kv_events import parse_kv_events_config
-
-    try:
-        return parse_kv_events_config(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _structured_config(text: str) -> dict[str, str]:
-    """--structured-outputs-config: 'backend=guidance' or '{"backend": "guidance"}'."""
-    try:
-        doc = json.loads(text) if text.lstrip().startswith("{") else dict(
-            part.split("=", 1) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not key=value pairs nor a JSON object: {text!r}")
-    doc = {str(k).strip().replace("-", "_"): v for k, v in doc.items()}
-    unknown = sorted(set(doc) - {"backend", "fast_forward"})
-    if unknown:
-        raise argparse.ArgumentTypeError(f"unknown structured outputs setting(s): "
-                                         f"{', '.join(unknown)} (known: backend, fast_forward)")
-    backend = str(doc.get("backend", "auto")).strip()
-    if backend not in _STRUCTURED_BACKENDS:
-        raise argparse.ArgumentTypeError(f"backend must be one of "
-                                         f"{', '.join(_STRUCTURED_BACKENDS)}, got {backend!r}")
-    ff = doc.get("fast_forward", True)
-    if isinstance(ff, str):
-        if ff.strip().lower() not in ("true", "false", "1", "0"):
-            raise argparse.ArgumentTypeError(f"fast_forward must be true or false, got {ff!r}")
-        ff = ff.strip().lower() in ("true", "1")
-    elif not isinstance(ff, bool):
-        raise argparse.ArgumentTypeError(f"fast_forward must be true or false, got {ff!r}")
-    return {"backend": backend, "fast_forward": ff}
-
-
-_PROFILER_FLAGS = ("torch_profiler_with_stack", "torch_profiler_record_shapes",
-                   "torch_profiler_with_memory", "torch_profiler_with_flops",
-                   "torch_profiler_use_gzip")
-# Bounds of one profiling session (it stops and writes its trace at either): engine steps
-# (vLLM's max_iterations; 0 or absent means our default, never unbounded) and growth of the
-# process's resident memory while it records.
-PROFILE_MAX_ITERATIONS = 1000
-PROFILE_MAX_BYTES = 2 * 2**30
-_PROFILER_BOUNDS = ("max_iterations", "max_profile_bytes")
-
-
-def _profiler_config(text: str) -> dict[str, object]:
-    """--profiler-config: vLLM's ProfilerConfig as JSON, the torch profiler only."""
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError:
-        doc = None
-    if not isinstance(doc, dict):
-        raise argparse.ArgumentTypeError(f"not a JSON object: {text!r}")
-    unknown = sorted(set(doc) - {"profiler", "torch_profiler_dir", *_PROFILER_FLAGS,
-                                 *_PROFILER_BOUNDS})
-    if unknown:
-        raise argparse.ArgumentTypeError(f"unknown profiler setting(s): {', '.join(unknown)}")
-    if doc.get("profiler") != "torch":
-        raise argparse.ArgumentTypeError(
-            f"profiler must be 'torch' (the one profiler served), got {doc.get('profiler')!r}")
-    directory = doc.get("torch_profiler_dir")
-    if not isinstance(directory, str) or not directory.strip():
-        raise argparse.ArgumentTypeError("torch_profiler_dir must be set when profiler is "
-                                         "'torch'")
-    for flag in _PROFILER_FLAGS:
-        if not isinstance(doc.get(flag, False), bool):
-            raise argparse.ArgumentTypeError(f"{flag} must be true or false")
-    bounds = {"max_iterations": PROFILE_MAX_ITERATIONS, "max_profile_bytes": PROFILE_MAX_BYTES}
-    for name, default in bounds.items():
-        value = doc.get(name) or default  # vLLM's 0: "no limit" is our default bound
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise argparse.ArgumentTypeError(f"{name} must be a positive integer")
-        bounds[name] = value
-    return {**doc, **bounds,
-            "torch_profiler_dir": os.path.abspath(os.path.expanduser(directory))}
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"not a positive integer: {text!r}")
-    return value
-
-
-def _json_list(text: str) -> list[str]:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        value = [s for s in text.split(",") if s]
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise argparse.ArgumentTypeError("expected a JSON list of strings")
-    return value
-
-
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Appends "(default: X)" unless the help text already says what the default is."""
 
@@ -173,14 +38,6 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         if "default" in text.lower():
             return text
         return super()._get_help_string(action) or ""
-
-
-def _size_text(n: int) -> str:
-    """A byte count as _size reads it back: 2147483648 -> '2g'."""
-    for suffix, scale in (("t", 1 << 40), ("g", 1 << 30), ("m", 1 << 20), ("k", 1 << 10)):
-        if n >= scale and n % scale == 0:
-            return f"{n // scale}{suffix}"
-    return str(n)
 
 
 # The engine's own defaults: actors.config imports nothing heavy, so --help stays fast.
@@ -219,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--api-key", nargs="+", type=check.non_empty, default=None, help="API keys; every route "
       f"except /health and /ping then needs one. Also read from {' or '.join(KEY_ENV_VARS)}. "
       "Default: none (no authentication)")
-    a("--max-model-len", type=check.in_range(_tokens, 2), default=ENGINE.max_model_len,
+    a("--max-model-len", type=check.in_range(ft.tokens, 2), default=ENGINE.max_model_len,
       help="context length (prompt + output). Default: the model's max_position_embeddings")
     a("--max-num-seqs", type=check.in_range(check.integer, 1),
       default=ENGINE.max_num_seqs,
@@ -227,14 +84,14 @@ def build_parser() -> argparse.ArgumentParser:
     a("--data-parallel-size", "-dp", type=check.in_range(check.integer, 1, 64), default=1,
       help="engine cores, each in its own process with its own KV cache, behind this one "
       "HTTP server; requests go to the least loaded (queued + running). 1: one in-process core")
-    a("--max-num-batched-tokens", type=check.in_range(_tokens, 1),
+    a("--max-num-batched-tokens", type=check.in_range(ft.tokens, 1),
       default=ENGINE.max_num_batched_tokens,
       help="most tokens per engine step (prefill chunks + decodes)")
     a("--block-size", type=check.in_range(check.integer, 1, 1024), default=ENGINE.block_size,
       help="tokens per KV cache block (the core's block pool takes 1-1024)")
-    a("--kv-cache-memory", type=check.in_range(_size, 1),
+    a("--kv-cache-memory", type=check.in_range(ft.size, 1),
       default=ENGINE.kv_cache_memory, help="bytes of KV cache for all layers, e.g. 512m or "
-      f"2g. Default: {_size_text(ENGINE.kv_cache_memory)}")
+      f"2g. Default: {ft.size_text(ENGINE.kv_cache_memory)}")
     a("--kv-cache-dtype", default=ENGINE.kv_cache_dtype, choices=["auto", "float32", "bfloat16"],
       help="element type of the KV cache: 'auto' stores K/V in the model's dtype; bfloat16 "
       "holds twice the tokens of float32 in the same memory")
@@ -286,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--enable-scale-out", action="store_true", help="serve the scale-out routes: "
       "/v1/chat/completions/render, /v1/completions/render, their /derender, "
       "/inference/v1/generate and /inference/v1/abort_requests (403 otherwise)")
-    a("--kv-events-config", type=_kv_events_config, default=None, metavar="JSON",
+    a("--kv-events-config", type=ft.kv_events_config, default=None, metavar="JSON",
       help="publish the prefix cache's KV events as vLLM does, for a KV-aware router: a "
       'JSON object, e.g. \'{"enable_kv_cache_events": true, "publisher": "zmq", '
       '"topic": "kv"}\' (also endpoint, replay_endpoint, buffer_steps, hwm, '
@@ -298,17 +155,17 @@ def build_parser() -> argparse.ArgumentParser:
     a("--tokens-only", action="store_true", help="serve the tokens-in/tokens-out routes "
       "(as --enable-scale-out, plus /abort_requests without an API key); generate then "
       "returns token ids only and refuses stop strings")
-    a("--structured-outputs-config", type=_structured_config, default={},
+    a("--structured-outputs-config", type=ft.structured_config, default={},
       metavar="backend=auto|guidance|xgrammar", help="structured outputs, as vLLM spells "
       "it (key=value pairs or a JSON object): 'backend' compiles constraints; auto = "
       "guidance (llguidance); 'fast_forward' (ours, default true) takes the tokens a "
       "grammar forces without a model step each. Default: "
       f"backend={ENGINE.structured_outputs_backend}")
-    a("--max-grammar-bytes", type=check.in_range(_size, 1),
-      default=_size_text(ServerConfig.max_grammar_bytes), help="largest output constraint "
+    a("--max-grammar-bytes", type=check.in_range(ft.size, 1),
+      default=ft.size_text(ServerConfig.max_grammar_bytes), help="largest output constraint "
       "(JSON schema, regex, grammar, choices, structural tag; a forced tool choice's "
       "schema) in bytes, k/m suffixes; larger is a 400 naming the field, before it is "
-      f"compiled. Default: {_size_text(ServerConfig.max_grammar_bytes)}")
+      f"compiled. Default: {ft.size_text(ServerConfig.max_grammar_bytes)}")
     a("--max-grammar-subschemas", type=check.in_range(check.integer, 1),
       default=ServerConfig.max_grammar_subschemas, help="most subschemas (JSON objects but "
       "the values of const, enum, default and examples) in a constraint's JSON schema or "
@@ -327,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--responses-store-max-count", type=check.in_range(check.integer, 1), default=10_000,
       help="responses kept; beyond, the oldest are evicted. With --api-key, each key's "
       "client may hold count/keys, and a client's writes evict its own oldest first")
-    a("--responses-store-max-bytes", type=check.in_range(_size, 1), default="1g",
+    a("--responses-store-max-bytes", type=check.in_range(ft.size, 1), default="1g",
       help="bytes of responses kept (their JSON; k/m/g suffixes), shared among the keys "
       "as the count is; a response larger than one key's share is not kept")
     a("--responses-store-max-age", type=check.in_range(check.integer, 0),
@@ -337,22 +194,22 @@ def build_parser() -> argparse.ArgumentParser:
     a("--max-queued-requests", type=check.in_range(check.integer, 0), default=None,
       help="sequences allowed to wait beyond --max-num-seqs before new requests get 503 + "
       "Retry-After. Default: 2 x --max-num-seqs")
-    a("--max-body-bytes", type=check.in_range(_size, 1), default="4m",
+    a("--max-body-bytes", type=check.in_range(ft.size, 1), default="4m",
       help="largest request body (413 above)")
     a("--drain-timeout", type=check.seconds, default=30.0,
       help="seconds in-flight requests may take to finish after SIGTERM/SIGINT")
-    a("--max-connections", type=_positive, default=1024, help="open HTTP connections; "
+    a("--max-connections", type=ft.positive, default=1024, help="open HTTP connections; "
       "beyond, a new connection gets 503 and is closed (keep it below `ulimit -n`)")
-    a("--h11-max-header-count", type=_positive, default=100,
+    a("--h11-max-header-count", type=ft.positive, default=100,
       help="headers allowed in a request (431 above)")
-    a("--max-buffered-bytes", type=_size, default="8m", help="output held for one client "
+    a("--max-buffered-bytes", type=ft.size, default="8m", help="output held for one client "
       "that reads slower than it is generated (its send queue and pending output); above, "
       "its connection is dropped and its request aborted")
-    a("--max-total-buffered-bytes", type=_size, default="256m", help="the same for all "
+    a("--max-total-buffered-bytes", type=ft.size, default="256m", help="the same for all "
       "clients together; above, the clients holding the most are dropped first")
     a("--enable-request-id-headers", action="store_true",
       help="echo X-Request-Id (or a new id) on every response")
-    a("--allowed-origins", type=_json_list, default=[],
+    a("--allowed-origins", type=ft.json_list, default=[],
       help='CORS origins allowed, as a JSON list (e.g. \'["https://a.example"]\')')
     a("--enable-log-requests", action=argparse.BooleanOptionalAction, default=False,
       help="log one line per request")
@@ -368,12 +225,12 @@ def build_parser() -> argparse.ArgumentParser:
       help="adapters held at once (one slot each)")
     a("--max-lora-rank", type=int, default=ENGINE.max_lora_rank,
       help="the largest adapter rank accepted")
-    a("--lora-modules", nargs="+", type=_lora_module, default=[], metavar="NAME=PATH",
+    a("--lora-modules", nargs="+", type=ft.lora_module, default=[], metavar="NAME=PATH",
       help='adapters loaded at start: name=path, or vLLM\'s JSON {"name": ..., "path": ...}')
     a("--allow-runtime-lora-updating", action="store_true",
       help="serve /v1/load_lora_adapter and /v1/unload_lora_adapter; also on with "
       f"{RUNTIME_LORA_ENV}=1. Behind the API key when one is set")
-    a("--profiler-config", type=_profiler_config, default=None, metavar="JSON",
+    a("--profiler-config", type=ft.profiler_config, default=None, metavar="JSON",
       help='serve /start_profile and /stop_profile, as vLLM spells it: {"profiler": '
       '"torch", "torch_profiler_dir": DIR} (optional torch_profiler_with_stack, '
       "_record_shapes, _with_memory, _with_flops, _use_gzip). Default: none")

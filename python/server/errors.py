@@ -36,6 +36,11 @@ _TYPES = {
 }
 
 
+class LoadRefused(RuntimeError):
+    """A load-time refusal that is not the loader's own (a --lora-modules adapter): the
+    server exits 2 with its message (server.supervisor)."""
+
+
 class APIError(Exception):
     def __init__(
         self,

@@ -39,6 +39,7 @@ from server.app import create_app
 from server.chat_template import ChatRenderer, load_template_arg
 from server.config import ServerConfig
 from actors.params.limits import RequestLimits
+from server.errors import LoadRefused
 from server.state import ServerState
 
 log = logging.getLogger("server")
@@ -268,20 +269,18 @@ def setup_logging(config: ServerConfig) -> None:
     root.setLevel(config.log_level.upper())
 
 
-class LoadRefused(RuntimeError):
-    """A load-time refusal that is not the loader's own (a --lora-modules adapter)."""
-
-
 def load_refusal(exc: BaseException) -> str | None:
     """The one-line reason when `exc` (or every failure in its group) refuses the model
     itself, files or formats the server cannot serve: an unsupported architecture, a
     missing or unreadable path, a malformed file. None for anything else (a bug)."""
-    if isinstance(exc, BaseExceptionGroup):
-        leaves = [load_refusal(e) for e in exc.exceptions]
+    group = getattr(exc, "exceptions", None)  # an exception group (any Python version)
+    if isinstance(group, (list, tuple)):
+        leaves = [load_refusal(e) for e in group]
         return leaves[0] if leaves and all(leaves) else None
     if isinstance(exc, (LoadRefused, ValueError, OSError)):
-        text = str(exc).strip().splitlines()
-        return f"{text[0] if text else type(exc).__name__}"
+        log.debug("the load was refused", exc_info=exc)  # the traceback, for --log-level debug
+        lines = str(exc).strip().splitlines()
+        return lines[0] if lines else type(exc).__name__
     return None
 
 

@@ -35,6 +35,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from actors.config import PROFILE_MAX_BYTES, PROFILE_MAX_ITERATIONS
 from actors.messages import ControlResult
 
 if TYPE_CHECKING:
@@ -350,8 +351,9 @@ class _ProfileSession:
             # Steps run in worker threads, not the thread that starts the profiler.
             experimental_config=_ExperimentalConfig(profile_all_threads=True),
         )
-        self.max_steps = int(max_iterations or config.get("max_iterations") or 1000)
-        self.max_bytes = int(config.get("max_profile_bytes") or 2 * 2**30)
+        self.max_steps = int(max_iterations or config.get("max_iterations")
+                             or PROFILE_MAX_ITERATIONS)
+        self.max_bytes = int(config.get("max_profile_bytes") or PROFILE_MAX_BYTES)
         self.steps = 0
         self.bound_hit = ""
         self.timers = _CoreTimers()

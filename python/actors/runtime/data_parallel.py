@@ -48,9 +48,9 @@ from actors.runtime.system import ActorSystem, run_actor_system
 __all__ = ["DataParallelSystem", "run_data_parallel"]
 
 log = logging.getLogger("actors.runtime.data_parallel")
-WATCH_INTERVAL_S = 0.25
+WATCH_INTERVAL_S = 0.25  # how soon /health turns 503 after an engine's process dies
 # Commands that must apply on every engine or on none: a partial success is undone.
-_UNDO = {"load_lora_adapter": "unload_lora_adapter"}  # how soon /health turns 503 after an engine's process dies
+_UNDO = {"load_lora_adapter": "unload_lora_adapter"}
 
 
 class DataParallelRegistry:

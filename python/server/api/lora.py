@@ -27,13 +27,13 @@ from pathlib import Path
 from typing import Any
 
 import trio
+from actors.messages import Control, ControlResult
+from actors.params.sampling import SamplingParams
 from pydantic import BaseModel
 from quart import Quart, Response
 
-from actors.messages import Control, ControlResult
-from actors.params.sampling import SamplingParams
 from server.api.http_io import accepts, parse, read_json
-from server.errors import APIError
+from server.errors import APIError, LoadRefused
 from server.state import ServerState
 
 log = logging.getLogger("server.lora")
@@ -143,8 +143,6 @@ async def load_startup_modules(srv: ServerState) -> None:
         try:
             await load(srv, name, path)
         except APIError as exc:
-            from server.supervisor import LoadRefused
-
             raise LoadRefused(f"--lora-modules {name}={path}: {exc.message}") from None
 
 

@@ -1,0 +1,156 @@
+"""Value types of the command line (argparse `type=`): sizes with k/m/g suffixes, token
+counts, name=path pairs, JSON lists, and vLLM's JSON configs (--kv-events-config,
+--structured-outputs-config, --profiler-config). Each raises argparse's
+ArgumentTypeError, so a bad value is a usage error (exit 2) before anything loads. Range
+checks of plain numbers are server.flag_checks'."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+from typing import Any
+
+from actors.config import PROFILE_MAX_BYTES, PROFILE_MAX_ITERATIONS
+
+
+def lora_module(text: str) -> tuple[str, str]:
+    """--lora-modules item: name=path, or vLLM's JSON object {"name", "path"}."""
+    if text.lstrip().startswith("{"):
+        try:
+            obj = json.loads(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not valid JSON: {text[:100]!r}") from None
+        if not (isinstance(obj, dict) and isinstance(obj.get("name"), str)
+                and isinstance(obj.get("path"), str)):
+            raise argparse.ArgumentTypeError('a JSON LoRA module needs "name" and "path"')
+        return obj["name"], obj["path"]
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"expected name=path, got {text[:100]!r}")
+    return name, path
+
+
+def size(text: str) -> int:
+    """Bytes, with an optional k/m/g/t suffix (powers of 1024): '2g', '512M', '1048576'."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgtKMGT]?)(?:i?[bB])?\s*", text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r}")
+    scale = 1024 ** " kmgt".index(m.group(2).lower() or " ")
+    return int(float(m.group(1)) * scale)
+
+
+def tokens(text: str) -> int:
+    """A token count, optionally with k (1000): '2048', '8k', '25.6k'."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kK]?)\s*", text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a token count: {text!r}")
+    return int(float(m.group(1)) * (1000 if m.group(2) else 1))
+
+
+_STRUCTURED_BACKENDS = ("auto", "guidance", "xgrammar")
+
+
+def kv_events_config(text: str) -> dict[str, Any] | None:
+    """--kv-events-config: vLLM's KVEventsConfig as a JSON object; None when events are off."""
+    from actors.core.kv_events import parse_kv_events_config
+
+    try:
+        return parse_kv_events_config(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def structured_config(text: str) -> dict[str, str]:
+    """--structured-outputs-config: 'backend=guidance' or '{"backend": "guidance"}'."""
+    try:
+        doc = json.loads(text) if text.lstrip().startswith("{") else dict(
+            part.split("=", 1) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not key=value pairs nor a JSON object: {text!r}")
+    doc = {str(k).strip().replace("-", "_"): v for k, v in doc.items()}
+    unknown = sorted(set(doc) - {"backend", "fast_forward"})
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown structured outputs setting(s): "
+                                         f"{', '.join(unknown)} (known: backend, fast_forward)")
+    backend = str(doc.get("backend", "auto")).strip()
+    if backend not in _STRUCTURED_BACKENDS:
+        raise argparse.ArgumentTypeError(f"backend must be one of "
+                                         f"{', '.join(_STRUCTURED_BACKENDS)}, got {backend!r}")
+    ff = doc.get("fast_forward", True)
+    if isinstance(ff, str):
+        if ff.strip().lower() not in ("true", "false", "1", "0"):
+            raise argparse.ArgumentTypeError(f"fast_forward must be true or false, got {ff!r}")
+        ff = ff.strip().lower() in ("true", "1")
+    elif not isinstance(ff, bool):
+        raise argparse.ArgumentTypeError(f"fast_forward must be true or false, got {ff!r}")
+    return {"backend": backend, "fast_forward": ff}
+
+
+_PROFILER_FLAGS = ("torch_profiler_with_stack", "torch_profiler_record_shapes",
+                   "torch_profiler_with_memory", "torch_profiler_with_flops",
+                   "torch_profiler_use_gzip")
+# Bounds of one profiling session (actors.config): vLLM's max_iterations (0 or absent
+# means our default, never unbounded) and growth of resident memory while it records.
+_PROFILER_BOUNDS = ("max_iterations", "max_profile_bytes")
+
+
+def profiler_config(text: str) -> dict[str, object]:
+    """--profiler-config: vLLM's ProfilerConfig as JSON, the torch profiler only."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError:
+        doc = None
+    if not isinstance(doc, dict):
+        raise argparse.ArgumentTypeError(f"not a JSON object: {text!r}")
+    unknown = sorted(set(doc) - {"profiler", "torch_profiler_dir", *_PROFILER_FLAGS,
+                                 *_PROFILER_BOUNDS})
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown profiler setting(s): {', '.join(unknown)}")
+    if doc.get("profiler") != "torch":
+        raise argparse.ArgumentTypeError(
+            f"profiler must be 'torch' (the one profiler served), got {doc.get('profiler')!r}")
+    directory = doc.get("torch_profiler_dir")
+    if not isinstance(directory, str) or not directory.strip():
+        raise argparse.ArgumentTypeError("torch_profiler_dir must be set when profiler is "
+                                         "'torch'")
+    for flag in _PROFILER_FLAGS:
+        if not isinstance(doc.get(flag, False), bool):
+            raise argparse.ArgumentTypeError(f"{flag} must be true or false")
+    bounds = {"max_iterations": PROFILE_MAX_ITERATIONS, "max_profile_bytes": PROFILE_MAX_BYTES}
+    for name, default in bounds.items():
+        value = doc.get(name) or default  # vLLM's 0: "no limit" is our default bound
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise argparse.ArgumentTypeError(f"{name} must be a positive integer")
+        bounds[name] = value
+    return {**doc, **bounds,
+            "torch_profiler_dir": os.path.abspath(os.path.expanduser(directory))}
+
+
+def positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"not a positive integer: {text!r}")
+    return value
+
+
+def json_list(text: str) -> list[str]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        value = [s for s in text.split(",") if s]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise argparse.ArgumentTypeError("expected a JSON list of strings")
+    return value
+
+
+def size_text(n: int) -> str:
+    """A byte count as size reads it back: 2147483648 -> '2g'."""
+    for suffix, scale in (("t", 1 << 40), ("g", 1 << 30), ("m", 1 << 20), ("k", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale}{suffix}"
+    return str(n)
