@@ -36,6 +36,7 @@ from typing import Any
 import trio
 from ray import serve
 
+from server.asgi_crossing import Call
 from server.cli import parse_args
 from server.config import ServerConfig
 from server.supervisor import Supervisor
@@ -185,7 +186,7 @@ class TrioHost:
             return
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
-        call = _Call(self.supervisor.app, scope, receive, send, loop, done)
+        call = Call(self.supervisor.app, scope, receive, send, loop, done)
         try:
             self._token.run_sync_soon(self._requests.start_soon, call.run)
         except (trio.RunFinishedError, RuntimeError):
@@ -198,85 +199,6 @@ class TrioHost:
             # side too, then let Ray see the cancellation.
             call.cancel(self._token)
             raise
-
-
-class _Call:
-    """One ASGI request crossing from an asyncio loop into the Trio thread."""
-
-    def __init__(self, app: Any, scope: Scope, receive: Callable[[], Awaitable[Message]],
-                 send: Callable[[Message], Awaitable[None]], loop: asyncio.AbstractEventLoop,
-                 done: asyncio.Future[None]) -> None:
-        self.app = app
-        self.scope = scope
-        self._receive = receive
-        self._send = send
-        self.loop = loop
-        self.done = done
-        self._scope: trio.CancelScope | None = None
-        self._cancelled = False
-
-    async def run(self) -> None:
-        error: BaseException | None = None
-        with trio.CancelScope() as scope:
-            self._scope = scope
-            if self._cancelled:
-                scope.cancel()
-            try:
-                await self.app(self.scope, self.receive, self.send)
-            except Exception as exc:  # noqa: BLE001 - the caller's loop re-raises it
-                error = exc
-        self.loop.call_soon_threadsafe(_settle, self.done, error)
-
-    def cancel(self, token: trio.lowlevel.TrioToken) -> None:
-        def cancel() -> None:
-            self._cancelled = True
-            if self._scope is not None:
-                self._scope.cancel()
-
-        try:
-            token.run_sync_soon(cancel)
-        except trio.RunFinishedError:
-            pass
-
-    async def receive(self) -> Message:
-        try:
-            return await _on_loop(self.loop, self._receive())
-        except (ConnectionError, asyncio.CancelledError):
-            return {"type": "http.disconnect"}
-
-    async def send(self, message: Message) -> None:
-        await _on_loop(self.loop, self._send(message))
-
-
-def _settle(done: asyncio.Future[None], error: BaseException | None) -> None:
-    if done.done():
-        return
-    if error is None:
-        done.set_result(None)
-    else:
-        done.set_exception(error)
-
-
-async def _on_loop(loop: asyncio.AbstractEventLoop, coro: Awaitable[Any]) -> Any:
-    """Await `coro` on the asyncio `loop` (another thread) from Trio; a Trio cancellation
-    cancels it there."""
-    future = asyncio.run_coroutine_threadsafe(coro, loop)  # type: ignore[arg-type]
-    token = trio.lowlevel.current_trio_token()
-    finished = trio.Event()
-
-    def wake(_: Any) -> None:
-        try:
-            token.run_sync_soon(finished.set)
-        except trio.RunFinishedError:
-            pass
-
-    future.add_done_callback(wake)
-    try:
-        await finished.wait()
-    except trio.Cancelled:
-        future.cancel()
-        raise
-    return future.result()
 
 
 async def _unavailable(send: Callable[[Message], Awaitable[None]]) -> None:
