@@ -3,7 +3,9 @@ whole text received so far (O(n) per delta, O(n^2) per choice). Frozen here, ver
 the oracle the incremental scanners must agree with delta for delta
 (tests/test_tool_stream_incremental.py), and as the same-run baseline of
 scripts/bench_tool_stream.py. Only the reading of growing text is frozen: the constants,
-`decode_call` and the pythonic literal conversion are the package's own.
+`decode_call`, `content_or_none`, `partial_overlap` and the pythonic literal conversion
+are the package's own (unchanged by the resumable scans). The JSON scanner's object and
+array loops below repeat each other as they did in the package: kept as they were.
 """
 
 from __future__ import annotations
@@ -18,7 +20,14 @@ from typing import Any
 
 from server.api.openai.tool_parsers import hermes, llama3_json, mistral, pythonic
 from server.api.openai.tool_parsers._json_calls import CallShape, arguments_text, decode_call
-from server.api.openai.tool_parsers.base import ContentDelta, Delta, ToolCallDelta, ToolParser
+from server.api.openai.tool_parsers.base import (
+    ContentDelta,
+    Delta,
+    ToolCallDelta,
+    ToolParser,
+    content_or_none,
+    partial_overlap,
+)
 from server.api.openai.tool_parsers.tool_schema import NamedToolCallParser, RequiredToolCallParser
 
 logger = logging.getLogger(__name__)
@@ -272,23 +281,6 @@ class Scan:
     content: str = ""
     calls: list[CallProgress] = field(default_factory=list)
     invalid: bool = False
-
-
-def partial_overlap(text: str, tag: str) -> int:
-    """Length of the longest proper prefix of `tag` that ends `text`: that much of the
-    text must be held back, since it may be the start of the tag."""
-    for size in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:size]):
-            return size
-    return 0
-
-
-
-def content_or_none(content: str, has_calls: bool) -> str | None:
-    """Content beside calls: none when it is only whitespace (a template's newline before
-    the first call is not a message)."""
-    if has_calls and not content.strip():
-        return None
 
 
 # -- _json_calls -----------------------------------------------------------------

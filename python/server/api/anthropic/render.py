@@ -31,6 +31,7 @@ from typing import Any
 from server import sse
 from server.api.anthropic.errors import envelope
 from server.api.openai.render import ChatChoice
+from server.api.openai.tool_calls import is_json
 from server.frontend.service import (
     ChoiceDelta,
     Collected,
@@ -81,14 +82,6 @@ def _input(arguments: str) -> dict[str, Any]:
     except (ValueError, RecursionError):
         return {}
     return value if isinstance(value, dict) else {}
-
-
-def _is_json(text: str) -> bool:
-    try:
-        json.loads(text)
-    except (ValueError, RecursionError):
-        return False
-    return True
 
 
 def message_body(gen: TextGeneration, result: Collected, *, model: str,
@@ -164,7 +157,7 @@ class MessageStream:
         events = self._stop_block()
         if self._blocks == 0:  # as the whole message: one empty text block
             events += self._start_block({"type": "text", "text": ""}) + self._stop_block()
-        complete = self._tool_used and _is_json("".join(self._arguments))
+        complete = self._tool_used and is_json("".join(self._arguments))
         reason, sequence = stop_reason_of(self._finish, self._matched,
                                           tool_used=self._tool_used, tool_complete=complete)
         events.append(_event({"type": "message_delta",

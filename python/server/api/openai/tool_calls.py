@@ -82,7 +82,7 @@ class ToolCallChoice(ChatChoice):
         calls = parsed.calls
         if self._plan.parallel_tool_calls is False:
             calls = calls[:1]
-        if self._plan.named and reason == "length" and calls and not _is_json(
+        if self._plan.named and reason == "length" and calls and not is_json(
                 calls[0].arguments_json):
             calls = []
         content = parsed.content
@@ -95,7 +95,8 @@ class ToolCallChoice(ChatChoice):
                 _finish_reason(reason, bool(calls), self._plan.named))
 
 
-def _is_json(text: str) -> bool:
+def is_json(text: str) -> bool:
+    """Whether a call's arguments text decodes (a named call cut by max_tokens may not)."""
     try:
         json.loads(text)
     except (ValueError, RecursionError):  # nested past the decoder's depth: no client's either

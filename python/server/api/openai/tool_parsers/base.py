@@ -157,6 +157,48 @@ def partial_overlap(text: str, tag: str) -> int:
     return 0
 
 
+class TaggedScanner(Scanner):
+    """A format whose calls follow a tag (Hermes' `<tool_call>`, Mistral's `[TOOL_CALLS]`):
+    until the first tag the text is content, less what may be the tag's start at its end;
+    from the tag on, the format's `_read` reads the calls. `_pos` is where the search for
+    the next tag (or the format's reading) goes on."""
+
+    def __init__(self, parser_name: str, tag: str) -> None:
+        super().__init__(parser_name)
+        self._tag = tag
+        self._first = -1  # the first tag
+        self._pos = 0
+
+    def _advance(self, text: str, final: bool) -> Scan:
+        if self._first < 0:
+            first = self._find_tag(text)
+            if first < 0:
+                held = 0 if final else partial_overlap(text, self._tag)
+                return Scan(content_end=len(text) - held)
+            self._first, self._pos = first, first + len(self._tag)
+        return self._read(text, final)
+
+    def _read(self, text: str, final: bool) -> Scan:
+        raise NotImplementedError
+
+    def _find_tag(self, text: str) -> int:
+        """The next tag at or after `_pos`, or -1, `_pos` then moved past the text that
+        cannot hold the start of one."""
+        found = text.find(self._tag, self._pos)
+        if found < 0:
+            self._pos = max(self._pos, len(text) - len(self._tag) + 1)
+        return found
+
+    def _with_calls(self, text: str, final: bool, calls: Sequence[CallProgress],
+                    open_call: CallProgress | None) -> Scan:
+        """The calls beside the content before the first tag (at the end, none when it is
+        only whitespace)."""
+        first = self._first
+        if final and not content_or_none(text[:first], True):
+            first = 0
+        return Scan(content_end=first, calls=calls, open_call=open_call)
+
+
 class ToolParser:
     """One model family's tool-call format. Stateless: one instance serves every
     request; per-choice streaming state lives in the `ToolCallStream` it makes."""

@@ -23,9 +23,9 @@ from server.api.openai.tool_parsers.base import (
     ParsedToolCalls,
     Scan,
     Scanner,
+    TaggedScanner,
     ToolParser,
     content_or_none,
-    partial_overlap,
 )
 
 START = "<tool_call>"
@@ -69,29 +69,19 @@ class HermesToolParser(ToolParser):
 _OPEN_TAG, _IN_CALL, _AFTER_CALL, _BETWEEN = range(4)
 
 
-class _HermesScanner(Scanner):
+class _HermesScanner(TaggedScanner):
     """The blocks read so far are kept as finished calls; only the current block (its
     opening tag, its object, its closing tag, or the text before the next block) is read
-    on. The content is the text before the first tag, or all of it while there is none
-    (less what may be the start of one)."""
+    on."""
 
     def __init__(self, parser_name: str) -> None:
-        super().__init__(parser_name)
-        self._first = -1  # the first START
-        self._pos = 0  # where the current stage reads on
+        super().__init__(parser_name, START)
         self._stage = _OPEN_TAG
         self._call: CallScanner | None = None
         self._calls: list[CallProgress] = []  # the calls of finished blocks
 
-    def _advance(self, text: str, final: bool) -> Scan:
+    def _read(self, text: str, final: bool) -> Scan:
         size = len(text)
-        if self._first < 0:
-            first = text.find(START, self._pos)
-            if first < 0:
-                self._pos = max(0, size - len(START) + 1)
-                held = 0 if final else partial_overlap(text, START)
-                return Scan(content_end=size - held)
-            self._first, self._pos = first, first + len(START)
         open_call = None
         while True:
             if self._stage == _OPEN_TAG:
@@ -126,12 +116,8 @@ class _HermesScanner(Scanner):
                     return Scan(content_end=size, invalid=True)
                 else:
                     break  # the closing tag may still come
-            start = text.find(START, self._pos)
+            start = self._find_tag(text)
             if start < 0:
-                self._pos = max(self._pos, size - len(START) + 1)
                 break
             self._stage, self._pos = _OPEN_TAG, start + len(START)
-        first = self._first
-        if final and not content_or_none(text[:first], True):
-            first = 0
-        return Scan(content_end=first, calls=self._calls, open_call=open_call)
+        return self._with_calls(text, final, self._calls, open_call)

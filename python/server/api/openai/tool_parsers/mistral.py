@@ -26,6 +26,7 @@ from server.api.openai.tool_parsers.base import (
     ParsedToolCalls,
     Scan,
     Scanner,
+    TaggedScanner,
     ToolParser,
     content_or_none,
     partial_overlap,
@@ -125,15 +126,13 @@ _Calls = tuple[list[CallProgress], CallProgress | None]  # finished calls, the o
 _NAME_STAGE, _ARGS_STAGE, _NEXT_STAGE = range(3)
 
 
-class _MistralScanner(Scanner):
-    """The text before `[TOOL_CALLS]` is content; after it, once the first character
-    tells the form, the JSON list (or object) or the v11 calls are read on from where the
-    last advance stopped: finished calls are kept, only the current one is read."""
+class _MistralScanner(TaggedScanner):
+    """After `[TOOL_CALLS]`, once the first character tells the form, the JSON list (or
+    object) or the v11 calls are read on from where the last advance stopped: finished
+    calls are kept, only the current one is read."""
 
     def __init__(self, parser_name: str) -> None:
-        super().__init__(parser_name)
-        self._first = -1  # the first BOT
-        self._pos = 0
+        super().__init__(parser_name, BOT)
         self._index = 0  # where the calls start, past the markers
         self._form: str | None = None  # "json" or "named" once the text tells
         self._calls: list[CallProgress] = []
@@ -141,41 +140,29 @@ class _MistralScanner(Scanner):
         self._object: CallScanner | None = None  # the single object, or the current element
         self._array: js.JsonValue | None = None
         self._element = 0  # the array element being read
-        self._array_valid: bool | None = None
         # The v11 form.
         self._stage = _NAME_STAGE
         self._markers_from = 0  # where the markers before the current name start
         self._name = ""
         self._arguments: js.JsonValue | None = None
 
-    def _advance(self, text: str, final: bool) -> Scan:
+    def _read(self, text: str, final: bool) -> Scan:
         size = len(text)
-        if self._first < 0:
-            first = text.find(BOT, self._pos)
-            if first < 0:
-                self._pos = max(0, size - len(BOT) + 1)
-                held = 0 if final else partial_overlap(text, BOT)
-                return Scan(content_end=size - held)
-            self._first = first
-            self._index = first + len(BOT)
         if self._form is None:
-            index = self._index = _after_markers(text, self._index)
+            index = self._pos = _after_markers(text, self._pos)
             if not final and (
                 index >= size or (size - index < len(BOT) and BOT.startswith(text[index:]))
             ):
                 return Scan(content_end=self._first)
             self._form = "json" if text[index : index + 1] in ("[", "{") else "named"
-            self._markers_from = index
+            self._index = self._markers_from = index
         if self._form == "json":
             calls = self._json(text, final)
         else:
             calls = self._named(text, final)
         if calls is None:
             return Scan(content=text.replace(BOT, ""), invalid=True)
-        first = self._first
-        if final and not content_or_none(text[:first], True):
-            first = 0
-        return Scan(content_end=first, calls=calls[0], open_call=calls[1])
+        return self._with_calls(text, final, *calls)
 
     def _json(self, text: str, final: bool) -> _Calls | None:
         """The calls of the list (or single object) at the index; None when it cannot
@@ -215,15 +202,8 @@ class _MistralScanner(Scanner):
                 self._calls.append(call.progress)
             self._element += 1
             self._object = None
-        if array.end is not None:
-            if self._array_valid is None:
-                try:
-                    js.loads_strict(text[index : array.end])
-                    self._array_valid = True
-                except ValueError:
-                    self._array_valid = False
-            if not self._array_valid or not self._calls:
-                return None
+        if array.end is not None and not self._calls:
+            return None  # no calls (a closed list is valid JSON: `JsonValue` checked it)
         return self._calls, open_call
 
     def _named(self, text: str, final: bool) -> _Calls | None:
@@ -264,17 +244,12 @@ class _MistralScanner(Scanner):
                     if final:
                         return None
                     return self._calls, CallProgress(self._name, span=(arguments.start, size))
-                try:
-                    js.loads_strict(text[arguments.start : arguments.end])
-                except ValueError:
-                    return None
                 self._calls.append(
                     CallProgress(self._name, complete=True, span=(arguments.start, arguments.end))
                 )
                 self._stage, self._pos = _NEXT_STAGE, arguments.end
-            following = text.find(BOT, self._pos)
+            following = self._find_tag(text)
             if following < 0:
-                self._pos = max(self._pos, size - len(BOT) + 1)
                 return self._calls, None
             self._stage, self._markers_from = _NAME_STAGE, following + len(BOT)
 

@@ -178,20 +178,12 @@ class _RequiredScanner(Scanner):
             self._calls.append(call.progress)
             self._element += 1
             self._call = None
-        if final and (array.end is None or not _only_json(text, array.start, array.end)):
+        # A closed array is valid JSON (`JsonValue` checked it); nothing may follow it.
+        if final and (array.end is None or text[array.end :].strip()):
             return Scan(invalid=True)
         if self._limit is not None and len(self._calls) >= self._limit:
             return Scan(calls=self._calls[: self._limit])
         return Scan(calls=self._calls, open_call=open_call)
-
-
-def _only_json(text: str, start: int, end: int) -> bool:
-    """Whether text[start:end] is valid JSON with nothing but whitespace after it."""
-    try:
-        js.loads_strict(text[start:end])
-    except ValueError:
-        return False
-    return not text[end:].strip()
 
 
 class NamedToolCallParser(ToolParser):
