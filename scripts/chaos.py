@@ -50,6 +50,7 @@ import shlex
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -428,19 +429,17 @@ async def pooling_flood(args, client: httpx.AsyncClient, cfg: dict) -> dict:
     async def over_one(i: int) -> None:
         path, field, body = FLOOD_ROUTES[i % len(FLOOD_ROUTES)]
         n = bound + 1 if i % 2 == 0 else huge
+        row: dict = {"path": path, "field": field, "inputs": n}
         t0 = time.monotonic()
         try:
             r = await client.post(path, json={**body(["a"] * n), **model})
             err = r.json().get("error") if r.headers.get("content-type", "").startswith(
                 "application/json") else None
-            over.append({"path": path, "field": field, "inputs": n, "status": r.status_code,
-                         "param": (err or {}).get("param"),
-                         "envelope": isinstance(err, dict) and "message" in err,
-                         "s": round(time.monotonic() - t0, 3)})
+            row.update(status=r.status_code, param=(err or {}).get("param"),
+                       envelope=isinstance(err, dict) and "message" in err)
         except httpx.HTTPError as exc:
-            over.append({"path": path, "field": field, "inputs": n, "status": None,
-                         "error": f"{type(exc).__name__}: {exc}"[:200],
-                         "s": round(time.monotonic() - t0, 3)})
+            row.update(status=None, error=f"{type(exc).__name__}: {exc}"[:200])
+        over.append(dict(row, s=round(time.monotonic() - t0, 3)))
 
     async def at_bound_one(i: int) -> None:
         texts = [chr(ord("a") + (i + k) % 26) for k in range(bound)]  # a token or two each
@@ -448,12 +447,11 @@ async def pooling_flood(args, client: httpx.AsyncClient, cfg: dict) -> dict:
         try:
             r = await client.post("/v1/embeddings", json={"input": texts, **model},
                                   timeout=args.flood_at_timeout)
-            n = len(r.json()["data"]) if r.status_code == 200 else None
-            at_bound.append({"status": r.status_code, "vectors": n,
-                             "s": round(time.monotonic() - t0, 3)})
+            row = {"status": r.status_code,
+                   "vectors": len(r.json()["data"]) if r.status_code == 200 else None}
         except (httpx.HTTPError, ValueError, KeyError) as exc:
-            at_bound.append({"status": None, "error": f"{type(exc).__name__}: {exc}"[:200],
-                             "s": round(time.monotonic() - t0, 3)})
+            row = {"status": None, "error": f"{type(exc).__name__}: {exc}"[:200]}
+        at_bound.append(dict(row, s=round(time.monotonic() - t0, 3)))
 
     async def canary_stream() -> None:
         try:
@@ -513,10 +511,7 @@ async def pooling_flood(args, client: httpx.AsyncClient, cfg: dict) -> dict:
             if after_vec is not None and len(after_vec) == len(canary_vec) else None)
 
     def counts(rows: list[dict]) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for row in rows:
-            out[str(row["status"])] = out.get(str(row["status"]), 0) + 1
-        return dict(sorted(out.items()))
+        return dict(sorted(Counter(str(row["status"]) for row in rows).items()))
 
     over_times = sorted(row["s"] for row in over)
     checks = {
@@ -624,6 +619,44 @@ async def operator_abandon(args, client: httpx.AsyncClient, server: ServerUnderT
             "ok": all(checks.values())}
 
 
+async def kills_and_abandon(args, client: httpx.AsyncClient, host: str, port: int,
+                            seats: int, capacity: int, server: ServerUnderTest | None,
+                            pid: int | None) -> dict:
+    """Steps 1-4 (see the module's docstring), those --scenarios names, between two canaries
+    and two RSS readings."""
+    out: dict = {}
+    before = await canary(client, args.model)
+    before_cached = await canary(client, args.model)
+    idle = await gauges(client)
+    rss0 = rss_bytes(pid) if pid else None
+    out["idle"] = idle
+    log(f"idle: {idle}; canary {before!r}")
+
+    if "kills" in args.scenarios:
+        log(f"kills: {args.kills} clients closed mid-request")
+        out["kills"] = await kills(args, host, port, args.kill_concurrency or seats)
+        out["settle_after_kills"] = await settle(client, idle)
+        log(f"after kills: {out['settle_after_kills']}")
+
+    if "abandon" in args.scenarios:
+        log(f"abandon: {args.abandon} requests closed while queued")
+        out["abandon"] = await abandon_waves(args, client, host, port, seats, capacity)
+        out["settle_after_abandon"] = await settle(client, idle)
+        log(f"after abandon: {out['settle_after_abandon']}")
+
+    alive = (server is None or server.proc.poll() is None) and \
+        (await client.get("/health")).status_code == 200
+    after = await canary(client, args.model)
+    rss1 = rss_bytes(pid) if pid else None
+    out["canary"] = {"before": before, "before_cached": before_cached, "after": after,
+                     "stable_before": before == before_cached,
+                     "unchanged": before is not None and after == before}
+    out["alive"] = alive
+    out["rss_mib"] = {"before": round(rss0 / 2**20, 1) if rss0 else None,
+                      "after": round(rss1 / 2**20, 1) if rss1 else None}
+    return out
+
+
 async def chaos(args, url: str, server: ServerUnderTest | None, pid: int | None) -> dict:
     parts = urlsplit(url)
     host, port = parts.hostname, parts.port or 80
@@ -636,36 +669,8 @@ async def chaos(args, url: str, server: ServerUnderTest | None, pid: int | None)
         capacity = seats + (int(queued) if queued is not None else 2 * seats)
         out["seats"], out["capacity"] = seats, capacity
         if args.scenarios & {"kills", "abandon"}:
-            before = await canary(client, args.model)
-            before_cached = await canary(client, args.model)
-            idle = await gauges(client)
-            rss0 = rss_bytes(pid) if pid else None
-            out["idle"] = idle
-            log(f"idle: {idle}; canary {before!r}")
-
-        if "kills" in args.scenarios:
-            log(f"kills: {args.kills} clients closed mid-request")
-            out["kills"] = await kills(args, host, port, args.kill_concurrency or seats)
-            out["settle_after_kills"] = await settle(client, idle)
-            log(f"after kills: {out['settle_after_kills']}")
-
-        if "abandon" in args.scenarios:
-            log(f"abandon: {args.abandon} requests closed while queued")
-            out["abandon"] = await abandon_waves(args, client, host, port, seats, capacity)
-            out["settle_after_abandon"] = await settle(client, idle)
-            log(f"after abandon: {out['settle_after_abandon']}")
-
-        if args.scenarios & {"kills", "abandon"}:
-            alive = (server is None or server.proc.poll() is None) and \
-                (await client.get("/health")).status_code == 200
-            after = await canary(client, args.model)
-            rss1 = rss_bytes(pid) if pid else None
-            out["canary"] = {"before": before, "before_cached": before_cached, "after": after,
-                             "stable_before": before == before_cached,
-                             "unchanged": before is not None and after == before}
-            out["alive"] = alive
-            out["rss_mib"] = {"before": round(rss0 / 2**20, 1) if rss0 else None,
-                              "after": round(rss1 / 2**20, 1) if rss1 else None}
+            out.update(await kills_and_abandon(args, client, host, port, seats, capacity,
+                                               server, pid))
 
         if "pooling-flood" in args.scenarios:
             log(f"pooling flood: {args.flood_over} requests over the bound, "
@@ -693,6 +698,30 @@ def cpu_name() -> str | None:
     except OSError:
         pass
     return None
+
+
+def verdicts(result: dict, abandon: int) -> dict[str, bool]:
+    """The checks of the scenarios that ran, by name."""
+    checks: dict[str, bool] = {}
+    ran = [result[part] for part in ("kills", "abandon") if part in result]
+    if ran:
+        checks["no_5xx"] = not any(part["server_errors"] for part in ran)
+    if "kills" in result:
+        checks["no_stuck_kills"] = "stuck" not in result["kills"]["by_kind"]
+        checks["settled_after_kills"] = result["settle_after_kills"]["ok"]
+    if "abandon" in result:
+        checks["settled_after_abandon"] = result["settle_after_abandon"]["ok"]
+        checks["abandoned_enough"] = result["abandon"]["abandoned_while_queued"] >= abandon
+        checks["queue_was_used"] = result["abandon"]["max_waiting_seen"] > 0 or abandon == 0
+    if "canary" in result:
+        checks["alive"] = result["alive"]
+        checks["canary_unchanged"] = result["canary"]["unchanged"]
+    for part, name in (("pooling_flood", "pooling_flood"),
+                       ("operator_abandon", "operator_abandon"),
+                       ("sigterm", "sigterm_all_told_and_exit_0")):
+        if part in result:
+            checks[name] = result[part]["ok"]
+    return checks
 
 
 def main() -> int:
@@ -775,28 +804,9 @@ def main() -> int:
     finally:
         if server is not None:
             server.close()
-    checks = {}
-    if "kills" in result:
-        checks["no_5xx"] = not result["kills"]["server_errors"]
-        checks["no_stuck_kills"] = "stuck" not in result["kills"]["by_kind"]
-        checks["settled_after_kills"] = result["settle_after_kills"]["ok"]
-    if "abandon" in result:
-        checks["no_5xx"] = checks.get("no_5xx", True) and not result["abandon"]["server_errors"]
-        checks["settled_after_abandon"] = result["settle_after_abandon"]["ok"]
-        checks["abandoned_enough"] = result["abandon"]["abandoned_while_queued"] >= args.abandon
-        checks["queue_was_used"] = result["abandon"]["max_waiting_seen"] > 0 or args.abandon == 0
-    if "canary" in result:
-        checks["alive"] = result["alive"]
-        checks["canary_unchanged"] = result["canary"]["unchanged"]
-    if "pooling_flood" in result:
-        checks["pooling_flood"] = result["pooling_flood"]["ok"]
-    if "operator_abandon" in result:
-        checks["operator_abandon"] = result["operator_abandon"]["ok"]
-    if "sigterm" in result:
-        checks["sigterm_all_told_and_exit_0"] = result["sigterm"]["ok"]
-    result["checks"] = checks
+    result["checks"] = verdicts(result, args.abandon)
     result["cpu"] = cpu_name()
-    result["ok"] = all(checks.values())
+    result["ok"] = all(result["checks"].values())
     json.dump(result, sys.stdout, indent=2)
     print()
     return 0 if result["ok"] else 1

@@ -14,8 +14,8 @@ computes the prompt only and answers one float32 vector per prompt. Score and re
 bi-encoder cosines between the query's and each document's embedding.
 
 A request carries at most ``--max-pooling-inputs`` inputs in each list field (2048 by
-default, the OpenAI embeddings API's own limit); more is a 400 naming the field, given
-before the body is parsed. Large responses are built and serialized in a worker thread.
+default, the OpenAI embeddings API's own limit): server.api.pooling_bounds, on the raw
+body. Large responses are built and serialized in a worker thread.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import base64
 import json
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -37,8 +37,9 @@ from actors.params.pooling import PoolerConfig, PoolingSpec, matryoshka_of, pool
 from actors.params.sampling import SamplingParams
 from actors.runtime.outbox import OutboxFailed
 from actors.runtime.request import PromptInput
-from server.api.http_io import accepts, built_json_response, check_model, parse, read_json
+from server.api.http_io import accepts, built_json_response, check_model, read_json
 from server.api.openai.chat import render_call
+from server.api.pooling_bounds import parse_bounded
 from server.api.pooling_protocol import (CohereEmbedRequest, EmbeddingRequest, PoolingFields,
                                          RerankDocument, RerankRequest, ScoreRequest)
 from server.config import ServerConfig
@@ -103,49 +104,16 @@ def _spec(srv: ServerState, name: str, use_activation: bool | None,
     return pooler.spec(normalize=use_activation, dimensions=dimensions)
 
 
-def _too_long(param: str, n: int, limit: int) -> APIError:
-    # OpenAI's wording for a list beyond its bound
-    return bad_request(f"Invalid '{param}': array too long. Expected an array with maximum "
-                       f"length {limit}, but got an array with length {n} instead.", param)
-
-
-def _check_lists(body: dict[str, Any], fields: Iterable[str], limit: int) -> None:
-    """Refuse a list field of the raw body holding more than ``limit`` items.
-
-    It runs before the body is parsed: pydantic reports one error per item of the wrong
-    type, and a 4 MB body holds a million items, seconds of the event loop to list."""
-    for field in fields:
-        value = body.get(field)
-        if isinstance(value, list) and len(value) > limit:
-            raise _too_long(field, len(value), limit)
-
-
-def _check_embed_input(body: dict[str, Any], limit: int) -> None:
-    """_check_lists for embeddings' ``input``, where a flat list of integers is one prompt
-    in token ids, however long. An inner list must hold integers only: checked here too,
-    stopping at the first wrong item, for the same reason (``[["a", ...]]`` is one input
-    and a million errors)."""
-    value = body.get("input")
-    if not isinstance(value, list):
-        return
-    if len(value) > limit:
-        if all(type(v) is int for v in value):
-            return  # one prompt: its length is the context's to bound
-        raise _too_long("input", len(value), limit)
-    for i, item in enumerate(value):
-        if isinstance(item, list) and not all(type(t) is int for t in item):
-            raise bad_request(f"Invalid 'input[{i}]': a list in input must hold token ids "
-                              "(integers) only.", "input")
-
-
 # Responses holding more floats than this are built and serialized in a worker thread
 # (built_json_response): at the bound, 2048 vectors of 384 floats cost ~60 ms of .tolist()
 # and orjson.dumps, during which the event loop would serve no stream and no /health.
 OFF_LOOP_FLOATS = 8192
 
 
-def _large(vecs: list[np.ndarray]) -> bool:
-    return sum(v.size for v in vecs) > OFF_LOOP_FLOATS
+async def _respond(build: Callable[[], dict[str, Any]], vecs: list[np.ndarray]) -> Response:
+    """The JSON response build() makes, off the event loop when ``vecs`` are large."""
+    return await built_json_response(
+        build, off_loop=sum(v.size for v in vecs) > OFF_LOOP_FLOATS)
 
 
 def _json_array(items: Iterable[Any]) -> orjson.Fragment:
@@ -271,22 +239,21 @@ def register(app: Quart, srv: ServerState) -> None:
         if "messages" not in body and isinstance(given, list) and given and all(
                 isinstance(m, dict) and isinstance(m.get("role"), str) for m in given):
             body = {**body, "messages": given, "input": None}  # a conversation as input
-        _check_embed_input(body, limit)
-        return parse(EmbeddingRequest, body)
+        return parse_bounded(EmbeddingRequest, body, limit)
 
     @app.post("/v1/embeddings")
     @accepts(EmbeddingRequest)
     async def embeddings() -> Response:
         req = embedding_request(await read_json())
         name, vecs, tokens = await embeddings_of(req)
-        return await built_json_response(lambda: {
+        return await _respond(lambda: {
             "id": f"embd-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
             "model": name,
             "data": [{"index": i, "object": "embedding",
                       "embedding": _encoded(v, req.encoding_format)}
                      for i, v in enumerate(vecs)],
             "usage": _usage(tokens),
-        }, off_loop=_large(vecs))
+        }, vecs)
 
     @app.post("/pooling")
     @accepts(EmbeddingRequest)
@@ -295,20 +262,18 @@ def register(app: Quart, srv: ServerState) -> None:
         if req.dimensions is not None:  # vLLM's /pooling refuses it
             raise bad_request("dimensions is currently not supported", "dimensions")
         name, vecs, tokens = await embeddings_of(req)
-        return await built_json_response(lambda: {
+        return await _respond(lambda: {
             "id": f"pool-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
             "model": name,
             "data": [{"index": i, "object": "pooling", "data": _encoded(v, req.encoding_format)}
                      for i, v in enumerate(vecs)],
             "usage": _usage(tokens),
-        }, off_loop=_large(vecs))
+        }, vecs)
 
     @app.post("/v2/embed")
     @accepts(CohereEmbedRequest)
     async def cohere_embed() -> Response:
-        body = await read_json()
-        _check_lists(body, ("texts", "images", "inputs", "embedding_types"), limit)
-        req = parse(CohereEmbedRequest, body)
+        req = parse_bounded(CohereEmbedRequest, await read_json(), limit)
         name = check_model(srv, req.model)
         given = [f for f in (req.texts, req.images, req.inputs) if f is not None]
         if len(given) != 1 or not given[0]:
@@ -341,7 +306,7 @@ def register(app: Quart, srv: ServerState) -> None:
                 "response_type": "embeddings_by_type",
             }
 
-        return await built_json_response(build, off_loop=_large(vecs))
+        return await _respond(build, vecs)
 
     async def score(req: ScoreRequest) -> Response:
         name = check_model(srv, req.model)
@@ -377,7 +342,7 @@ def register(app: Quart, srv: ServerState) -> None:
                 "usage": _usage(tokens),
             }
 
-        return await built_json_response(build, off_loop=_large(vecs))
+        return await _respond(build, vecs)
 
     async def rerank(req: RerankRequest) -> Response:
         name = check_model(srv, req.model)
@@ -405,21 +370,16 @@ def register(app: Quart, srv: ServerState) -> None:
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens}, "results": results,
             }
 
-        return await built_json_response(build, off_loop=_large(vecs))
+        return await _respond(build, vecs)
 
     for path in ("/score", "/v1/score"):
         @app.post(path, endpoint=f"score{path.replace('/', '_')}")
         @accepts(ScoreRequest)
         async def score_route() -> Response:
-            body = await read_json()
-            _check_lists(body, ("queries", "documents", "text_1", "text_2", "data_1",
-                                "data_2"), limit)
-            return await score(parse(ScoreRequest, body))
+            return await score(parse_bounded(ScoreRequest, await read_json(), limit))
 
     for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
         @app.post(path, endpoint=f"rerank{path.replace('/', '_')}")
         @accepts(RerankRequest)
         async def rerank_route() -> Response:
-            body = await read_json()
-            _check_lists(body, ("documents",), limit)
-            return await rerank(parse(RerankRequest, body))
+            return await rerank(parse_bounded(RerankRequest, await read_json(), limit))
