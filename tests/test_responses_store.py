@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import trio
 from server.responses_store import ResponseStore
 from subproc import child_env
@@ -81,7 +82,7 @@ def test_unfinished_rows_are_failed_when_reopened(tmp_path: Path):
             got = (await store.get(f"resp_{i}")).body
             assert got["status"] == "failed" and got["error"]["code"] == "server_error"
         assert (await store.get("resp_2")).status == "completed"
-        store.close()
+        await store.close()
 
     trio.run(reopened)
     assert os.listdir(tmp_path / "s.sqlite.owners") == []  # the gone owner's lock file too
@@ -187,9 +188,12 @@ async def test_running_background_rows_are_never_evicted(tmp_path: Path):
 
 
 async def test_file_and_folder_modes(tmp_path: Path):
+    there = tmp_path / "there"  # a folder that was there: left as it is
+    there.mkdir()
+    there.chmod(0o755)
     old = os.umask(0o022)  # a permissive umask: what the store makes must not follow it
     try:
-        path = tmp_path / "made" / "deeper" / "s.sqlite"
+        path = there / "made" / "deeper" / "s.sqlite"
         store = ResponseStore(path, max_count=10, max_age=0)
         await store.put(body(0), [{"role": "user", "content": "secret"}])
         await store.get("resp_0")
@@ -198,7 +202,7 @@ async def test_file_and_folder_modes(tmp_path: Path):
     mode = lambda p: stat.S_IMODE(p.stat().st_mode)  # noqa: E731
     assert mode(path) == 0o600
     assert mode(path.parent) == 0o700 and mode(path.parent.parent) == 0o700
-    assert mode(tmp_path) == 0o700  # pytest's own: a folder that was there is left as it is
+    assert mode(there) == 0o755
     extra = [Path(f"{path}-wal"), Path(f"{path}-shm")]
     assert all(p.exists() for p in extra), list(path.parent.iterdir())
     assert [mode(p) for p in extra] == [0o600, 0o600]
@@ -212,7 +216,7 @@ async def test_file_and_folder_modes(tmp_path: Path):
     old_file.chmod(0o644)
     await ResponseStore(old_file, max_count=10, max_age=0).put(body(0), [])
     assert mode(old_file) == 0o600
-    store.close()
+    await store.close()
 
 
 HOLDER = r"""
@@ -254,7 +258,7 @@ async def test_several_processes_share_one_file(tmp_path: Path):
         # A third store opened meanwhile leaves the running row alone too.
         third = ResponseStore(path, max_count=100, max_age=0)
         assert (await third.get("resp_run")).status == "in_progress"
-        third.close()
+        await third.close()
         assert (await other.get("resp_run")).status == "in_progress"
     finally:
         holder.kill()
@@ -263,7 +267,7 @@ async def test_several_processes_share_one_file(tmp_path: Path):
     # Its process gone, its running row is failed: by the next reader, or the next opener.
     got = (await other.get("resp_run")).body
     assert got["status"] == "failed" and got["error"]["code"] == "server_error"
-    other.close()
+    await other.close()
 
 
 async def test_a_file_of_the_single_process_schema_is_upgraded(tmp_path: Path):
@@ -288,4 +292,21 @@ async def test_a_file_of_the_single_process_schema_is_upgraded(tmp_path: Path):
     assert count == 2 and size > len(orjson.dumps(body(1)))  # sizes of the old rows too
     await store.put(body(2), [])  # the old rows are the one client's: the oldest goes
     assert await present(store, [0, 1, 2]) == [1, 2]
-    store.close()
+    await store.close()
+
+
+async def test_close_fails_its_running_rows_and_removes_its_lock(tmp_path: Path):
+    path = tmp_path / "s.sqlite"
+    store = ResponseStore(path, max_count=10, max_age=0)
+    await store.put(body(0, "in_progress"), [])
+    await store.put(body(1), [])
+    assert os.listdir(tmp_path / "s.sqlite.owners") == [store.owner]
+    await store.close()
+    assert os.listdir(tmp_path / "s.sqlite.owners") == []
+    with pytest.raises(RuntimeError, match="closed"):
+        await store.get("resp_1")
+    reopened = ResponseStore(path, max_count=10, max_age=0)
+    got = (await reopened.get("resp_0")).body
+    assert got["status"] == "failed" and got["error"]["code"] == "server_error"
+    assert (await reopened.get("resp_1")).body == body(1)
+    await reopened.close()

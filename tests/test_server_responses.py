@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import stat
 import time
 
@@ -373,6 +374,7 @@ def test_store_shares_bytes_running_rows_and_two_replicas(tmp_path):
         clients.close()
         assert first.stop() == 0
         assert second.stop() == 0
+    assert os.listdir(path.with_name(path.name + ".owners")) == []  # closed at shutdown
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
 
@@ -485,6 +487,7 @@ def test_store_survives_restart_and_is_bounded(tmp_path):
                              max_output_tokens=900)
     finally:
         assert srv.stop() == 0
+    assert os.listdir(tmp_path / "responses.sqlite.owners") == []  # closed at shutdown
     srv = run()
     try:
         with openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0) as c:

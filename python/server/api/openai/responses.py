@@ -15,15 +15,9 @@ of the request's API key (all clients are one without keys), which holds at most
 share of the store's bounds. A stored stream whose client leaves before its last event is
 stored `incomplete` with what was generated so far.
 
-`background: true` admits the generation (so 400s and 503s still answer the POST), stores
-it `in_progress` and returns; a task in the server's nursery, not the request's, reads it
-to the end and stores the final state. Cancel stops that task, whose generation is then
-retired (aborted in the engine, its KV blocks freed) and stores it `cancelled`.
-
-Several servers may share one store file (replicas on one machine). GET reads the row,
-whichever server runs it. Cancel of a response another server runs asks it through the
-row: that server polls for the requests on its rows while it runs background responses,
-cancels, stores `cancelled`; the asking server waits for that state and returns it.
+`background: true` runs the response in the server's nursery (responses_background), which
+also carries out cancels, of this server's responses and, through the store's rows, of those
+another server on the same store file runs. GET reads the row, whichever server runs it.
 """
 
 from __future__ import annotations
@@ -31,7 +25,6 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
@@ -47,25 +40,24 @@ from server.api.openai.params import build_params
 from server.api.openai.protocol.chat import ChatTool
 from server.api.openai.protocol.common import APIModel
 from server.api.openai.protocol.responses import ResponsesRequest
+from server.api.openai.responses_background import BackgroundResponses
 from server.api.openai.responses_input import conversation, input_messages, items_to_messages
 from server.api.openai.responses_render import (
     EventCounter,
     OutputBuilder,
     ResponseShape,
+    abandoned_body,
+    failed_body,
+    final_body,
     new_id,
 )
 from server.api.openai.tools import ToolPlan, apply_plan, history_messages, plan_tools
 from server.api.openai.unsupported import check_unsupported
 from server.errors import APIError, bad_request
 from server.frontend import service
-from server.frontend.service import ChoiceDelta, Failed, Finished, Idle, TextGeneration, Usage
+from server.frontend.service import ChoiceDelta, Failed, Finished, Idle, TextGeneration
 from server.generation import detach_from_request, new_request_id
-from server.responses_store import (
-    UNFINISHED,
-    ResponseStore,
-    StoredResponse,
-    client_id,
-)
+from server.responses_store import UNFINISHED, ResponseStore, client_id
 from server.sse import sse_response
 from server.state import ServerState
 
@@ -74,10 +66,6 @@ log = logging.getLogger("server.responses")
 MAX_METADATA_PAIRS = 16  # OpenAI's bounds on `metadata`
 MAX_METADATA_KEY = 64
 MAX_METADATA_VALUE = 512
-_CANNOT_CANCEL = "Cannot cancel a synchronous response."
-DISCONNECTED = "client_disconnected"  # incomplete_details.reason of an abandoned stream
-CANCEL_POLL = 0.2  # seconds between looks for cancels asked through the store
-CANCEL_WAIT = 30.0  # seconds a cancel waits for the server that runs the response
 
 
 def not_found(response_id: str, param: str = "response_id") -> APIError:
@@ -210,43 +198,7 @@ def _echo(req: ResponsesRequest, params: SamplingParams, stored: bool) -> dict[s
             "user": req.user}
 
 
-def _final(shape: ResponseShape, builder: OutputBuilder, usage: Usage,
-           finish_reason: str | None) -> dict[str, Any]:
-    if finish_reason == "abort":  # the server aborted it (a drain, /pause): not an answer
-        return shape.body("failed", builder.output, usage,
-                          error={"code": "server_error",
-                                 "message": "The server aborted this response."})
-    return shape.body("incomplete" if finish_reason == "length" else "completed",
-                      builder.output, usage)
-
-
-def _failed(shape: ResponseShape, builder: OutputBuilder, message: str) -> dict[str, Any]:
-    return shape.body("failed", builder.output,
-                      error={"code": "server_error", "message": message})
-
-
-def _abandoned(shape: ResponseShape, builder: OutputBuilder, gen: TextGeneration,
-               generated: int, finish: str | None) -> dict[str, Any]:
-    """A stream its client left: what was generated, `incomplete`, unless the generation
-    had already finished (only its last events went unread)."""
-    if finish is not None:
-        return _final(shape, builder, gen.usage(generated), finish)
-    builder.feed("", [], "length")  # closes the open item (a parser's held text too)
-    return shape.body("incomplete", builder.output, gen.usage(generated),
-                      incomplete_reason=DISCONNECTED)
-
-
-# -- background responses ----------------------------------------------------------------
-@dataclass
-class _Job:
-    gen: TextGeneration
-    shape: ResponseShape
-    builder: OutputBuilder
-    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
-    done: trio.Event = field(default_factory=trio.Event)
-    final: dict[str, Any] | None = None
-
-
+# -- the routes ------------------------------------------------------------------------------
 class ResponsesAPI:
     """The routes' shared state: the store and the background responses running now."""
 
@@ -259,8 +211,7 @@ class ResponsesAPI:
             cfg.responses_store, max_count=cfg.responses_store_max_count,
             max_age=cfg.responses_store_max_age, max_bytes=cfg.responses_store_max_bytes,
             clients=self.clients))
-        self.jobs: dict[str, _Job] = {}
-        self._watching = False  # a task polls the store for cancels of self.jobs
+        self.background = None if self.store is None else BackgroundResponses(srv, self.store)
 
     def _client(self) -> str:
         """The request's client: the configured key it came with (the API-key middleware
@@ -312,13 +263,15 @@ class ResponsesAPI:
         except APIError as exc:
             raise _named_for_responses(exc) from None
         if req.background:
-            return await self._start_background(gen, shape, builder, turn, client)
+            assert self.background is not None  # _check: background needs the store
+            return json_response(await self.background.start(gen, shape, builder, turn,
+                                                             client))
         if req.stream:
             return sse_response(self._events(gen, shape, builder, store, turn, client))
         result = await gen.collect()
         choice = result.choices[0]
         builder.feed(choice.text, choice.logprobs, choice.finish_reason or "stop")
-        body = _final(shape, builder, result.usage, choice.finish_reason)
+        body = final_body(shape, builder, result.usage, choice.finish_reason)
         if store is not None:
             await store.put(body, turn, client)
         return json_response(body)
@@ -345,14 +298,13 @@ class ResponsesAPI:
 
         finish: str | None = None
         generated = 0  # tokens so far
-        stored = store is None
+        final: dict[str, Any] | None = None
         try:
             opening = shape.body("in_progress", [])
             yield out({"type": "response.created", "response": opening})
             yield out({"type": "response.in_progress", "response": opening})
             async with aclosing(gen.stream(idle_after=sse.KEEPALIVE_INTERVAL)) as events:
                 async for ev in events:
-                    final = None
                     if isinstance(ev, ChoiceDelta):
                         finish = ev.finish_reason or finish
                         generated = ev.generated_tokens
@@ -361,116 +313,37 @@ class ResponsesAPI:
                     elif isinstance(ev, Idle):
                         yield sse.KEEPALIVE
                     elif isinstance(ev, Failed):
-                        final = _failed(shape, builder, ev.message)
+                        final = failed_body(shape, builder, ev.message)
                     elif isinstance(ev, Finished):
-                        final = _final(shape, builder, ev.usage, finish)
+                        final = final_body(shape, builder, ev.usage, finish)
                     if final is not None:
                         if store is not None:  # before the last event: a client may go then
-                            stored = True
                             await store.put(final, turn, client)
                         yield out({"type": f"response.{final['status']}", "response": final})
+                        return
         finally:
             gen.retire()
-            if not stored:  # the client left first (or the stream broke): keep what it got
-                assert store is not None
+            if store is not None and final is None:
+                # The client left first (or the stream broke): keep what it got.
                 with trio.CancelScope(shield=True):  # the request's scope is cancelled
                     try:
-                        await store.put(_abandoned(shape, builder, gen, generated, finish),
-                                        turn, client)
+                        await store.put(abandoned_body(shape, builder, gen.usage(generated),
+                                                       finish), turn, client)
                     except Exception:
                         log.exception("response %s: storing its abandoned stream failed",
                                       shape.id)
 
-    async def _start_background(self, gen: TextGeneration, shape: ResponseShape,
-                                builder: OutputBuilder, turn: list[dict[str, Any]],
-                                client: str) -> Response:
-        assert self.store is not None and self.srv.reaper is not None
-        job = _Job(gen, shape, builder)
-        body = shape.body("in_progress", [])
-        self.jobs[shape.id] = job
-        try:
-            await self.store.put(body, turn, client)
-        except BaseException:
-            self.jobs.pop(shape.id, None)
-            gen.retire()
-            raise
-        self.srv.reaper.start_soon(self._run_background, job)
-        if not self._watching:
-            self._watching = True
-            self.srv.reaper.start_soon(self._watch_cancels)
-        return json_response(body)
-
-    async def _watch_cancels(self) -> None:
-        """While background responses run here, carries out the cancels other servers on
-        the same store file ask for through their rows. Runs in the server's nursery."""
-        assert self.store is not None
-        try:
-            while self.jobs:
-                await trio.sleep(CANCEL_POLL)
-                try:
-                    asked = await self.store.cancel_requests()
-                except Exception:
-                    log.exception("reading the store's cancel requests failed")
-                    continue
-                for rid in asked:
-                    job = self.jobs.get(rid)
-                    if job is not None:
-                        job.scope.cancel()
-        finally:
-            self._watching = False
-
-    async def _run_background(self, job: _Job) -> None:
-        """Reads the generation to its end (or its cancel) and stores the final state. It
-        runs in the server's nursery: nothing it raises may escape."""
-        assert self.store is not None
-        try:
-            with job.scope:
-                try:
-                    result = await job.gen.collect()
-                    choice = result.choices[0]
-                    job.builder.feed(choice.text, choice.logprobs, choice.finish_reason or "stop")
-                    job.final = _final(job.shape, job.builder, result.usage, choice.finish_reason)
-                except APIError as exc:
-                    job.final = _failed(job.shape, job.builder, exc.message)
-            if job.scope.cancelled_caught:
-                job.final = job.shape.body("cancelled", [])
-            if job.final is not None and not await self.store.update(job.final):
-                log.info("background response %s was evicted before it finished", job.shape.id)
-        except Exception:
-            log.exception("background response %s failed", job.shape.id)
-        finally:
-            job.gen.retire()
-            self.jobs.pop(job.shape.id, None)
-            job.done.set()
-
     async def retrieve(self, response_id: str) -> dict[str, Any]:
-        stored = await self._stored(response_id)
-        return stored.body
-
-    async def cancel(self, response_id: str) -> dict[str, Any]:
-        job = self.jobs.get(response_id)
-        if job is not None:
-            job.scope.cancel()
-            await job.done.wait()
-            assert job.final is not None
-            return job.final
-        stored = await self._stored(response_id)  # 404 for an unknown id
-        assert self.store is not None
-        if stored.runner in (None, self.store.owner) or not await self.store.request_cancel(
-                response_id):
-            raise bad_request(_CANNOT_CANCEL, "response_id")
-        # Another server on this store file runs it: wait for the state it stores.
-        with trio.move_on_after(CANCEL_WAIT):
-            while stored.status in UNFINISHED:
-                await trio.sleep(CANCEL_POLL / 2)
-                stored = await self._stored(response_id)
-        return stored.body
-
-    async def _stored(self, response_id: str) -> StoredResponse:
         stored = None if self.store is None else await self.store.get(response_id)
         if stored is None:
             raise not_found(response_id)
-        return stored
+        return stored.body
+
+    async def cancel(self, response_id: str) -> dict[str, Any]:
+        final = None if self.background is None else await self.background.cancel(response_id)
+        if final is None:
+            raise not_found(response_id)
+        return final
 
 
 def _named_for_responses(exc: APIError) -> APIError:
@@ -485,6 +358,9 @@ def _named_for_responses(exc: APIError) -> APIError:
 
 def register(app: Quart, srv: ServerState) -> None:
     api = ResponsesAPI(srv)
+
+    if api.background is not None:
+        app.after_serving(api.background.close)
 
     @app.post("/v1/responses")
     @accepts(ResponsesRequest)

@@ -27,6 +27,8 @@ from server.api.openai.tool_parsers import ContentDelta, ToolCallDelta
 from server.api.openai.tools import ToolPlan
 from server.frontend.service import LogprobEntry, Usage
 
+DISCONNECTED = "client_disconnected"  # incomplete_details.reason of an abandoned stream
+
 
 def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
@@ -215,3 +217,29 @@ class EventCounter:
         event["sequence_number"] = self._next
         self._next += 1
         return event
+
+
+def final_body(shape: ResponseShape, builder: OutputBuilder, usage: Usage,
+               finish_reason: str | None) -> dict[str, Any]:
+    """The response once its generation ended for `finish_reason`."""
+    if finish_reason == "abort":  # the server aborted it (a drain, /pause): not an answer
+        return shape.body("failed", builder.output, usage,
+                          error={"code": "server_error",
+                                 "message": "The server aborted this response."})
+    return shape.body("incomplete" if finish_reason == "length" else "completed",
+                      builder.output, usage)
+
+
+def failed_body(shape: ResponseShape, builder: OutputBuilder, message: str) -> dict[str, Any]:
+    return shape.body("failed", builder.output,
+                      error={"code": "server_error", "message": message})
+
+
+def abandoned_body(shape: ResponseShape, builder: OutputBuilder, usage: Usage,
+                   finish_reason: str | None) -> dict[str, Any]:
+    """A stream its client left: what was generated, `incomplete`, unless the generation
+    had already finished (only its last events went unread)."""
+    if finish_reason is not None:
+        return final_body(shape, builder, usage, finish_reason)
+    builder.feed("", [], "length")  # closes the open item (a parser's held text too)
+    return shape.body("incomplete", builder.output, usage, incomplete_reason=DISCONNECTED)
