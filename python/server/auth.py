@@ -47,6 +47,21 @@ def is_public(scope: dict[str, Any]) -> bool:
     return path in PUBLIC_PATHS and scope.get("path", "").rstrip("/") == path
 
 
+def presented_key(headers: Iterable[tuple[bytes, bytes]]) -> bytes:
+    """The key a request presents (ASGI headers): `Authorization: Bearer`'s credential (the
+    last one), else `x-api-key`'s; b"" when neither. The key check and whoever needs to know
+    which client a request is (the Responses store's shares) read it the same way."""
+    token = b""
+    for name, value in headers:
+        if name.lower() == b"authorization":
+            scheme, _, credential = value.partition(b" ")
+            if scheme.lower() == b"bearer":
+                token = credential.strip()
+        elif name.lower() == b"x-api-key" and not token:
+            token = value.strip()
+    return token
+
+
 class APIKeyMiddleware:
     def __init__(self, app: ASGIApp, keys: Iterable[str]) -> None:
         self._app = app
@@ -54,14 +69,7 @@ class APIKeyMiddleware:
         self._digests = [hashlib.sha256(k.encode()).digest() for k in keys if k]
 
     def _authorised(self, scope: dict[str, Any]) -> bool:
-        token = b""
-        for name, value in scope.get("headers", []):
-            if name.lower() == b"authorization":
-                scheme, _, credential = value.partition(b" ")
-                if scheme.lower() == b"bearer":
-                    token = credential.strip()
-            elif name.lower() == b"x-api-key" and not token:
-                token = value.strip()
+        token = presented_key(scope.get("headers", []))
         digest = hashlib.sha256(token).digest()
         ok = False
         for expected in self._digests:

@@ -53,6 +53,7 @@ from server.api.openai.responses_render import (
 )
 from server.api.openai.tools import ToolPlan, apply_plan, history_messages, plan_tools
 from server.api.openai.unsupported import check_unsupported
+from server.auth import presented_key
 from server.errors import APIError, bad_request
 from server.frontend import service
 from server.frontend.service import ChoiceDelta, Failed, Finished, Idle, TextGeneration
@@ -218,17 +219,8 @@ class ResponsesAPI:
         has let it in), as Authorization: Bearer or x-api-key; "" when no keys are set."""
         if self.clients == {""}:
             return ""
-        keys = []
-        for value in request.headers.getlist("Authorization"):
-            scheme, _, credential = value.partition(" ")
-            if scheme.lower() == "bearer":
-                keys.append(credential.strip())
-        keys += [value.strip() for value in request.headers.getlist("x-api-key")]
-        for key in keys:  # headers are latin-1 text: their bytes are the key's
-            cid = client_id(key.encode("latin-1", "replace"))
-            if cid in self.clients:
-                return cid
-        return ""
+        cid = client_id(presented_key(request.scope.get("headers", [])))
+        return cid if cid in self.clients else ""
 
     async def create(self, req: ResponsesRequest) -> Response:
         srv = self.srv
