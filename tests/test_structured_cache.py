@@ -31,7 +31,6 @@ from actors.core.structured.cache import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_PENDING,
     DEFAULT_MAX_SUBSCHEMAS,
-    CompileLimits,
     CompileQueueFull,
 )
 from actors.errors import RequestRefused
@@ -182,19 +181,19 @@ def _wait_for(cond: Any, seconds: float = 10) -> None:
 def test_bounded_queue_refuses_or_takes_a_larger_ones_place(backend: Any) -> None:
     gated = Gated(backend)
     cache = GrammarCache(gated, workers=1)
-    limits = CompileLimits(None, None, max_pending=2)
+    max_pending = 2
     running, big, huge, small = _regex(10), _regex(500), _regex(900), _regex(100)
-    t_run, out_run = _in_thread(cache.get, running, limits)
+    t_run, out_run = _in_thread(cache.get, running, max_pending)
     assert gated.running.wait(10)
-    t_big, out_big = _in_thread(cache.get, big, limits)
+    t_big, out_big = _in_thread(cache.get, big, max_pending)
     _wait_for(lambda: cache.stats()["pending"] == 2)
     # full, and nothing queued is larger than it: refused at once, nothing queued
     t0 = time.monotonic()
     with pytest.raises(CompileQueueFull) as e:
-        cache.get(huge, limits)
+        cache.get(huge, max_pending)
     assert time.monotonic() - t0 < 0.5 and e.value.retry_after >= 1
     # full, but a larger one is queued: it takes that one's place, whose waiter is told
-    t_small, out_small = _in_thread(cache.get, small, limits)
+    t_small, out_small = _in_thread(cache.get, small, max_pending)
     t_big.join(10)
     assert isinstance(out_big.get("error"), CompileQueueFull), out_big
     assert cache.stats()["pending"] == 2 and cache.stats()["turned_away"] == 2
@@ -204,7 +203,7 @@ def test_bounded_queue_refuses_or_takes_a_larger_ones_place(backend: Any) -> Non
     assert "value" in out_run and "value" in out_small
     assert gated.compiled == [running, small]  # the displaced and the refused never ran
     assert big not in cache and huge not in cache
-    # without limits (the engine's side) nothing is turned away
+    # without a bound (the engine's side) nothing is turned away
     assert cache.get(huge) is not None
     cache.close()
 
@@ -284,7 +283,7 @@ def test_a_hold_never_waits_and_is_never_dropped(backend: Any) -> None:
     assert time.monotonic() - t0 < 0.05 and not hold.ready()
     # a full queue does not displace a held compile, even for a smaller spec
     with pytest.raises(CompileQueueFull):
-        cache.get(small, CompileLimits(None, None, max_pending=2))
+        cache.get(small, max_pending=2)
     gated.gate.set()
     t_block.join(30)
     hold.future.result(timeout=30)
@@ -451,7 +450,7 @@ def test_a_raising_token_mask_ends_only_its_request(tok: Any) -> None:
 
 # -- the engine never compiles on its callers' threads -------------------------------------
 
-def _admit(engine: Any, request_id: str, spec: StructuredSpec, n: int = 1) -> Any:
+def _admit(engine: Any, request_id: str, spec: StructuredSpec | None, n: int = 1) -> Any:
     from actors.messages import Admit
     from actors.params.sampling import SamplingParams
 
@@ -472,6 +471,7 @@ def _run(engine: Any) -> dict[tuple[str, int], list[Any]]:
 
 @pytest.mark.slow
 def test_engine_add_holds_a_request_whose_grammar_compiles(tok: Any) -> None:
+    from actors.messages import Abort
     from server_helpers import offline_llm
 
     engine = offline_llm().engine
@@ -484,11 +484,20 @@ def test_engine_add_holds_a_request_whose_grammar_compiles(tok: Any) -> None:
     added = time.monotonic() - t0
     assert added < 0.05, f"add took {added:.3f} s"
     assert engine.has_unfinished() and engine.stats().num_waiting == 1
+    assert not engine.scheduler.has_unfinished()  # held outside the scheduler
+    # the id of a held request, or of a queued one, is taken for a request that would be held
+    engine.add(_admit(engine, "plain", None))
+    for rid in ("held", "plain"):
+        with pytest.raises(RequestRefused, match="already in flight"):
+            engine.add(_admit(engine, rid, StructuredSpec.from_params(regex=f"{rid}{nonce}")))
+    for index in (2, 5):  # choices it does not have: nothing of it ends
+        engine.abort(Abort("held", index))
     out = _run(engine)
     for i in range(2):
         text = tok.decode([t for o in out["held", i] for t in o.new_token_ids])
-        assert text.startswith('{"p0"') or text.startswith('{ "p0"'), text
+        assert text.startswith(('{"p0"', '{ "p0"')), text
         assert out["held", i][-1].finish_reason == "length"
+    assert out["plain", 0][-1].finish_reason in ("length", "stop")
     # a spec the compile refuses: the request ends with "error", every choice
     bad = StructuredSpec.from_params(json={"type": "objectx", "title": nonce})
     engine.add(_admit(engine, "bad", bad, n=2))
@@ -501,6 +510,7 @@ def test_engine_add_holds_a_request_whose_grammar_compiles(tok: Any) -> None:
     # aborted while held: nothing of it runs
     engine.add(_admit(engine, "gone", StructuredSpec.from_params(
         json={**json.loads(spec.value), "title": nonce + "x"})))
+    assert not engine.scheduler.has_unfinished()
     engine.abort_request("gone")
     assert not engine.has_unfinished()
 
@@ -553,7 +563,7 @@ def test_a_child_process_core_answers_add_while_it_compiles(default_model: Any) 
         assert added < 0.2, f"add took {added:.3f} s"
         out = _run(core)
         text = tok.decode([t for o in out["child", 0] for t in o.new_token_ids])
-        assert text.startswith('{"p0"') or text.startswith('{ "p0"'), text
+        assert text.startswith(('{"p0"', '{ "p0"')), text
 
 
 # -- pathological specs: refused quickly, or compiled within the default bound -------------

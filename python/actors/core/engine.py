@@ -8,11 +8,7 @@ benchmarks call ``step()`` in a loop.
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from concurrent.futures import FIRST_COMPLETED, Future
-from concurrent.futures import wait as wait_futures
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,32 +26,11 @@ from actors.params.defaults import load_generation_defaults
 from actors.params.sampling import SamplingParams
 from actors.core.scheduler.config import SchedulerConfig
 from actors.core.scheduler.policy import Scheduler
-from actors.params.structured import StructuredSpec
+from actors.core.structured.held import HeldRequests
 
 __all__ = ["EngineConfig", "LLMEngine"]
 
 log = logging.getLogger("actors.core.engine")
-
-# A step with nothing to run but requests whose grammar is compiling waits this long for
-# one of those compiles (in the step's thread, never the event loop's) before it returns.
-HELD_WAIT_S = 0.05
-# Compiled grammars the engine keeps beyond those of its live requests before it looks for
-# ones no live request uses.
-GRAMMARS_KEPT = 64
-
-
-@dataclass(slots=True)
-class _Held:
-    """An admitted request whose grammar is not compiled yet: it waits outside the
-    scheduler. ``hold`` is None while the grammar backend itself is being built."""
-
-    admit: Admit
-    hold: Any = None  # actors.core.structured.cache.GrammarHold
-    cancelled: set[int] = field(default_factory=set)  # choices aborted meanwhile
-
-    def release(self) -> None:
-        if self.hold is not None:
-            self.hold.release()
 
 
 class LLMEngine:
@@ -187,14 +162,12 @@ class LLMEngine:
             sliding_windows=mc.sliding_windows,
             fast_forward=config.structured_fast_forward,
         )
-        self.runner.structured_masks = self._structured_mask
-        # structured outputs: the compiled grammars of the live requests' specs (the runner
-        # builds each choice's matcher from them, never from the cache), the requests held
-        # until theirs compiles, and the grammar backends being built in the background
-        self._grammars: dict[StructuredSpec, tuple[Any, int]] = {}
-        self._grammars_prune_at = GRAMMARS_KEPT
-        self._held: dict[str, _Held] = {}
-        self._cache_builds: dict[str, Future[None]] = {}
+        # structured outputs: requests held until their grammar compiles, and the grammars
+        # the runner builds each choice's matcher from (never from the cache)
+        self._held = HeldRequests(self.scheduler, config.structured_outputs_backend,
+                                  self.grammar_cache, str(self.model_dir), self.vocab_size,
+                                  tuple(self.eos_token_ids))
+        self.runner.structured_masks = self._held.mask
         if enc_dec:
             self.runner.timestamp_rules = self._timestamp_rules
         self.lora: LoraAdapters | None = None
@@ -218,130 +191,6 @@ class LLMEngine:
         return shared_cache(backend or self.config.structured_outputs_backend,
                             str(self.model_dir), self.tokenizer, self.vocab_size,
                             tuple(self.eos_token_ids))
-
-    def _grammar_ready(self, admit: Admit) -> bool:
-        """Whether ``admit``'s grammar is here (it may be queued now); False: it is held
-        until its compile ends, which runs on the cache's workers. Never compiles nor waits:
-        this runs on the event loop's thread (or answers a data-parallel parent that waits
-        on it). A refusal the cache already knows is raised as the request's."""
-        spec = admit.params.structured
-        if spec is None or spec in self._grammars:
-            return True
-        cache = self._cache_for(spec)
-        held = _Held(admit, None if cache is None else cache.hold(spec))
-        if held.hold is not None and held.hold.ready():
-            self._keep_grammar(spec, held.hold)
-            return True
-        self._held[admit.request_id] = held
-        return False
-
-    def _cache_for(self, spec: StructuredSpec) -> Any:
-        """The spec's backend's GrammarCache, or None while it is being built (its first
-        build takes ~0.5 s: in a thread of its own); raises RequestRefused for a backend
-        that cannot be built here."""
-        from actors.core.structured.cache import peek_shared_cache
-
-        name = spec.backend or self.config.structured_outputs_backend
-        cache = peek_shared_cache(name, str(self.model_dir), self.vocab_size,
-                                  tuple(self.eos_token_ids))
-        if cache is not None:
-            return cache
-        build = self._cache_builds.get(name)
-        if build is None:
-            build = self._cache_builds[name] = Future()
-            threading.Thread(target=self._build_cache, args=(name, build), daemon=True,
-                             name="grammar-backend").start()
-        if build.done() and build.exception() is not None:
-            raise RequestRefused(f"structured outputs are unavailable: {build.exception()}",
-                                 "guided_decoding_backend" if spec.backend else spec.param)
-        return None
-
-    def _build_cache(self, name: str, done: Future[None]) -> None:
-        try:
-            self.grammar_cache(name)
-        except Exception as exc:  # noqa: BLE001 - its requests are refused with it
-            log.warning("the %s grammar backend could not be built: %s", name, exc)
-            done.set_exception(exc)
-        else:
-            done.set_result(None)
-
-    def _keep_grammar(self, spec: StructuredSpec, hold: Any) -> None:
-        """Takes the compiled grammar from a ready hold (raises the spec's refusal)."""
-        try:
-            grammar = hold.grammar()
-        finally:
-            hold.release()
-        if len(self._grammars) >= self._grammars_prune_at:
-            live = {s.params.structured for seqs in self.scheduler._requests.values()
-                    for s in seqs}
-            live.update(h.admit.params.structured for h in self._held.values())
-            self._grammars = {k: v for k, v in self._grammars.items() if k in live}
-            self._grammars_prune_at = max(GRAMMARS_KEPT, 2 * len(self._grammars))
-        self._grammars[spec] = (grammar, hold.vocab_size)
-
-    def _admit_held(self) -> list[RequestOutput]:
-        """Queues the held requests whose grammar has compiled (between steps, in the
-        step's thread); the ones refused end with "error". Waits up to HELD_WAIT_S for a
-        compile when nothing else could run."""
-        if not self.scheduler.has_unfinished():
-            waiting = [h.hold.future for h in self._held.values()
-                       if h.hold is not None and h.hold.future is not None]
-            waiting += [b for b in self._cache_builds.values() if not b.done()]
-            if waiting:
-                wait_futures(waiting, timeout=HELD_WAIT_S, return_when=FIRST_COMPLETED)
-        ended: list[RequestOutput] = []
-        for request_id, held in list(self._held.items()):
-            spec = held.admit.params.structured
-            try:
-                if held.hold is None:
-                    cache = self._cache_for(spec)
-                    if cache is None:
-                        continue
-                    held.hold = cache.hold(spec)
-                if not held.hold.ready():
-                    continue
-                del self._held[request_id]
-                self._keep_grammar(spec, held.hold)
-                self.scheduler.add_request(held.admit)
-            except Exception as exc:  # noqa: BLE001 - a refusal, or a check the edge made
-                self._held.pop(request_id, None)
-                held.release()
-                log.warning("request %s refused once its grammar compiled: %s", request_id,
-                            exc)
-                ended += self._held_outputs(held, "error")
-                continue
-            for index in sorted(held.cancelled):
-                self.scheduler.abort(request_id, index)
-        return ended
-
-    def _held_outputs(self, held: _Held, reason: str) -> list[RequestOutput]:
-        """The end of every choice of a held request not aborted before."""
-        admit = held.admit
-        return [RequestOutput(admit.request_id, i, (), None, True, reason, None,
-                              len(admit.prompt_token_ids), 0, 0)
-                for i in range(admit.params.n) if i not in held.cancelled]
-
-    def _abort_held(self, request_id: str, index: int | None) -> None:
-        held = self._held[request_id]
-        if index is not None:
-            held.cancelled.add(index)
-            if len(held.cancelled) < held.admit.params.n:
-                return
-        del self._held[request_id]
-        held.release()
-
-    def _structured_mask(self, spec: Any, outputs: tuple[int, ...]) -> Any:
-        """A choice's token mask (the runner asks when the choice first runs, in a step),
-        from the grammar its request brought at admission: never a compile here."""
-        from actors.core.structured.mask import mask_for
-
-        def matcher() -> tuple[Any, int]:
-            kept = self._grammars.get(spec)
-            if kept is None:
-                raise RuntimeError("the constraint's grammar is not compiled in this engine")
-            return kept[0].matcher(), kept[1]
-
-        return mask_for(matcher, self.vocab_size, tuple(self.eos_token_ids), outputs)
 
     def _timestamp_rules(self, prompt: tuple[int, ...]) -> Any:
         """A Whisper window's timestamp rules when its prompt asks for timestamps (no
@@ -376,10 +225,9 @@ class LLMEngine:
         ))
 
     def abort_request(self, request_id: str) -> list[RequestOutput]:
-        held = self._held.get(request_id)
-        if held is not None:
-            self._abort_held(request_id, None)
-            return self._held_outputs(held, "abort")
+        out = self._held.abort(request_id)
+        if out is not None:
+            return out
         out = self.scheduler.abort(request_id)
         self._release_cross_kv()
         return out
@@ -411,17 +259,14 @@ class LLMEngine:
     def add(self, admit: Admit) -> None:
         """Queues a checked prompt (EngineCore.add). Never compiles a grammar nor waits for
         one: a request whose grammar is still compiling is held until it has (a step then
-        queues it, or ends it with "error" if the compile refused it)."""
+        queues it, or ends it with "error" if the compile refused it; structured/held.py)."""
         if admit.lora_id and (self.lora is None or not self.lora.serves(admit.lora_id)):
             raise RequestRefused(f"LoRA adapter id {admit.lora_id} is not loaded")
         try:
-            if admit.request_id in self._held:
-                raise ValueError(f"request id {admit.request_id!r} is already in flight")
             if admit.encoder_input is not None:
                 admit.encoder_input.check(int(self.model_config.extra["num_mel_bins"]))
-            if not self._grammar_ready(admit):
-                return
-            self.scheduler.add_request(admit)
+            if self._held.admit(admit):
+                self.scheduler.add_request(admit)
         except RequestRefused:
             raise
         except ValueError as exc:
@@ -431,11 +276,9 @@ class LLMEngine:
         return {s.lora_id for seqs in self.scheduler._requests.values() for s in seqs}
 
     def abort(self, abort: Abort) -> None:
-        if abort.request_id in self._held:
-            self._abort_held(abort.request_id, abort.index)
-            return
-        self.scheduler.abort(abort.request_id, abort.index)
-        self._release_cross_kv()
+        if self._held.abort(abort.request_id, abort.index) is None:
+            self.scheduler.abort(abort.request_id, abort.index)
+            self._release_cross_kv()
 
     def _release_cross_kv(self) -> None:
         """An encoder-decoder's finished or aborted windows give their cross-attention K/V
@@ -449,7 +292,7 @@ class LLMEngine:
 
     def step(self) -> TokenBatch:
         sched = self.scheduler
-        ended = self._admit_held() if self._held else ()
+        ended = self._held.admit_ready() if self._held else ()
         plan = sched.schedule()
         outputs = () if plan.is_empty else tuple(sched.update(self.runner.execute(plan)))
         if ended:

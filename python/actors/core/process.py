@@ -22,7 +22,7 @@ The parent's ``add`` waits for the child's answer, and the parent calls it on it
 loop's thread: the child's ``LLMEngine.add`` therefore never compiles a grammar nor builds
 a grammar backend (the child has its own grammar cache, which the server's compile did not
 fill). It queues the compile on the cache's workers and holds the request; a later step
-admits it once compiled (``LLMEngine._admit_held``), while the parent goes on serving.
+admits it once compiled (``actors.core.structured.held``), while the parent goes on serving.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from typing import Any
 
 import trio
 
-from actors.core.structured.cache import CompileLimits, CompileQueueFull, GrammarPin
+from actors.core.structured.cache import CompileQueueFull, GrammarPin
 from actors.errors import RequestRefused
 from actors.params.structured import StructuredSpec
 from server.errors import bad_request, overloaded
@@ -36,10 +36,8 @@ async def compile_spec(srv: Any, spec: StructuredSpec) -> GrammarPin:
     info = srv.actors.info
     config = srv.config
     backend = spec.backend or config.engine.structured_outputs_backend
-    limits = CompileLimits(config.max_grammar_bytes, config.max_grammar_subschemas,
-                           config.max_pending_grammars)
-    try:
-        spec.check_size(limits.max_bytes, limits.max_subschemas)  # before any build
+    try:  # before anything is built or queued
+        spec.check_size(config.max_grammar_bytes, config.max_grammar_subschemas)
     except RequestRefused as exc:
         raise bad_request(exc.message, exc.param) from None
     eos = tuple(info.eos_token_ids)
@@ -53,8 +51,7 @@ async def compile_spec(srv: Any, spec: StructuredSpec) -> GrammarPin:
                 raise
             raise bad_request(str(exc), "guided_decoding_backend") from None
     try:
-        # the size bounds were checked above: only the queue's bound is left to apply
-        return await cache.acompile(spec, CompileLimits(None, None, limits.max_pending))
+        return await cache.acompile(spec, config.max_pending_grammars)
     except RequestRefused as exc:
         raise bad_request(exc.message, exc.param) from None
     except CompileQueueFull as exc:

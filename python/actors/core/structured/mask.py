@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -35,14 +36,32 @@ __all__ = ["EosOnlyMask", "MatcherMask", "mask_for"]
 
 log = logging.getLogger("actors.core.structured.mask")
 
-# Called before every matcher accept when set: the fault point matcher_accept
-# (actors.runtime.faults, LLMSERVE_FAULT_INJECT); None otherwise.
+# The fault point matcher_accept (actors.runtime.faults, LLMSERVE_FAULT_INJECT) while it is
+# planned: the matchers built meanwhile call it before every accept. None otherwise.
 _accept_fault: Callable[[], None] | None = None
 
 
 def set_accept_fault(hook: Callable[[], None] | None) -> None:
     global _accept_fault
     _accept_fault = hook
+
+
+class _FaultyAccept:
+    """A matcher whose ``accept`` first passes the fault point (built only while it is
+    planned, so the accept of every other matcher carries no check)."""
+
+    __slots__ = ("_fault", "_inner")
+
+    def __init__(self, inner: Matcher, fault: Callable[[], None]) -> None:
+        self._inner = inner
+        self._fault = fault
+
+    def accept(self, token_id: int) -> bool:
+        self._fault()
+        return self._inner.accept(token_id)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
 
 
 class MatcherMask:
@@ -119,8 +138,6 @@ class MatcherMask:
             return
         self._next_valid = False
         try:
-            if _accept_fault is not None:
-                _accept_fault()
             taken = self._m.accept(token_id)
         except Exception as exc:  # noqa: BLE001 - ends this choice's request only
             self._fail("accept", exc)
@@ -156,13 +173,12 @@ class MatcherMask:
 
 
 class EosOnlyMask:
-    """A mask that lets the choice only end: the spec could not be compiled here, or (with
-    ``failed`` set) no matcher could be built for it, which ends the choice's request."""
+    """The mask of a choice that no matcher could be built for: it lets the choice only
+    end, and ``failed`` (why) ends the choice's request."""
 
     __slots__ = ("_row", "failed")
 
-    def __init__(self, vocab_size: int, eos_token_ids: Iterable[int],
-                 failed: str | None = None) -> None:
+    def __init__(self, vocab_size: int, eos_token_ids: Iterable[int], failed: str) -> None:
         row = np.zeros(bitmask_words(vocab_size), np.uint32)
         for t in eos_token_ids:
             row[t // 32] |= np.uint32(1 << (t % 32))
@@ -179,9 +195,6 @@ class EosOnlyMask:
         pass
 
     def rollback(self, num_tokens: int) -> None:
-        pass
-
-    def replay(self, token_ids: Iterable[int]) -> None:
         pass
 
 
@@ -210,6 +223,8 @@ def mask_for(get_matcher: Callable[[], tuple[Matcher, int]], vocab_size: int,
         log.warning("structured output constraint unavailable in the engine: %s", exc)
         return EosOnlyMask(vocab_size, eos_token_ids,
                            failed=f"no grammar matcher: {type(exc).__name__}")
+    if _accept_fault is not None:
+        matcher = _FaultyAccept(matcher, _accept_fault)  # type: ignore[assignment]
     mask = MatcherMask(matcher, backend_vocab, vocab_size, eos_token_ids)
     mask.replay(outputs)
     return mask
