@@ -507,6 +507,11 @@ def test_engine_add_holds_a_request_whose_grammar_compiles(tok: Any) -> None:
     # and once the refusal is known, add refuses it at once, as before
     with pytest.raises(RequestRefused):
         engine.add(_admit(engine, "bad again", bad))
+    # what the scheduler would refuse is refused at add, not once its grammar has compiled
+    slow = StructuredSpec.from_params(json={**json.loads(spec.value), "title": nonce + "n"})
+    with pytest.raises(RequestRefused, match="max_num_seqs"):
+        engine.add(_admit(engine, "too many", slow, n=engine.config.max_num_seqs + 1))
+    assert not engine.has_unfinished()
     # aborted while held: nothing of it runs
     engine.add(_admit(engine, "gone", StructuredSpec.from_params(
         json={**json.loads(spec.value), "title": nonce + "x"})))

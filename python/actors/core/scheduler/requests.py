@@ -53,6 +53,24 @@ class RequestBook:
 
     def add_request(self, admit: Admit) -> None:
         """Queues a tokenized request. Raises ValueError for what cannot ever run."""
+        self.check_admit(admit)
+        params = admit.params
+        seq = self._new_sequence(admit.request_id, admit.prompt_token_ids, admit, index=0,
+                                 rng_seed=request_seed(params.seed, self._rng))
+        seq.pooling = admit.pooling
+        seq.lora_id = admit.lora_id
+        if admit.encoder_input is not None:
+            seq.encoder_input = admit.encoder_input
+            seq.suppress = self.config.suppress_tokens
+            seq.suppress_first = self.config.begin_suppress_tokens
+        seq.pending_children = params.n - 1
+        self._requests[admit.request_id] = [seq]
+        self.waiting.push(seq)
+
+    def check_admit(self, admit: Admit) -> None:
+        """Raises ValueError for a request that can never run here (what add_request
+        refuses), without queueing it: a request held elsewhere first (until its grammar
+        compiles) is refused at once, not when it is queued."""
         params = admit.params
         if admit.request_id in self._requests:
             raise ValueError(f"request id {admit.request_id!r} is already in flight")
@@ -80,17 +98,6 @@ class RequestBook:
             )
         if params.n > self.config.max_num_seqs:
             raise ValueError(f"n={params.n} exceeds max_num_seqs={self.config.max_num_seqs}")
-        seq = self._new_sequence(admit.request_id, admit.prompt_token_ids, admit, index=0,
-                                 rng_seed=request_seed(params.seed, self._rng))
-        seq.pooling = admit.pooling
-        seq.lora_id = admit.lora_id
-        if admit.encoder_input is not None:
-            seq.encoder_input = admit.encoder_input
-            seq.suppress = self.config.suppress_tokens
-            seq.suppress_first = self.config.begin_suppress_tokens
-        seq.pending_children = params.n - 1
-        self._requests[admit.request_id] = [seq]
-        self.waiting.push(seq)
 
     def abort(self, request_id: str, index: int | None = None) -> list[RequestOutput]:
         """Finishes every sequence of a request (or only choice ``index``) now, freeing

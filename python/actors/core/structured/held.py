@@ -88,12 +88,14 @@ class HeldRequests:
 
     def admit(self, admit: Admit) -> bool:
         """Whether ``admit`` may be queued now (its grammar, if any, is kept here); False:
-        it is held. Raises ValueError for a request id already in flight (held or queued:
-        the scheduler would see a held one only once compiled), RequestRefused for a spec
+        it is held. Raises ValueError for what the scheduler refuses (its checks run now, so
+        a held request is refused at once), a request id already in flight (held or
+        queued), RequestRefused for a spec
         the cache already refused or a backend that cannot be built."""
         rid = admit.request_id
-        if rid in self._held or rid in self._scheduler._requests:
+        if rid in self._held:
             raise ValueError(f"request id {rid!r} is already in flight")
+        self._scheduler.check_admit(admit)  # what the scheduler would refuse, refused now
         spec = admit.params.structured
         if spec is None or spec in self._grammars:
             return True
