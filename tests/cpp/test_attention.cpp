@@ -13,24 +13,12 @@
 #include "internal.h"
 #include "llmcore/llmcore.h"
 #include "check.h"
+#include "tensors.h"
 
 namespace {
 
 
-lc_tensor make_tensor(void* data, int32_t dtype, std::vector<int64_t> shape) {
-    lc_tensor t{};
-    t.data = data;
-    t.dtype = dtype;
-    t.device = LC_DEVICE_CPU;
-    t.ndim = int32_t(shape.size());
-    int64_t stride = 1;
-    for (int i = t.ndim - 1; i >= 0; --i) {
-        t.shape[i] = shape[size_t(i)];
-        t.strides[i] = stride;
-        stride *= shape[size_t(i)];
-    }
-    return t;
-}
+using lctest::contiguous;
 
 struct Case {
     const char* name;
@@ -143,10 +131,10 @@ void run_case(const Case& c, std::mt19937& rng) {
     lc_attn_plan* plan = nullptr;
     CHECK(lc_attn_plan_create(&md, LC_DEVICE_CPU, nb, nullptr, &plan) == LC_OK, "%s",
           lc_last_error());
-    lc_tensor tq = make_tensor(q.data(), LC_DTYPE_F32, {nt, c.num_heads, d});
-    lc_tensor tout = make_tensor(got.data(), LC_DTYPE_F32, {nt, c.num_heads, d});
-    lc_tensor tk = make_tensor(kc.data(), c.cache_dtype, {nb, nkv, bs, d});
-    lc_tensor tv = make_tensor(vc.data(), c.cache_dtype, {nb, nkv, bs, d});
+    lc_tensor tq = contiguous(q.data(), LC_DTYPE_F32, {nt, c.num_heads, d});
+    lc_tensor tout = contiguous(got.data(), LC_DTYPE_F32, {nt, c.num_heads, d});
+    lc_tensor tk = contiguous(kc.data(), c.cache_dtype, {nb, nkv, bs, d});
+    lc_tensor tv = contiguous(vc.data(), c.cache_dtype, {nb, nkv, bs, d});
     lc_attn_params p = {scale, c.window, c.softcap};
     const lc::attn::Isa isas[] = {lc::attn::Isa::kScalar, lc::attn::Isa::kAvx2,
                                   lc::attn::Isa::kAvx512};
@@ -182,10 +170,10 @@ void test_kv_store() {
     std::vector<float> k(size_t(nt) * nkv * d), v(k.size());
     for (size_t i = 0; i < k.size(); ++i) k[i] = float(i) * 0.5f, v[i] = -float(i);
     std::vector<uint16_t> kc(size_t(nb) * nkv * bs * d, 0), vc(kc.size(), 0);
-    lc_tensor tk = make_tensor(k.data(), LC_DTYPE_F32, {nt, nkv, d});
-    lc_tensor tv = make_tensor(v.data(), LC_DTYPE_F32, {nt, nkv, d});
-    lc_tensor tkc = make_tensor(kc.data(), LC_DTYPE_BF16, {nb, nkv, bs, d});
-    lc_tensor tvc = make_tensor(vc.data(), LC_DTYPE_BF16, {nb, nkv, bs, d});
+    lc_tensor tk = contiguous(k.data(), LC_DTYPE_F32, {nt, nkv, d});
+    lc_tensor tv = contiguous(v.data(), LC_DTYPE_F32, {nt, nkv, d});
+    lc_tensor tkc = contiguous(kc.data(), LC_DTYPE_BF16, {nb, nkv, bs, d});
+    lc_tensor tvc = contiguous(vc.data(), LC_DTYPE_BF16, {nb, nkv, bs, d});
     CHECK(lc_kv_store(plan, &tk, &tv, &tkc, &tvc, nullptr) == LC_OK, "%s", lc_last_error());
     size_t nonzero = 0;
     for (uint16_t x : kc) nonzero += x != 0;
