@@ -260,7 +260,7 @@ def test_pooling(tiny_llama_dir: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "rope", [{"rope_type": "yarn", "factor": 4.0}, {"type": "linear", "factor": 2.0}]
+    "rope", [{"rope_type": "yarn", "factor": 4.0}, {"type": "dynamic", "factor": 2.0}]
 )
 def test_unsupported_rope_scaling_is_rejected(rope: dict[str, Any]) -> None:
     hf = {

@@ -31,6 +31,7 @@ class LayerAttentionSpec:
     head_size: int
     scale: float
     sliding_window: int | None  # keys at positions p - window + 1 .. p are visible to p
+    softcap: float | None = None  # logits s -> softcap * tanh(s / softcap) (Gemma 2)
 
 
 class AttentionBackend(Protocol):

@@ -11,10 +11,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-# model_type -> whether q/k/v projections carry a bias. Everything here is a Llama-shaped
-# decoder (RMSNorm, SiLU-gated MLP, RoPE with rotate-half); the differences are these flags.
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
-SUPPORTED_ROPE_TYPES = ("default", "llama3")
+from actors.models.arch import DecoderOptions
+
+SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear")
 
 
 class UnsupportedModelError(ValueError):
@@ -36,6 +35,7 @@ class ModelConfig:
     max_position_embeddings: int
     tie_word_embeddings: bool = False
     qkv_bias: bool = False
+    o_bias: bool = False  # attention_bias covers o_proj too, except in Qwen2 and Phi-3
     # Per-layer sliding window (None = full causal attention). A query at position p sees
     # keys at positions p - window + 1 .. p, as transformers' sliding_window_overlay does.
     sliding_windows: tuple[int | None, ...] = ()
@@ -43,6 +43,8 @@ class ModelConfig:
     rope_scaling: dict[str, Any] | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    # What the family does differently from Llama (models/arch.py); Llama's by default.
+    arch: DecoderOptions = field(default_factory=DecoderOptions)
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -83,24 +85,30 @@ class ModelConfig:
             return _bert_config(hf)
         if model_type == "whisper":
             return _whisper_config(hf)
-        if model_type not in SUPPORTED_MODEL_TYPES:
+        from actors.models.families import SUPPORTED_MODEL_TYPES, family
+
+        fam = family(model_type)
+        if fam is None:
             raise UnsupportedModelError(
                 f"model_type {model_type!r} is not supported (supported: "
-                f"{', '.join(SUPPORTED_MODEL_TYPES)}; bert for pooling)"
+                f"{', '.join(SUPPORTED_MODEL_TYPES)}; bert for pooling, whisper for speech)"
             )
-        act = hf.get("hidden_act", "silu")
-        if act != "silu":
-            raise UnsupportedModelError(f"hidden_act {act!r} is not supported (only silu)")
+        act = hf.get("hidden_activation") or hf.get("hidden_act", "silu")
+        if act not in fam.activations:
+            raise UnsupportedModelError(
+                f"{model_type} hidden_act {act!r} is not supported "
+                f"(supported: {', '.join(fam.activations)})")
         if hf.get("mlp_bias"):
             raise UnsupportedModelError("mlp_bias=true is not supported")
         num_heads = int(hf["num_attention_heads"])
         hidden = int(hf["hidden_size"])
         num_layers = int(hf["num_hidden_layers"])
         head_dim = hf.get("head_dim") or hidden // num_heads
-        rope_theta, rope_scaling = _rope_from_hf(hf)
+        rope_theta, rope_scaling = rope_of(hf)
         eos = hf.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
-        return cls(
+        options, overrides = fam.options(hf, num_layers)
+        fields: dict[str, Any] = dict(
             model_type=model_type,
             vocab_size=int(hf["vocab_size"]),
             hidden_size=hidden,
@@ -114,11 +122,15 @@ class ModelConfig:
             max_position_embeddings=int(hf.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             qkv_bias=model_type == "qwen2" or bool(hf.get("attention_bias", False)),
+            o_bias=model_type not in ("qwen2", "phi3") and bool(hf.get("attention_bias", False)),
             sliding_windows=_sliding_windows(hf, model_type, num_layers),
             rope_scaling=rope_scaling,
             bos_token_id=hf.get("bos_token_id"),
             eos_token_ids=eos_ids,
+            arch=options,
         )
+        fields.update(overrides)
+        return cls(**fields)
 
 
 def _bert_config(hf: dict[str, Any]) -> ModelConfig:
@@ -190,7 +202,8 @@ def _whisper_config(hf: dict[str, Any]) -> ModelConfig:
     )
 
 
-def _rope_from_hf(hf: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
+def rope_of(hf: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
+    """(theta, scaling) of a config's RoPE; scaling None for plain RoPE."""
     # transformers >= 5 writes "rope_parameters" (theta inside); older files write
     # "rope_theta" + "rope_scaling" (with "type" in very old ones).
     params = hf.get("rope_parameters") or {}
@@ -207,6 +220,8 @@ def _rope_from_hf(hf: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
         raise UnsupportedModelError("partial_rotary_factor != 1 is not supported")
     if rope_type == "default":
         return theta, None
+    if rope_type == "linear":
+        return theta, {"rope_type": "linear", "factor": float(merged["factor"])}
     keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
     missing = [k for k in keys if k not in merged]
     if missing:
@@ -214,18 +229,39 @@ def _rope_from_hf(hf: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     return theta, {"rope_type": "llama3", **{k: merged[k] for k in keys}}
 
 
+# The families whose sliding window is off unless use_sliding_window says otherwise.
+_QWEN = ("qwen2", "qwen3", "qwen3_moe")
+
+
+def layer_kinds(hf: dict[str, Any], num_layers: int) -> tuple[str, ...]:
+    """Per layer "sliding_attention" or "full_attention": the config's layer_types, else
+    what the family's config class derives (Gemma 2: every other layer from the first;
+    Gemma 3: all but every sliding_window_pattern-th; Qwen: from max_window_layers)."""
+    kinds = hf.get("layer_types")
+    if kinds is not None:
+        return tuple(kinds)
+    t = hf.get("model_type")
+    if t == "gemma2":
+        return tuple("sliding_attention" if (i + 1) % 2 else "full_attention"
+                     for i in range(num_layers))
+    if t == "gemma3_text":
+        pattern = int(hf.get("sliding_window_pattern", 6))
+        return tuple("sliding_attention" if (i + 1) % pattern else "full_attention"
+                     for i in range(num_layers))
+    if t in _QWEN:
+        first = int(hf.get("max_window_layers", num_layers))
+        return tuple("sliding_attention" if i >= first else "full_attention"
+                     for i in range(num_layers))
+    return ("sliding_attention",) * num_layers
+
+
 def _sliding_windows(
     hf: dict[str, Any], model_type: str, num_layers: int
 ) -> tuple[int | None, ...]:
     window = hf.get("sliding_window")
-    if model_type == "qwen2" and not hf.get("use_sliding_window", False):
+    if model_type in _QWEN and not hf.get("use_sliding_window", False):
         window = None
     if window is None:
         return (None,) * num_layers
-    layer_types = hf.get("layer_types")
-    if layer_types is None and model_type == "qwen2":
-        first = int(hf.get("max_window_layers", num_layers))
-        layer_types = ["sliding_attention" if i >= first else "full" for i in range(num_layers)]
-    if layer_types is None:
-        return (int(window),) * num_layers
-    return tuple(int(window) if t == "sliding_attention" else None for t in layer_types)
+    return tuple(int(window) if k == "sliding_attention" else None
+                 for k in layer_kinds(hf, num_layers))

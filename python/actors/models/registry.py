@@ -6,17 +6,16 @@ import torch
 
 from actors.models.bert import BertModel
 from actors.models.config import ModelConfig, UnsupportedModelError
-from actors.models.llama import LlamaForCausalLM
+from actors.models.decoder import DecoderForCausalLM
+from actors.models.families import SUPPORTED_MODEL_TYPES
 from actors.models.whisper import WhisperForConditionalGeneration
 
-# Mistral and Qwen2 differ from Llama only by config flags (sliding window, qkv bias);
-# BERT is the encoder family, served for pooling only; Whisper the encoder-decoder, served
-# for transcription only.
-_ARCHITECTURES: dict[str, type[LlamaForCausalLM] | type[BertModel]
+# Every causal decoder family is one class composed from its options (families/); BERT is
+# the encoder family, served for pooling only; Whisper the encoder-decoder, served for
+# transcription only.
+_ARCHITECTURES: dict[str, type[DecoderForCausalLM] | type[BertModel]
                      | type[WhisperForConditionalGeneration]] = {
-    "llama": LlamaForCausalLM,
-    "mistral": LlamaForCausalLM,
-    "qwen2": LlamaForCausalLM,
+    **{t: DecoderForCausalLM for t in SUPPORTED_MODEL_TYPES},
     "bert": BertModel,
     "whisper": WhisperForConditionalGeneration,
 }
@@ -24,7 +23,7 @@ _ARCHITECTURES: dict[str, type[LlamaForCausalLM] | type[BertModel]
 
 def build_model(
     cfg: ModelConfig, dtype: torch.dtype = torch.float32, max_positions: int | None = None
-) -> LlamaForCausalLM | BertModel | WhisperForConditionalGeneration:
+) -> DecoderForCausalLM | BertModel | WhisperForConditionalGeneration:
     cls = _ARCHITECTURES.get(cfg.model_type)
     if cls is None:
         raise UnsupportedModelError(f"no model class for model_type {cfg.model_type!r}")

@@ -21,6 +21,8 @@ def inverse_frequencies(
     )
     if scaling is None:
         return inv_freq
+    if scaling["rope_type"] == "linear":  # positions divided by the factor
+        return inv_freq / scaling["factor"]
     return _llama3_scale(inv_freq, scaling)
 
 
