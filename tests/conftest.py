@@ -82,17 +82,16 @@ TINY_SIZES = dict(
 def make_tiny_model(tmp_path: Path) -> Callable[..., Path]:
     """make_tiny_model(kind, **config overrides) -> a saved HF directory with random weights.
 
-    kind: "llama", "mistral" or "qwen2" (transformers' config classes); extra keyword
+    kind: a transformers model_type ("llama", "gemma3_text", "qwen3_moe", ...); extra keyword
     ``max_shard_size`` is passed to save_pretrained to force sharding.
     """
     counter = iter(range(1000))
 
     def make(kind: str = "llama", max_shard_size: str | None = None, **overrides: Any) -> Path:
         import torch
-        from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
+        from transformers import AutoConfig, AutoModelForCausalLM
 
-        config_cls = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config}[kind]
-        cfg = config_cls(**{**TINY_SIZES, **overrides})
+        cfg = AutoConfig.for_model(kind, **{**TINY_SIZES, **overrides})
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
         i = next(counter)
         _randomize_(model, seed=1234 + i)

@@ -75,9 +75,16 @@ class DenseCausalAttention:
             if group > 1:
                 kh, vh = kh.repeat_interleave(group, 1), vh.repeat_interleave(group, 1)
             mask = self._window_mask(n, spec.sliding_window, q.device)
-            o = F.scaled_dot_product_attention(
-                qh, kh, vh, attn_mask=mask, is_causal=mask is None, scale=spec.scale
-            )
+            if spec.softcap:  # SDPA has no soft-cap: the logits by hand
+                s = (qh @ kh.transpose(-1, -2)) * spec.scale
+                s = spec.softcap * torch.tanh(s / spec.softcap)
+                i = torch.arange(n, device=q.device)
+                keep = mask if mask is not None else i[:, None] >= i[None, :]
+                o = torch.softmax(s.masked_fill(~keep, float("-inf")), dim=-1) @ vh
+            else:
+                o = F.scaled_dot_product_attention(
+                    qh, kh, vh, attn_mask=mask, is_causal=mask is None, scale=spec.scale
+                )
             out[sl] = o[0].transpose(0, 1)
             start += n
         return out

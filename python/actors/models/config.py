@@ -207,8 +207,10 @@ def rope_of(hf: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     # transformers >= 5 writes "rope_parameters" (theta inside); older files write
     # "rope_theta" + "rope_scaling" (with "type" in very old ones).
     params = hf.get("rope_parameters") or {}
+    if "full_attention" in params:  # one entry per layer kind (Gemma 3): the global one
+        params = params["full_attention"]
     scaling = hf.get("rope_scaling") or {}
-    theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    theta = float(params.get("rope_theta") or hf.get("rope_theta") or 10000.0)
     merged = {**scaling, **params}
     rope_type = merged.get("rope_type", merged.get("type", "default"))
     if rope_type not in SUPPORTED_ROPE_TYPES:

@@ -12,7 +12,7 @@ from actors.models.families import Family
 
 
 def _qwen3_moe(hf: dict[str, Any], num_layers: int) -> tuple[DecoderOptions, dict[str, Any]]:
-    experts = int(hf["num_experts"])
+    experts = int(hf.get("num_experts") or hf["num_local_experts"])  # transformers 5 renamed it
     step = int(hf.get("decoder_sparse_step", 1) or 1)
     dense = set(hf.get("mlp_only_layers") or ())
     layers = tuple(i not in dense and experts > 0 and (i + 1) % step == 0
