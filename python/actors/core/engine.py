@@ -27,6 +27,7 @@ from actors.params.sampling import SamplingParams
 from actors.core.scheduler.config import SchedulerConfig
 from actors.core.scheduler.policy import Scheduler
 from actors.core.structured.held import HeldRequests
+from actors.models.hooks import hook_for
 
 __all__ = ["EngineConfig", "LLMEngine"]
 
@@ -133,6 +134,8 @@ class LLMEngine:
             self.kv.events = KVEventLog(config.block_size)
             self.kv_events = ZmqEventPublisher(
                 events_cfg, int(config.extra.get("data_parallel_rank", 0)))
+        # the family's decoding rules (models/hooks.py: Whisper's banned tokens, timestamps)
+        hook = hook_for(loaded.model, mc)
         self.scheduler = Scheduler(
             SchedulerConfig(
                 max_num_seqs=config.max_num_seqs,
@@ -144,9 +147,8 @@ class LLMEngine:
                 seed=config.seed,
                 causal=causal,
                 encoder_decoder=enc_dec,
-                suppress_tokens=_suppressed(mc, self.tokenizer) if enc_dec else (),
-                begin_suppress_tokens=(tuple(mc.extra.get("begin_suppress_tokens", ()))
-                                       if enc_dec else ()),
+                suppress_tokens=hook.suppress_tokens(self.tokenizer),
+                begin_suppress_tokens=hook.begin_suppress_tokens(),
             ),
             self.kv,
         )
@@ -168,8 +170,9 @@ class LLMEngine:
                                   self.grammar_cache, str(self.model_dir), self.vocab_size,
                                   tuple(self.eos_token_ids))
         self.runner.structured_masks = self._held.mask
-        if enc_dec:
-            self.runner.timestamp_rules = self._timestamp_rules
+        rules = hook.prompt_rules(self.tokenizer, self.eos_token_ids[0])
+        if rules is not None:
+            self.runner.timestamp_rules = _as_sampling_hooks(rules)
         self.lora: LoraAdapters | None = None
         if config.enable_lora:
             model = loaded.model
@@ -191,21 +194,6 @@ class LLMEngine:
         return shared_cache(backend or self.config.structured_outputs_backend,
                             str(self.model_dir), self.tokenizer, self.vocab_size,
                             tuple(self.eos_token_ids))
-
-    def _timestamp_rules(self, prompt: tuple[int, ...]) -> Any:
-        """A Whisper window's timestamp rules when its prompt asks for timestamps (no
-        <|notimestamps|> in it), as sampling hooks; None otherwise. (The runner skips them
-        for a window with allowed_token_ids: language detection's [sot] prompt.)"""
-        from actors.core.runner.sampler import SamplingHooks
-        from actors.core.runner.timestamp_rules import TimestampRules
-
-        nots = self.tokenizer.get_vocab().get("<|notimestamps|>")
-        if nots is None or nots in prompt:
-            return None
-        c = self.scheduler.config
-        return SamplingHooks(logits_processors=(TimestampRules(
-            self.eos_token_ids[0], nots, nots + 1, c.suppress_tokens,
-            c.begin_suppress_tokens),))
 
     # ------------------------------------------------------------------ requests
 
@@ -362,18 +350,15 @@ class LLMEngine:
         return SamplingParams(**{**self.generation_defaults, **overrides})
 
 
-# Whisper's control tokens, never drawn inside a transcript (as Whisper's own decoding and
-# faster-whisper add them to the checkpoint's suppress_tokens).
-_WHISPER_CONTROL = ("<|transcribe|>", "<|translate|>", "<|startoftranscript|>",
-                    "<|startofprev|>", "<|startoflm|>", "<|nospeech|>", "<|nocaptions|>")
+def _as_sampling_hooks(rules: Any) -> Any:
+    """A model hook's per-prompt processors as the runner's sampling hooks."""
+    from actors.core.runner.sampler import SamplingHooks
 
+    def hooks(prompt: tuple[int, ...]) -> Any:
+        processors = rules(prompt)
+        return None if processors is None else SamplingHooks(logits_processors=processors)
 
-def _suppressed(mc: Any, tokenizer: Any) -> tuple[int, ...]:
-    """An encoder-decoder model's banned tokens: its config's suppress_tokens and the
-    control tokens its tokenizer has."""
-    vocab = tokenizer.get_vocab()
-    control = {vocab[t] for t in _WHISPER_CONTROL if t in vocab}
-    return tuple(sorted(set(mc.extra.get("suppress_tokens", ())) | control))
+    return hooks
 
 
 def _kv_cache_dtype(name: str, model_dtype: Any) -> Any:

@@ -26,6 +26,8 @@ norms are kept in the activation dtype (small, and F.conv1d wants one dtype).
 
 from __future__ import annotations
 
+from typing import Any
+
 from collections.abc import Iterable
 from typing import Protocol
 
@@ -98,6 +100,13 @@ def _flat(lin: Linear, x: torch.Tensor) -> torch.Tensor:
 class WhisperForConditionalGeneration(nn.Module):
     is_causal = True
     is_encoder_decoder = True
+
+    @staticmethod
+    def decoding_hook(config: ModelConfig) -> Any:
+        """Whisper's banned tokens and timestamp rules (models/hooks.py)."""
+        from actors.models.hooks import WhisperHook
+
+        return WhisperHook(config)
 
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype = torch.float32,
                  max_positions: int | None = None,

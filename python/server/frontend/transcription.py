@@ -20,7 +20,7 @@ drain are the generation service's, as for chat. ``params`` is a SamplingParams
 model's suppress_tokens and begin_suppress_tokens are applied by the engine, and decoding
 stops at <|endoftext|>. When the prompt asks for timestamps (no <|notimestamps|>), the
 engine applies Whisper's timestamp rules (the first token a timestamp <= 1.0 s, pairs
-between segments, never decreasing: actors/core/runner/timestamp_rules.py) and the token
+between segments, never decreasing: actors.models.whisper_rules.py) and the token
 ids include the timestamp tokens (>= ``toks.timestamp_begin``: t seconds is
 timestamp_begin + round(t / 0.02), relative to the window's start); ``text`` is the tokens
 decoded without special tokens (timestamps among those), for callers that need none.
