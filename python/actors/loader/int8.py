@@ -60,8 +60,8 @@ def int8_weights(model: LlamaForCausalLM, lm_head: bool = True) -> dict[str, Any
     from actors.models.llama import Linear, LlamaForCausalLM
 
     if not isinstance(model, LlamaForCausalLM):
-        raise ValueError(f"--quantization int8 serves the Llama-family decoders (llama, "
-                         f"mistral, qwen2), not {model.config.model_type}")
+        raise ValueError(f"--quantization int8 serves the causal decoders, not "
+                         f"{model.config.model_type}")
     out: dict[str, Any] = {}
 
     def put(name: str, weight: torch.Tensor) -> None:
@@ -70,7 +70,9 @@ def int8_weights(model: LlamaForCausalLM, lm_head: bool = True) -> dict[str, Any
             out[name] = llmcore.PackedWeight.from_gguf(Q8_0, q8_0_blocks(weight), n, k)
 
     for name, mod in model.named_modules():
-        if isinstance(mod, Linear) and name.startswith("model.layers."):
+        # a MoE router stays float: its top-k choice is where rounding would show
+        if (isinstance(mod, Linear) and name.startswith("model.layers.")
+                and not name.endswith(".mlp.gate")):
             put(name, mod.weight)
     if lm_head:
         if model.lm_head is not None:
