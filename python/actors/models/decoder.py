@@ -30,7 +30,7 @@ from actors.models import decoder_native, linear_routing, weight_map
 from actors.models.attention import AttentionBackend, LayerAttentionSpec
 from actors.models.blocks import DecoderLayer, Embedding, RopeTables
 from actors.models.config import ModelConfig
-from actors.models.layers import Linear, RMSNorm, _released, _widening, linear, linear_packed
+from actors.models.layers import Linear, PackedParts, RMSNorm, _released, _widening, linear, linear_packed
 from actors.models.rope import RotaryEmbedding
 
 
@@ -265,8 +265,9 @@ class DecoderForCausalLM(nn.Module):
             mats.append(self._tied_packed if self._tied_packed is not None
                         else self.model.embed_tokens.weight)
         for w in mats:
-            key = str(w.dtype).removeprefix("torch.")
-            counts[key] = counts.get(key, 0) + 1
+            for part in (w.parts if isinstance(w, PackedParts) else (w,)):
+                key = str(part.dtype).removeprefix("torch.")
+                counts[key] = counts.get(key, 0) + 1
         return counts
 
     def forward(

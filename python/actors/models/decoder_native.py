@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from actors.models import lora
 from actors.models.blocks import RopeTables, SparseMoE
-from actors.models.layers import gelu_tanh_mul
+from actors.models.layers import PackedParts, gelu_tanh_mul, linear_parts
 
 if TYPE_CHECKING:
     from actors.models.attention import AttentionBackend
@@ -81,7 +81,8 @@ def build_plan(model: DecoderForCausalLM) -> Plan:
     lin = llmcore._C.linear  # looked up now: profile_step wraps it before a rebuild
 
     def mat(m: Linear) -> Mat:
-        return (lin, m.matrix, _f32(m.bias))
+        return (linear_parts if isinstance(m.matrix, PackedParts) else lin, m.matrix,
+                _f32(m.bias))
 
     layers = model.model.layers
     out = []

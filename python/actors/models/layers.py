@@ -35,10 +35,44 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     return llmcore._C.linear(x, weight, bias, out)
 
 
-def linear_packed(x: torch.Tensor, packed: llmcore.PackedWeight,
+class PackedParts:
+    """A fused matrix (q/k/v, gate/up) whose parts are kept in different formats, as a GGUF
+    file stores them (Gemma 3's q and k in Q5_0, v in Q8_0): one packed matrix per part,
+    each product written into its own columns of the fused output (the core's linear takes
+    an output with any row stride), so no part is widened to a common format."""
+
+    def __init__(self, parts: list[llmcore.PackedWeight]) -> None:
+        ks = {p.shape[1] for p in parts}
+        if len(ks) != 1:
+            raise ValueError(f"fused parts differ in K: {sorted(ks)}")
+        self.parts = list(parts)
+        self.bounds: list[tuple[int, int]] = []
+        start = 0
+        for p in parts:
+            self.bounds.append((start, start + p.shape[0]))
+            start += p.shape[0]
+        self.shape = (start, ks.pop())
+        self.dtype = "+".join(p.dtype for p in parts)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+
+def linear_parts(x: torch.Tensor, w: PackedParts, bias: torch.Tensor | None,
+                 out: torch.Tensor) -> torch.Tensor:
+    """``out = x @ w^T (+ bias)``, one core product per part into its columns."""
+    for p, (a, b) in zip(w.parts, w.bounds):
+        llmcore._C.linear(x, p, None if bias is None else bias[a:b], out[:, a:b])
+    return out
+
+
+def linear_packed(x: torch.Tensor, packed: llmcore.PackedWeight | PackedParts,
                   bias: torch.Tensor | None) -> torch.Tensor:
     """x [T, K] fp32 @ packed^T (+ bias) through the core."""
     out = x.new_empty((x.shape[0], packed.shape[0]))
+    if isinstance(packed, PackedParts):
+        return linear_parts(x, packed, bias, out)
     return llmcore._C.linear(x, packed, bias, out)
 
 
@@ -62,9 +96,9 @@ class Linear(nn.Module):
         self.widen = _widening(dtype, compute_dtype)
         self.weight = _param(out_size, in_size, dtype=dtype)
         self.bias = _param(out_size, dtype=dtype) if bias else None
-        self.packed: llmcore.PackedWeight | None = None
+        self.packed: llmcore.PackedWeight | PackedParts | None = None
 
-    def pack(self, packed: llmcore.PackedWeight | None = None) -> None:
+    def pack(self, packed: llmcore.PackedWeight | PackedParts | None = None) -> None:
         """packed: the matrix already in the core (a quantized GGUF copy, same shape);
         default: a packed copy of ``weight``."""
         if packed is not None and tuple(packed.shape) != tuple(self.weight.shape):
@@ -74,7 +108,7 @@ class Linear(nn.Module):
         self.weight = _released(self.weight)
 
     @property
-    def matrix(self) -> torch.Tensor | llmcore.PackedWeight:
+    def matrix(self) -> torch.Tensor | llmcore.PackedWeight | PackedParts:
         """What the core's linear multiplies by: the packed matrix, else the tensor."""
         return self.packed if self.packed is not None else self.weight
 
