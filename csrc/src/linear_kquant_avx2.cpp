@@ -57,6 +57,7 @@ struct Kernel {
                 const uint8_t* hdr = panel + b / F.subs * quant::unit_bytes(T);
                 const uint8_t* q = hdr + F.header + s * F.sub + 32 * x;
                 const __m256 d = ph(hdr + quant::kD + 16 * x);
+                LC_UNROLL  // g below a constant: immediate shifts, fixed offsets
                 for (int h = 0; h < H; ++h) {
                     __m256 sc = d;
                     if constexpr (T == quant::kQ6_K) sc = _mm256_mul_ps(d, i8s(hdr + quant::sc_row(T, s, h) + 8 * x));

@@ -62,6 +62,7 @@ struct Kernel {
             const uint8_t* q = hdr + F.header + s * F.sub;
             if (m0 == 0) _mm_prefetch(reinterpret_cast<const char*>(q) + kPrefetchBytes, _MM_HINT_T0);
             const __m512 d = ph(hdr + quant::kD);
+            LC_UNROLL  // g below a constant: immediate shifts, fixed offsets
             for (int h = 0; h < H; ++h) {
                 __m512 sc = d;
                 if constexpr (T == quant::kQ6_K) sc = _mm512_mul_ps(d, i8s(hdr + quant::sc_row(T, s, h)));
