@@ -65,7 +65,8 @@ def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 # ggml type numbers the core keeps quantized (lc_quant_type) -> names: the core's own table.
-from llmcore import GGUF_KEPT_TYPES as QUANT_TYPES  # noqa: E402
+from llmcore import GGUF_KEPT_TYPES as QUANT_TYPES
+
 # Our fused matrices and the HF parts they stack, in row order.
 _FUSED_PARTS = {
     "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
