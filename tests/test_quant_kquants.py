@@ -156,7 +156,8 @@ def test_scalar_kernel_matches_float64(name: str, m: int, bits16: Any) -> None:
 @pytest.mark.parametrize("name", sorted(TYPES))
 def test_variants_bit_equal_to_scalar(name: str, bits: int) -> None:
     variants = _variants()
-    before = llmcore._C.set_quant_activation_bits(bits)
+    before = llmcore._C.quant_activation_bits()
+    assert llmcore._C.set_quant_activation_bits(bits) == bits
     try:
         for n, k, ms in ((7, 256, (1, 3, 9)), (40, 1024, (1, 2, 5, 8, 13, 17)), (33, 512, (64,))):
             raw = random_blocks(name, n, k, seed=n + k)
