@@ -1,8 +1,12 @@
 """Benchmark llmcore.linear (bf16 weights, fp32 activations; row-major and packed; GGUF
-Q8_0/Q4_0/Q4_1 blocks, packed quantized) against torch's F.linear.
+blocks of every type the core keeps, packed quantized) against torch's F.linear.
 
 Kernels (default): the default model's projection shapes (SmolLM2-135M: fused qkv, o_proj,
-fused gate_up, down_proj, tied lm_head) at M rows in {1, 8, 64, 256}. Each measurement cycles
+fused gate_up, down_proj, tied lm_head) at M rows in {1, 8, 64, 256}; --shapes can add a
+Llama-3.2-1B gate_up (1b_gate_up), where every K-quant applies (K a multiple of 256; a shape
+whose K is not skips those types, as llama.cpp's quantizer does). Q8_0/Q4_0/Q4_1/Q5_0/Q5_1
+blocks are quantized by gguf-py; the K-quants, which it cannot quantize, are random valid
+blocks (the speed does not depend on the values). Each measurement cycles
 through enough copies of the weight to overflow the last-level cache, as a model does when it
 streams all its layers once per token, and reports the median time, the weight bytes read per
 second and torch-fp32 time / ours. torch's own bf16 F.linear is timed too (slow on CPUs without
@@ -42,6 +46,8 @@ SHAPES = [
     ("down", 576, 1536),
     ("lm_head", 49152, 576),
 ]
+# Opt-in (--shapes): a Llama-3.2-1B MLP matrix, the size of a real Q4_K_M model's tensors.
+EXTRA_SHAPES = [("1b_gate_up", 16384, 2048)]
 CACHE_BYTES = 96 << 20  # more than the last-level cache of the machines we run on
 
 
@@ -64,15 +70,39 @@ def timed(fns: list[Callable[[], Any]], repeats: int, budget_s: float) -> float:
     return statistics.median(times)
 
 
-QUANT_TYPES = {"q8_0": 8, "q4_0": 2, "q4_1": 3}  # ggml type numbers
+QUANT_TYPES = {name: num for num, name in llmcore.GGUF_KEPT_TYPES.items()}  # ggml numbers
+
+
+def block_elems(name: str) -> int:
+    import gguf
+
+    return gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(QUANT_TYPES[name])][0]
+
+
+def gguf_blocks(name: str, w: torch.Tensor) -> Any:
+    """GGUF blocks for w: gguf-py's quantization where it has one, else random valid blocks
+    (random quants and sub-scales, fp16 superblock scales around 1e-3)."""
+    import gguf
+    import numpy as np
+
+    t = gguf.GGMLQuantizationType(QUANT_TYPES[name])
+    try:
+        return gguf.quants.quantize(w.numpy(), t)
+    except NotImplementedError:
+        elems, size = gguf.GGML_QUANT_SIZES[t]
+        n, k = w.shape
+        rng = np.random.default_rng(0)
+        blocks = rng.integers(0, 256, (n * (k // elems), size), dtype=np.uint8)
+        scale = np.full((len(blocks), 1), 1e-3, np.float16).view(np.uint8)
+        for at in ((208,) if name == "q6_k" else (0, 2)):  # d (and dmin)
+            blocks[:, at:at + 2] = scale
+        return blocks.reshape(n, -1)
 
 
 def quantized_copies(name: str, w: torch.Tensor, copies: int) -> list[llmcore.PackedWeight]:
-    """GGUF blocks of w (gguf.quants, as llama.cpp quantizes), packed by the core; enough
-    copies of the quantized bytes to overflow the last-level cache."""
-    import gguf
-
-    blocks = gguf.quants.quantize(w.numpy(), gguf.GGMLQuantizationType(QUANT_TYPES[name]))
+    """GGUF blocks of w packed by the core; enough copies of the quantized bytes to overflow
+    the last-level cache."""
+    blocks = gguf_blocks(name, w)
     n, k = w.shape
     one = llmcore.PackedWeight.from_gguf(QUANT_TYPES[name], blocks, n, k)
     copies = max(1, min(64, -(-CACHE_BYTES // one.nbytes)))
@@ -83,8 +113,8 @@ def quantized_copies(name: str, w: torch.Tensor, copies: int) -> list[llmcore.Pa
 def bench_kernels(args: argparse.Namespace) -> list[dict[str, Any]]:
     gen = torch.Generator().manual_seed(0)
     rows = []
-    for name, n, k in SHAPES:
-        if args.shapes and name not in args.shapes:
+    for name, n, k in SHAPES + EXTRA_SHAPES:
+        if name not in (args.shapes or [s[0] for s in SHAPES]):
             continue
         w32 = torch.randn(n, k, generator=gen) * 0.05
         copies = max(1, min(32, -(-CACHE_BYTES // (n * k * 4))))
@@ -92,7 +122,8 @@ def bench_kernels(args: argparse.Namespace) -> list[dict[str, Any]]:
         ws16 = [w.bfloat16() for w in ws32]
         packed16 = [llmcore.PackedWeight(w) for w in ws16]
         packed32 = [llmcore.PackedWeight(w) for w in ws32]
-        quant = {q: quantized_copies(q, w32, copies) for q in args.quant}
+        quant = {q: quantized_copies(q, w32, copies) for q in args.quant
+                 if k % block_elems(q) == 0}
         for m in args.m:
             x = torch.randn(m, k, generator=gen)
             out = torch.empty(m, n)
@@ -227,7 +258,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--m", type=int, nargs="+", default=[1, 8, 64, 256])
     p.add_argument("--shapes", nargs="*", default=None, help="subset of " +
-                   ", ".join(s[0] for s in SHAPES))
+                   ", ".join(s[0] for s in SHAPES + EXTRA_SHAPES) + " (default: all but " +
+                   ", ".join(s[0] for s in EXTRA_SHAPES) + ")")
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--budget-s", type=float, default=1.0, help="time cap per measurement")
     p.add_argument("--bf16-limit-ms", type=float, default=200.0)

@@ -114,7 +114,7 @@ def test_bad_blocks_are_refused() -> None:
     with pytest.raises(ValueError, match="multiple of 32"):
         llmcore.PackedWeight.from_gguf(8, np.zeros(34, np.uint8), 1, 16)
     with pytest.raises(ValueError, match="unsupported quantization type"):
-        llmcore.PackedWeight.from_gguf(12, np.zeros(144, np.uint8), 1, 256)
+        llmcore.PackedWeight.from_gguf(10, np.zeros(84, np.uint8), 1, 256)  # Q2_K
 
 
 # ---- the default model ---------------------------------------------------------------------

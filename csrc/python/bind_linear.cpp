@@ -120,13 +120,15 @@ freed afterwards. Read only, so one object serves many threads.)doc")
             },
             py::arg("type"), py::arg("blocks"), py::arg("n"), py::arg("k"),
             R"doc(A GGUF matrix [n, k] kept in its block format: type is ggml's number
-(8 = Q8_0, 2 = Q4_0, 3 = Q4_1), blocks a C-contiguous buffer of the n rows' blocks
-as the file stores them (copied). llmcore.linear then rounds x per 32-block to int8
-and multiplies with exact integer block dots; rows() dequantizes.)doc")
+(gguf_kept_types(): 2 = Q4_0, 3 = Q4_1, 6 = Q5_0, 7 = Q5_1, 8 = Q8_0, 12 = Q4_K,
+13 = Q5_K, 14 = Q6_K), blocks a C-contiguous buffer of the n rows' blocks as the file
+stores them (copied; k a multiple of 32, of 256 for the K-quants). llmcore.linear then
+rounds x per 32-block to int16 (or int8) and multiplies with exact integer block dots;
+rows() dequantizes exactly as gguf-py does.)doc")
         .def_property_readonly("quant_type", &PackedWeight::quant_type,
                                "ggml type number of a quantized weight, 0 for a float one")
         .def_property_readonly("shape", [](const PackedWeight& w) { return py::make_tuple(w.n(), w.k()); })
-        .def_property_readonly("dtype", &PackedWeight::dtype, "'bfloat16', 'float32', or 'q8_0', 'q4_0', 'q4_1'")
+        .def_property_readonly("dtype", &PackedWeight::dtype, "'bfloat16', 'float32', or a GGUF type's name (gguf_kept_types())")
         .def_property_readonly("nbytes", &PackedWeight::nbytes, "bytes of memory held")
         .def("rows", &PackedWeight::rows, py::arg("ids"), py::arg("out"),
              "out[i] = W[ids[i]] (out [len(ids), K] float32 or bfloat16); returns out.")
@@ -134,6 +136,14 @@ and multiplies with exact integer block dots; rows() dequantizes.)doc")
             return "PackedWeight(shape=(" + std::to_string(w.n()) + ", " + std::to_string(w.k()) +
                    "), dtype=" + w.dtype() + ")";
         });
+    m.def(
+        "gguf_kept_types",
+        [] {
+            py::dict d;
+            for (const lc::quant::Format& f : lc::quant::kFormats) d[py::int_(f.type)] = f.name;
+            return d;
+        },
+        "ggml type number -> name ('q4_k', ...) of the GGUF types PackedWeight.from_gguf keeps.");
     m.def("linear", &linear, py::arg("x"), py::arg("weight"), py::arg("bias") = py::none(),
           py::arg("out") = py::none(),
           R"doc(out = x @ weight^T (+ bias), computed in fp32, written into out and returned.

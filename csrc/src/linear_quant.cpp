@@ -2,6 +2,8 @@
 // variant, and the scalar reference microkernel (linear_quant.h).
 #include "linear_quant.h"
 
+#include "weight_kquant.h"
+
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -26,7 +28,7 @@ struct QuantXBuf {
     std::vector<int8_t> q;
     std::vector<int16_t> q16;
     std::vector<float> scale, ssum;
-    std::vector<int32_t> isum;
+    std::vector<int32_t> isum, hsum;
 };
 
 // Row blocks of x to `bits`-bit integers: q = round(x / s), s = max|x| / qmax,
@@ -40,12 +42,13 @@ QuantX quantize(const Job& job, QuantXBuf& buf, int bits, QuantizeBlocks blocks)
     buf.scale.resize(size_t(M * nb));
     buf.ssum.resize(size_t(M * nb));
     buf.isum.resize(size_t(M * nb));
+    buf.hsum.resize(size_t(M * nb));
     const QuantXOut out{wide ? nullptr : buf.q.data(), wide ? buf.q16.data() : nullptr,
-                        buf.scale.data(), buf.ssum.data(), buf.isum.data()};
+                        buf.scale.data(), buf.ssum.data(), buf.isum.data(), buf.hsum.data()};
     parallel_for(M * nb, std::max<int64_t>(1, 256), [&](int64_t i0, int64_t i1) {
         blocks(job.x, job.ldx, nb, i0, i1, bits, out);
     });
-    return QuantX{out.q, out.q16, out.scale, out.ssum, out.isum, nb};
+    return QuantX{out.q, out.q16, out.scale, out.ssum, out.isum, out.hsum, nb};
 }
 
 constexpr int kScalarMR = 4;
@@ -101,8 +104,9 @@ void quantize_blocks_scalar(const float* xs, int64_t ldx, int64_t nb, int64_t i0
         float amax = 0.0f;  // a NaN is passed over, as the vector max passes it
         for (int e = 0; e < quant::kBlock; ++e) amax = std::max(amax, std::fabs(x[e]));
         const float s = amax / qmax, inv = s != 0.0f ? 1.0f / s : 0.0f;
-        int32_t sum = 0;
+        int32_t sum = 0, half = 0;
         for (int e = 0; e < quant::kBlock; ++e) {
+            if (e == quant::kBlock / 2) half = sum;
             // |v| <= qmax: x[e] * inv <= qmax (+1 ulp); lrint rounds to nearest even
             const long v = std::max(-lim, std::min(lim, std::lrint(x[e] * inv)));
             if (wide)
@@ -113,6 +117,7 @@ void quantize_blocks_scalar(const float* xs, int64_t ldx, int64_t nb, int64_t i0
         }
         out.scale[size_t(i)] = s;
         out.isum[size_t(i)] = sum;
+        out.hsum[size_t(i)] = half;
         out.ssum[size_t(i)] = s * float(sum);
     }
 }
@@ -137,13 +142,18 @@ void run_quant(const Job& job) {
     const Isa isa = current_isa();
     static const bool vnni = cpu_has_avx512_vnni();
     const int bits = quant_activation_bits();
+    const bool k = quant::kfamily(job.packed->qtype);
     // the workers read this thread's buffer; each variant quantizes with its own ISA
-    if (isa == Isa::kAvx512 && vnni)
-        run_quant_avx512(job, quantize(job, buf, bits, quantize_blocks_avx512));
-    else if (isa >= Isa::kAvx2)
-        run_quant_avx2(job, quantize(job, buf, bits, quantize_blocks_avx2));
-    else
-        run_quant_scalar(job, quantize(job, buf, bits, quantize_blocks_scalar));
+    if (isa == Isa::kAvx512 && vnni) {
+        const QuantX qx = quantize(job, buf, bits, quantize_blocks_avx512);
+        k ? run_kquant_avx512(job, qx) : run_quant_avx512(job, qx);
+    } else if (isa >= Isa::kAvx2) {
+        const QuantX qx = quantize(job, buf, bits, quantize_blocks_avx2);
+        k ? run_kquant_avx2(job, qx) : run_quant_avx2(job, qx);
+    } else {
+        const QuantX qx = quantize(job, buf, bits, quantize_blocks_scalar);
+        k ? run_kquant_scalar(job, qx) : run_quant_scalar(job, qx);
+    }
 }
 
 }  // namespace lc::linear

@@ -34,6 +34,7 @@ struct QuantX {
     const float* scale;   // s
     const float* ssum;    // s * sum(q), for the Q4_1 min term
     const int32_t* isum;  // sum(q)
+    const int32_t* hsum;  // sum(q) of the block's first 16 (Q6_K's half-block scales)
     int64_t nb;           // blocks per row (K / 32)
 };
 
@@ -55,6 +56,7 @@ struct QuantXOut {
     float* scale;
     float* ssum;
     int32_t* isum;
+    int32_t* hsum;
 };
 using QuantizeBlocks = void (*)(const float* x, int64_t ldx, int64_t nb, int64_t i0, int64_t i1,
                                 int bits, const QuantXOut& out);
@@ -68,6 +70,10 @@ void quantize_blocks_avx512(const float* x, int64_t ldx, int64_t nb, int64_t i0,
 void run_quant_scalar(const Job& job, const QuantX& qx);
 void run_quant_avx2(const Job& job, const QuantX& qx);
 void run_quant_avx512(const Job& job, const QuantX& qx);  // AVX512_VNNI
+// The K family (weight_kquant.h): linear_kquant*.cpp.
+void run_kquant_scalar(const Job& job, const QuantX& qx);
+void run_kquant_avx2(const Job& job, const QuantX& qx);
+void run_kquant_avx512(const Job& job, const QuantX& qx);
 // Quantizes job.x, picks the variant (current_isa(); avx512 needs AVX512_VNNI) and runs it.
 void run_quant(const Job& job);
 // Whether this CPU has AVX512_VNNI (the avx512 variant; else avx2 runs in its place).
@@ -80,7 +86,7 @@ namespace {  // internal linkage: each ISA's translation unit gets its own copy
 template <int MR, class Micro>
 void drive_quant(const Job& job, Micro&& micro) {
     const lc_weight& w = *job.packed;
-    const int64_t panel_bytes = (job.K / quant::kBlock) * quant::block_bytes(w.qtype);
+    const int64_t panel_bytes = quant::panel_bytes(w.qtype, job.K);
     const int64_t group = std::max<int64_t>(1, (int64_t(192) << 10) / panel_bytes);
     for_tiles(job, w.panels, job.M * job.K * weight::kPanel, [&](int64_t p0, int64_t p1) {
         for (int64_t g0 = p0; g0 < p1; g0 += group) {

@@ -127,6 +127,13 @@ struct Micro16 {
     }
 };
 
+int32_t hsum_epi32(__m256i v) {
+    __m128i t4 = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0x4e));
+    t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0xb1));
+    return _mm_cvtsi128_si32(t4);
+}
+
 }  // namespace
 
 // quantize_blocks_avx512's steps on four 8-lane quarters of a block; the words and bytes
@@ -154,11 +161,8 @@ void quantize_blocks_avx2(const float* xs, int64_t ldx, int64_t nb, int64_t i0, 
         const float s = amax / qmax, inv = s != 0.0f ? 1.0f / s : 0.0f;
         const __m256 vinv = _mm256_set1_ps(inv);
         __m256i q[4];
-        __m256i total = _mm256_setzero_si256();
-        for (int t = 0; t < 4; ++t) {
+        for (int t = 0; t < 4; ++t)
             q[t] = _mm256_max_epi32(lo, _mm256_min_epi32(hi, _mm256_cvtps_epi32(_mm256_mul_ps(v[t], vinv))));
-            total = _mm256_add_epi32(total, q[t]);
-        }
         // words 0-15 and 16-31 in order
         const __m256i w0 = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[0], q[1]), 0xd8);
         const __m256i w1 = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[2], q[3]), 0xd8);
@@ -170,12 +174,11 @@ void quantize_blocks_avx2(const float* xs, int64_t ldx, int64_t nb, int64_t i0, 
             _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.q + i * quant::kBlock),
                                 _mm256_permute4x64_epi64(_mm256_packs_epi16(w0, w1), 0xd8));
         }
-        __m128i t4 = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
-        t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0x4e));
-        t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0xb1));
-        const int32_t sum = _mm_cvtsi128_si32(t4);
+        const int32_t half = hsum_epi32(_mm256_add_epi32(q[0], q[1]));
+        const int32_t sum = half + hsum_epi32(_mm256_add_epi32(q[2], q[3]));
         out.scale[i] = s;
         out.isum[i] = sum;
+        out.hsum[i] = half;
         out.ssum[i] = s * float(sum);
     }
 }

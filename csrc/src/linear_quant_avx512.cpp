@@ -163,9 +163,11 @@ void quantize_blocks_avx512(const float* xs, int64_t ldx, int64_t nb, int64_t i0
             _mm_storeu_si128(q, _mm512_cvtsepi32_epi8(va));
             _mm_storeu_si128(q + 1, _mm512_cvtsepi32_epi8(vb));
         }
-        const int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(va, vb));
+        const int32_t half = _mm512_reduce_add_epi32(va);
+        const int32_t sum = half + _mm512_reduce_add_epi32(vb);
         out.scale[i] = s;
         out.isum[i] = sum;
+        out.hsum[i] = half;
         out.ssum[i] = s * float(sum);
     }
 }

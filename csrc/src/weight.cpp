@@ -3,7 +3,7 @@
 
 #include <vector>
 
-#include "weight_quant.h"
+#include "weight_kquant.h"
 
 #include <cstdlib>
 #include <cstring>
@@ -128,7 +128,10 @@ extern "C" lc_status lc_weight_rows(const lc_weight* w, const int64_t* rows, int
                              [&](int64_t b, int64_t e) {
                 std::vector<float> row(static_cast<size_t>(K));
                 for (int64_t i = b; i < e; ++i) {
-                    lc::quant::dequant_row(*w, rows[i], row.data());
+                    if (lc::quant::kfamily(w->qtype))
+                        lc::quant::dequant_krow(*w, rows[i], row.data());
+                    else
+                        lc::quant::dequant_row(*w, rows[i], row.data());
                     char* o = static_cast<char*>(out->data) +
                               i * out->strides[0] * int64_t(lc::dtype_size(out->dtype));
                     for (int64_t k = 0; k < K; ++k) {

@@ -1,5 +1,8 @@
-// lc_weight_pack_quant: GGUF blocks repacked into weight_quant.h's layout.
+// lc_weight_pack_quant: GGUF blocks repacked into weight_quant.h's layout
+// (the K family's units: weight_kquant.cpp).
 #include "weight_quant.h"
+
+#include "weight_kquant.h"
 
 #include <cstdlib>
 #include <cstring>
@@ -28,6 +31,30 @@ void read_gguf_block(int32_t t, const uint8_t* src, uint8_t u[kBlock], uint16_t*
     }
 }
 
+// A Q8_0/Q4_0/Q4_1 GGUF block of column c into its zeroed packed block.
+void pack_block(int32_t t, const uint8_t* src, int c, uint8_t* dst) {
+    uint8_t u[kBlock];
+    uint16_t d, m;
+    read_gguf_block(t, src, u, &d, &m);
+    for (int e = 0; e < kBlock; ++e) {
+        const int g = e / 4, i = e % 4;
+        if (t == lc::quant::kQ8_0)
+            dst[g * 64 + c * 4 + i] = u[e];
+        else
+            dst[(g % 4) * 64 + c * 4 + i] |= uint8_t(u[e] << (g < 4 ? 0 : 4));
+    }
+    const int64_t qb = lc::quant::quant_bytes(t);
+    std::memcpy(dst + qb + 2 * c, &d, 2);
+    if (t == lc::quant::kQ4_1) std::memcpy(dst + qb + 32 + 2 * c, &m, 2);
+}
+
+std::string supported() {
+    std::string s;
+    for (const lc::quant::Format& f : lc::quant::kFormats)
+        s += (s.empty() ? "" : ", ") + std::string(f.name) + " = " + std::to_string(f.type);
+    return s;
+}
+
 }  // namespace
 
 extern "C" lc_status lc_weight_pack_quant(int32_t type, const void* blocks, int64_t nbytes,
@@ -37,31 +64,30 @@ extern "C" lc_status lc_weight_pack_quant(int32_t type, const void* blocks, int6
         lc::require(out != nullptr, "out is NULL");
         *out = nullptr;
         lc::require(known(type), "unsupported quantization type " + std::to_string(type) +
-                                     " (supported: q8_0 = 8, q4_0 = 2, q4_1 = 3)");
-        lc::require(n > 0 && k > 0 && k % kBlock == 0,
-                    "a quantized weight needs N > 0 and K a positive multiple of 32, got [" +
-                        std::to_string(n) + ", " + std::to_string(k) + "]");
+                                     " (supported: " + supported() + ")");
+        const std::string what = std::string(name(type)) + " [" + std::to_string(n) + ", " +
+                                 std::to_string(k) + "]";
+        const int64_t elems = format(type)->gguf_elems;
+        lc::require(n > 0 && k > 0 && k % elems == 0,
+                    "a " + std::string(name(type)) + " weight needs N > 0 and K a positive " +
+                        "multiple of " + std::to_string(elems) + ", got [" + std::to_string(n) +
+                        ", " + std::to_string(k) + "]");
         // Every size below is checked for int64 overflow: a host's n and k could
         // otherwise wrap the source size onto its buffer's and the packed size onto
         // a small allocation that the repack loop then overruns.
-        const int64_t nb = k / kBlock;
+        const int64_t units = k / elems, gb = gguf_block_bytes(type), ub = unit_bytes(type);
         int64_t src_row = 0, src_bytes = 0;
-        const bool src_fits = !__builtin_mul_overflow(nb, gguf_block_bytes(type), &src_row) &&
+        const bool src_fits = !__builtin_mul_overflow(units, gb, &src_row) &&
                               !__builtin_mul_overflow(n, src_row, &src_bytes);
-        lc::require(src_fits, std::string(name(type)) + " [" + std::to_string(n) + ", " +
-                                  std::to_string(k) + "] is too large (its size overflows int64)");
-        lc::require(nbytes == src_bytes,
-                    std::string(name(type)) + " [" + std::to_string(n) + ", " + std::to_string(k) +
-                        "] is " + std::to_string(src_bytes) + " bytes, got " +
-                        std::to_string(nbytes));
+        lc::require(src_fits, what + " is too large (its size overflows int64)");
+        lc::require(nbytes == src_bytes, what + " is " + std::to_string(src_bytes) +
+                                             " bytes of GGUF blocks, got " + std::to_string(nbytes));
         lc::require(blocks != nullptr, "blocks is NULL");
         const int64_t panels = n / lc::weight::kPanel + (n % lc::weight::kPanel != 0);
-        const int64_t bb = block_bytes(type), qb = quant_bytes(type);
-        int64_t packed_blocks = 0, packed_bytes = 0;
-        lc::require(!__builtin_mul_overflow(panels, nb, &packed_blocks) &&
-                        !__builtin_mul_overflow(packed_blocks, bb, &packed_bytes),
-                    std::string(name(type)) + " [" + std::to_string(n) + ", " +
-                        std::to_string(k) + "] is too large to pack (its size overflows int64)");
+        int64_t packed_units = 0, packed_bytes = 0;
+        lc::require(!__builtin_mul_overflow(panels, units, &packed_units) &&
+                        !__builtin_mul_overflow(packed_units, ub, &packed_bytes),
+                    what + " is too large to pack (its size overflows int64)");
         auto* pw = new lc_weight;
         pw->n = n;
         pw->k = k;
@@ -78,25 +104,14 @@ extern "C" lc_status lc_weight_pack_quant(int32_t type, const void* blocks, int6
         const uint8_t* src = static_cast<const uint8_t*>(blocks);
         lc::parallel_for(pw->panels, 4, [&](int64_t p0, int64_t p1) {
             for (int64_t p = p0; p < p1; ++p) {
-                for (int64_t b = 0; b < nb; ++b) {
-                    uint8_t* dst = static_cast<uint8_t*>(pw->data) + (p * nb + b) * bb;
-                    std::memset(dst, 0, size_t(bb));
+                for (int64_t j = 0; j < units; ++j) {
+                    uint8_t* dst = static_cast<uint8_t*>(pw->data) + (p * units + j) * ub;
+                    std::memset(dst, 0, size_t(ub));
                     for (int c = 0; c < lc::weight::kPanel; ++c) {
                         const int64_t row = p * lc::weight::kPanel + c;
                         if (row >= n) break;  // columns past N: zero quants and scales
-                        uint8_t u[kBlock];
-                        uint16_t d, m;
-                        read_gguf_block(type, src + row * src_row + b * gguf_block_bytes(type), u,
-                                        &d, &m);
-                        for (int e = 0; e < kBlock; ++e) {
-                            const int g = e / 4, i = e % 4;
-                            if (type == kQ8_0)
-                                dst[g * 64 + c * 4 + i] = u[e];
-                            else
-                                dst[(g % 4) * 64 + c * 4 + i] |= uint8_t(u[e] << (g < 4 ? 0 : 4));
-                        }
-                        std::memcpy(dst + qb + 2 * c, &d, 2);
-                        if (type == kQ4_1) std::memcpy(dst + qb + 32 + 2 * c, &m, 2);
+                        const uint8_t* blk = src + row * src_row + j * gb;
+                        kfamily(type) ? pack_kunit(type, blk, c, dst) : pack_block(type, blk, c, dst);
                     }
                 }
             }

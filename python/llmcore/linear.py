@@ -8,8 +8,9 @@ bf16 matmul on such CPUs is an order of magnitude slower than fp32.
 ``weight`` is ``[N, K]`` (torch's ``nn.Linear`` layout), contiguous, or a ``PackedWeight``:
 the same matrix copied once into the layout the kernels stream (panels of 16 output columns,
 huge pages), which is what a model keeps, or ``PackedWeight.from_gguf(type, blocks, n, k)``:
-a GGUF Q8_0/Q4_0/Q4_1 matrix kept in its blocks (4.5-8.5 bits a weight), multiplied with x
-rounded per 32-block to int8 and exact integer block dots; ``x`` is ``[..., K]``
+a GGUF matrix of a type in ``GGUF_KEPT_TYPES`` (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
+Q6_K) kept in its blocks (4.5-8.5 bits a weight), multiplied with x rounded per 32-block to
+int16 (or int8) and exact integer block dots; ``x`` is ``[..., K]``
 float32; ``bias`` is ``[N]`` or None. Tensors are torch tensors or numpy arrays, borrowed
 through ``__dlpack__`` without a copy; the GIL is released while the kernel runs.
 """
@@ -21,7 +22,11 @@ from typing import Any
 from llmcore import _C
 from llmcore._C import PackedWeight, linear_isa
 
-__all__ = ["PackedWeight", "linear", "linear_isa"]
+__all__ = ["GGUF_KEPT_TYPES", "PackedWeight", "linear", "linear_isa"]
+
+# ggml type number -> name (``PackedWeight.dtype``) of the GGUF types the core keeps quantized;
+# the loader keeps exactly these and dequantizes the others.
+GGUF_KEPT_TYPES: dict[int, str] = dict(_C.gguf_kept_types())
 
 
 def linear(x: Any, weight: Any, bias: Any = None, out: Any = None) -> Any:

@@ -419,9 +419,13 @@ LC_API lc_status lc_linear_packed(const lc_tensor* x, const lc_weight* weight,
  * decode step reads 4.5-8.5 bits per weight instead of 16.
  *
  * lc_weight_pack_quant: blocks holds W [N, K] as GGUF stores it: N rows, each
- * K/32 consecutive blocks of `type` (ggml's block_q8_0, block_q4_0,
- * block_q4_1; K a multiple of 32), nbytes = N * K/32 * block size (34, 18,
- * 20). The blocks are copied (repacked into the kernels' layout; the caller
+ * K/B consecutive blocks of `type` (ggml's block_q8_0, block_q4_0,
+ * block_q4_1, block_q5_0, block_q5_1: B = 32 weights of 34, 18, 20, 22, 24
+ * bytes; block_q4_K, block_q5_K, block_q6_K: B = 256 weights of 144, 176,
+ * 210 bytes), K a multiple of B, nbytes = N * K/B * block size; anything
+ * else is LC_ERR_INVALID_ARGUMENT. The packed copy holds 4.5 (q4_0) to 8.5
+ * (q8_0) bits per weight: q4_k 4.625, q5_k 5.625, q6_k 6.5625, the others as
+ * GGUF's. The blocks are copied (repacked into the kernels' layout; the caller
  * may free them at once) into a new lc_weight, destroyed with
  * lc_weight_destroy like any other. lc_weight_info reports dtype F32 for it
  * (the type of what lc_weight_rows writes) and nbytes of the packed copy.
@@ -438,7 +442,16 @@ LC_API lc_status lc_linear_packed(const lc_tensor* x, const lc_weight* weight,
  * every later quantized call in the process; int16 rounds x 256 times more
  * finely at about the same speed with AVX512_VNNI (two vpdpwssd for one
  * vpdpbusd, the loads shared), ~1.3x the int8 cost with AVX2. */
-typedef enum { LC_QUANT_Q4_0 = 2, LC_QUANT_Q4_1 = 3, LC_QUANT_Q8_0 = 8 } lc_quant_type;
+typedef enum {
+    LC_QUANT_Q4_0 = 2,
+    LC_QUANT_Q4_1 = 3,
+    LC_QUANT_Q5_0 = 6,
+    LC_QUANT_Q5_1 = 7,
+    LC_QUANT_Q8_0 = 8,
+    LC_QUANT_Q4_K = 12,
+    LC_QUANT_Q5_K = 13,
+    LC_QUANT_Q6_K = 14
+} lc_quant_type;
 
 LC_API lc_status lc_weight_pack_quant(int32_t type, const void* blocks, int64_t nbytes, int64_t n,
                                       int64_t k, lc_weight** out);

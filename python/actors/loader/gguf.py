@@ -64,8 +64,9 @@ def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, dim, 2, *w.shape[1:]).swapaxes(2, 1).reshape(w.shape)
 
 
-# ggml type numbers the core keeps quantized (lc_quant_type): Q4_0, Q4_1, Q8_0.
-QUANT_TYPES = {2: "q4_0", 3: "q4_1", 8: "q8_0"}
+# ggml type numbers the core keeps quantized (lc_quant_type) -> names: the core's own table.
+from llmcore import GGUF_KEPT_TYPES as QUANT_TYPES
+
 # Our fused matrices and the HF parts they stack, in row order.
 _FUSED_PARTS = {
     "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),

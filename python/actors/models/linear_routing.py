@@ -51,7 +51,7 @@ REPEATS = 3
 MARGIN = 0.8
 DEFAULT_BUDGET_S = 1.5
 QUANT_BUDGET_S = 3.0  # the default when quantized matrices race too (more shapes' entries)
-QUANTIZED = ("q8_0", "q4_0", "q4_1")
+QUANTIZED = tuple(llmcore.GGUF_KEPT_TYPES.values())
 CLEAR = 3.0  # a first timing this lopsided decides without the other repeats
 
 LinearFn = Callable[[torch.Tensor, Any, torch.Tensor | None, torch.Tensor], torch.Tensor]
