@@ -7,8 +7,8 @@ the compute-bound large M of prefill and big decode batches. Rather than hand-tu
 thresholds, ``measure`` times both on the model's own shapes at M in ``BUCKETS`` (medians of
 a few alternated calls, so the cost of handing the cores from one thread pool to the other
 is in both figures, as it is in a routed step) within a time budget, and the forward pass
-routes each product by the bucket of its row count. A quantized matrix (Q8_0, Q4_0, Q4_1)
-races its quantized kernel against the core's bf16 kernel on a bf16 copy of the matrix
+routes each product by the bucket of its row count. A quantized matrix (any GGUF type the
+core keeps) races its quantized kernel against the core's bf16 kernel on a bf16 copy of it
 (dequantized once at load, "core_bf16"): the quantized kernel reads 4.5-8.5 bits a weight
 and wins the memory-bound small M; the bf16 kernel (AVX512_BF16's dot products where the
 CPU has them) wins prefill and big batches, and there the product is exactly the bf16
@@ -79,7 +79,7 @@ class Route:
 
     n: int
     k: int
-    weight_format: str  # PackedWeight.dtype: float32 | bfloat16 | q8_0 | q4_0 | q4_1
+    weight_format: str  # PackedWeight.dtype: float32 | bfloat16 | a kept GGUF type (q8_0, q4_k, ...)
     m: int  # the bucket's row count
     # "core" | "torch" (a float matrix, or a quantized one's dense bf16 copy) | "core_bf16" (a
     # quantized matrix's bf16 copy packed for the core)
