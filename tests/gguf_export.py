@@ -37,10 +37,12 @@ def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def export_gguf(model_dir: Path, out: Path, *, qtype: str | None = None,
-                per_expert_tensors: bool = False, gemma3_pattern: bool = False,
-                extra: dict[str, Any] | None = None) -> None:
+                tensor_types: dict[str, str] | None = None, per_expert_tensors: bool = False,
+                gemma3_pattern: bool = False, extra: dict[str, Any] | None = None) -> None:
     """Writes ``out`` from the checkpoint in ``model_dir``.
 
+    qtype: the block type of the matrices ("Q8_0", ...; None: all F32); tensor_types: a
+    type for some tensors by GGUF name, as llama.cpp's quantizer mixes them.
     per_expert_tensors: Mixtral experts as older converters wrote them (2-D
     ``blk.N.ffn_gate.E.weight``). gemma3_pattern: write the sliding-window pattern and the
     local RoPE base, as newer converters do (older files lack both). extra: more metadata,
@@ -97,7 +99,8 @@ def export_gguf(model_dir: Path, out: Path, *, qtype: str | None = None,
         stack = np.stack([by_e[e] for e in sorted(by_e)])
         out_tensors.append((f"blk.{layer}.ffn_{part}_exps.weight", stack))
     for name, data in out_tensors:
-        _add_tensor(w, gguf, name, np.ascontiguousarray(data), qtype)
+        _add_tensor(w, gguf, name, np.ascontiguousarray(data),
+                    (tensor_types or {}).get(name, qtype))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -25,7 +25,12 @@ import numpy as np
 
 from actors.loader.gguf_arch import FAMILIES, Family, family_of, hf_config_from_gguf
 from actors.loader.gguf_names import (
-    hf_names, hf_tensor_name, matrix_parts, packed_slot, split_experts, unpermute_qk,
+    hf_names,
+    hf_tensor_name,
+    matrix_parts,
+    packed_slot,
+    split_experts,
+    unpermute_qk,
 )
 from actors.loader.progress import ProgressBar, log, stage
 

@@ -115,9 +115,7 @@ def hf_config_from_gguf(reader: Any) -> dict[str, Any]:
     num_kv = _uniform(get("attention.head_count_kv", num_heads), "attention.head_count_kv")
     hidden = int(need("embedding_length"))
     layers = int(need("block_count"))
-    # phi3's rope.dimension_count is its rotary part; elsewhere it is the head size
-    rot = 0 if fam.model_type == "phi3" else get("rope.dimension_count", 0)
-    head_dim = int(get("attention.key_length", 0) or rot or hidden // num_heads)
+    head_dim = int(get("attention.key_length", 0) or hidden // num_heads)  # llama.cpp's
     vocab = get("vocab_size")
     if vocab is None:
         vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
@@ -242,9 +240,10 @@ def _rope_parameters(reader: Any, arch: str, mt: str, head_dim: int) -> dict[str
             raise UnsupportedModelError(
                 f"GGUF YaRN parameters {', '.join(extra)} cannot be expressed in a "
                 "transformers config; load the Hugging Face checkpoint instead")
+        # llama.cpp: the original context is the trained one unless the file says
+        orig = get("rope.scaling.original_context_length") or get("context_length")
         scaling = {"rope_type": "yarn", "factor": factor,
-                   "original_max_position_embeddings": int(
-                       get("rope.scaling.original_context_length"))}
+                   "original_max_position_embeddings": int(orig)}
         for key, hf_key in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow")):
             if (value := get(f"rope.scaling.{key}")) is not None:
                 scaling[hf_key] = float(value)
