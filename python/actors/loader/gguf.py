@@ -131,10 +131,14 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
                 w = unpermute_qk(w, heads)
             if fam.norm_shift and t.name.endswith("norm.weight"):
                 w = w - np.float32(fam.norm_shift)
-            for name, part in split_experts(hf_names(t.name, fam.model_type, w.shape), w):
-                # F32 tensors come back as read-only views of the memory-mapped file: copy.
-                tensors[name] = torch.from_numpy(
-                    np.require(part, np.float32, ["C_CONTIGUOUS", "W"]))
+            names = hf_names(t.name, fam.model_type, w.shape)
+            for name, part in split_experts(names, w):
+                # F32 tensors come back as read-only views of the memory-mapped file, and
+                # experts as views of their stack (a checkpoint's tensors share no
+                # memory): copy those.
+                if len(names) > 1 or not part.flags.writeable:
+                    part = np.array(part, np.float32)
+                tensors[name] = torch.from_numpy(np.ascontiguousarray(part))
             bar.advance()
     with stage("writing safetensors"):
         save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})

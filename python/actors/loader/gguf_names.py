@@ -124,13 +124,12 @@ def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def split_experts(names: list[str], w: np.ndarray) -> Iterator[tuple[str, np.ndarray]]:
-    """(name, matrix) pairs: a 3-D stack split per expert (each its own copy, as a
-    checkpoint holds no tensors sharing memory), else the one tensor."""
+    """(name, matrix) pairs: a 3-D stack's per-expert views, else the one tensor."""
     if len(names) == 1:
         yield names[0], w
         return
     for e, name in enumerate(names):
-        yield name, np.array(w[e])
+        yield name, w[e]
 
 
 # Checkpoint module (inside model.layers.N, experts as "{e}") -> (our packed module, slot,
