@@ -191,21 +191,26 @@ def test_q8_0_matrices_are_packed_under_our_module_names(case: str, tmp_path: Pa
                                   tensors["model.layers.0.self_attn.qkv_proj.weight"][:8])
 
 
-def test_mixed_types_are_left_dequantized_and_named_once(
+def test_mixed_types_are_kept_as_parts_and_unkept_named_once(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # Layer 0's V in Q5_0 (a type the core does not keep) next to Q8_0 Q/K: its qkv_proj
-    # is left out, as is every F32 matrix of an F32 file.
-    types = {"blk.0.attn_v.weight": "Q5_0", "blk.1.ffn_down.weight": "Q4_0"}
+    # Layer 0's V in Q5_0 next to Q8_0 Q/K: its qkv_proj is kept as parts, each in its own
+    # format; layer 1's down_proj in F16 (a type the core does not keep) is left out, and
+    # named in the one log line.
+    from actors.models.layers import PackedParts
+
+    types = {"blk.0.attn_v.weight": "Q5_0", "blk.1.ffn_down.weight": "F16"}
     path, out = _export_convert("qwen3", tmp_path, qtype="Q8_0", tensor_types=types)
     cfg = json.loads((out / "config.json").read_text())
     with caplog.at_level(logging.INFO, logger="actors.loader"):
         packed = quantized_weights(path, cfg)
-    assert "model.layers.0.self_attn.qkv_proj" not in packed
+    qkv0 = packed["model.layers.0.self_attn.qkv_proj"]
+    assert isinstance(qkv0, PackedParts) and qkv0.dtype == "q8_0+q8_0+q5_0"
+    assert qkv0.shape == packed["model.layers.1.self_attn.qkv_proj"].shape
     assert packed["model.layers.1.self_attn.qkv_proj"].dtype == "q8_0"
-    assert packed["model.layers.1.mlp.down_proj"].dtype == "q4_0"
+    assert "model.layers.1.mlp.down_proj" not in packed
     lines = [r.getMessage() for r in caplog.records if "left dequantized" in r.getMessage()]
-    assert len(lines) == 1 and lines[0].endswith("Q8_0 x2, Q5_0 x1"), lines
+    assert len(lines) == 1 and lines[0].endswith("F16 x1"), lines
 
 
 def _gguf_with(tmp_path: Path, arch: str, **kv: Any) -> Any:
