@@ -154,6 +154,22 @@ def test_batch_invariant(fmt: str, isa: str, isa_record: Any, restore_isa: Any) 
     isa_record.ran("moe", isa)
 
 
+def test_long_prefill() -> None:
+    """A call whose scratch passes the 64 MiB kept between calls (T * k * (H + 2I) floats) gets
+    its own buffer: the same bits per row as small calls before and after it."""
+    ex = Experts("bfloat16", 4, h=1024, i=32, seed=12)
+    t = 2048
+    x = torch.randn(t, 1024, generator=torch.Generator().manual_seed(5))
+    ids, w = _routing(t, 4, 4, seed=8)
+    ids = torch.cat([ids, ids.flip(-1)], -1)  # k = 8 (each expert twice): 16384 rows
+    w = torch.cat([w, w], -1) / 2
+    rows = [0, 1000, 2047]
+    before = moe_experts(x[rows], ids[rows], w[rows], ex.packed)
+    whole = moe_experts(x, ids, w, ex.packed)
+    assert torch.equal(whole[rows], before)
+    assert torch.equal(moe_experts(x[rows], ids[rows], w[rows], ex.packed), before)
+
+
 def test_terms_add_in_top_k_order() -> None:
     """The k contributions are summed in the order of the row's list: swapping two entries of
     a row's top-k list may change the last bit, never more, and the same list gives the same

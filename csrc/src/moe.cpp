@@ -24,6 +24,7 @@
 // split by rows.
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -197,11 +198,20 @@ void product(const float* x, int64_t ldx, const lc_weight* w, float* out, int64_
 void run(const Call& c, const Routing& r) {
     const int64_t rows = c.T * c.k, H = c.H, I = c.I, k = c.k;
     // xs [rows][H]: the gathered x, then the down products; gu [rows][2I]: gate | up,
-    // then silu(gate) * up over the gate half. Kept per thread between calls.
-    thread_local std::vector<float> scratch;
+    // then silu(gate) * up over the gate half. Up to kKeepBytes it is kept per thread
+    // between calls (decode, batches); a larger one (a long prefill) lives for the call.
+    constexpr size_t kKeepBytes = size_t(64) << 20;
     const size_t need = size_t(rows * (H + 2 * I));
-    if (scratch.size() < need) scratch.resize(need);
-    float* xs = scratch.data();
+    thread_local std::vector<float> kept;
+    std::unique_ptr<float[]> once;
+    float* xs;
+    if (need * sizeof(float) <= kKeepBytes) {
+        if (kept.size() < need) kept.resize(need);
+        xs = kept.data();
+    } else {
+        once.reset(new float[need]);
+        xs = once.get();
+    }
     float* gu = xs + rows * H;
 
     parallel_for(c.T, grain(H * k), [&](int64_t t0, int64_t t1) {

@@ -479,9 +479,10 @@ LC_API int32_t lc_get_quant_activation_bits(void);
  * same bits whatever else is in the batch and whatever the thread count.
  * Quantized experts give the same bits on every instruction set; float ones
  * agree within fp32 rounding (FMA or not, and bf16 activations with
- * AVX512_BF16, as lc_linear_packed). Scratch of T * k * (H + 2I) floats is
- * kept per calling thread between calls; split very long prefills. CPU only:
- * CUDA tensors return LC_ERR_UNSUPPORTED. All arguments are borrowed. */
+ * AVX512_BF16, as lc_linear_packed). The call uses T * k * (H + 2I) floats
+ * of scratch, kept per calling thread between calls up to 64 MiB (larger ones
+ * are freed at return). CPU only: CUDA tensors return LC_ERR_UNSUPPORTED.
+ * All arguments are borrowed. */
 LC_API lc_status lc_moe_experts(const lc_tensor* x, const void* topk_ids, int32_t ids_bytes,
                                 const lc_tensor* topk_weights, const lc_weight* const* gate_up,
                                 const lc_weight* const* down, int32_t num_experts,
