@@ -256,10 +256,12 @@ void run(const Call& c, const Routing& r) {
             float* o = c.out + t * c.ldo;
             const float* wt = c.w + t * c.ldw;
             const float* y = xs + r.slot[size_t(t * k)] * H;
-            for (int64_t h = 0; h < H; ++h) o[h] = wt[0] * y[h];
+            const float w0 = wt[0];
+            for (int64_t h = 0; h < H; ++h) o[h] = w0 * y[h];
             for (int64_t j = 1; j < k; ++j) {
                 y = xs + r.slot[size_t(t * k + j)] * H;
-                for (int64_t h = 0; h < H; ++h) o[h] += wt[j] * y[h];
+                const float wj = wt[j];
+                for (int64_t h = 0; h < H; ++h) o[h] += wj * y[h];
             }
         }
     });
