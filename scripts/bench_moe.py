@@ -12,9 +12,9 @@ over random logits, top-k, renormalised.
 Formats: bfloat16, q8_0 and q4_0 (GGUF blocks quantized with gguf-py), float32 with --fp32.
 
 Per (format, T): the median ms of each way, their ratio (loop / grouped), the experts used,
-and the grouped op's expert-weight bytes read per second and GFLOP/s. Both ways' outputs are compared
-(they run the same kernels on the same rows, so they agree to fp32 rounding). Runs alternate
-between the two ways so that a burst of load on the shared machine falls on both.
+and the grouped op's expert-weight bytes read per second and GFLOP/s. Both ways' outputs are
+compared (they run the same kernels on the same rows, so they agree to fp32 rounding). Runs
+alternate between the two ways so that a burst of load on the shared machine falls on both.
 
 Prints one JSON object on stdout; progress on stderr.
 
@@ -54,7 +54,8 @@ def packer(fmt: str, w: torch.Tensor) -> Callable[[], llmcore.PackedWeight]:
     return lambda: llmcore.PackedWeight.from_gguf(GGML[fmt], blocks, *w.shape)
 
 
-def make_layers(fmt: str, e: int, h: int, i: int, min_bytes: int) -> list[tuple[list[Any], list[Any]]]:
+def make_layers(fmt: str, e: int, h: int, i: int,
+                min_bytes: int) -> list[tuple[list[Any], list[Any]]]:
     """Copies of one layer's E gate/up [2I, H] and down [H, I] matrices in fmt, enough that
     they overflow the last-level cache (min_bytes together), each (gate_up list, down list)."""
     g = torch.Generator().manual_seed(1)
@@ -85,7 +86,8 @@ class Loop:
     def __init__(self, gate_up: list[Any], down: list[Any], h: int, i: int) -> None:
         self.gate_up, self.down, self.h, self.i = gate_up, down, h, i
 
-    def __call__(self, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> None:
+    def __call__(self, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor,
+                 out: torch.Tensor) -> None:
         k = ids.shape[1]
         flat = ids.flatten()
         order = torch.argsort(flat, stable=True)
@@ -109,7 +111,8 @@ class Loop:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--experts", type=int, default=64)
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--intermediate", type=int, default=768)
