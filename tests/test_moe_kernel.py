@@ -12,7 +12,7 @@ import llmcore
 import numpy as np
 import pytest
 import torch
-from llmcore import PackedExperts, PackedWeight, moe_experts
+from llmcore import PackedExperts, PackedWeight, moe_experts, pack_experts
 
 gguf = pytest.importorskip("gguf")
 
@@ -228,6 +228,19 @@ def test_int32_ids_numpy_inputs_lists_and_in_place() -> None:
     wide_w[:, 1:3] = w
     moe_experts(wide[:, 8:72], ids, wide_w[:, 1:3], ex.packed, out=wide_out[:, 10:74])
     assert torch.equal(wide_out[:, 10:74], want)
+
+
+def test_pack_experts_from_stacked_tensors() -> None:
+    g = torch.Generator().manual_seed(9)
+    gate_up, down = torch.randn(4, 64, 48, generator=g), torch.randn(4, 48, 32, generator=g)
+    packed = pack_experts(gate_up.bfloat16(), down.bfloat16())
+    assert (len(packed), packed.hidden_size, packed.intermediate_size) == (4, 48, 32)
+    assert packed.nbytes >= 4 * (64 * 48 + 48 * 32) * 2
+    x = torch.randn(5, 48, generator=g)
+    ids, w = _routing(5, 2, 4, seed=4)
+    one_by_one = PackedExperts([PackedWeight(m.bfloat16()) for m in gate_up],
+                               [PackedWeight(m.bfloat16()) for m in down])
+    assert torch.equal(moe_experts(x, ids, w, packed), moe_experts(x, ids, w, one_by_one))
 
 
 def test_mixed_formats() -> None:
