@@ -38,6 +38,19 @@ def test_bench_linear_smoke() -> None:
         assert r["speedup_packed_vs_torch_fp32"] == pytest.approx(ratio, rel=0.01, abs=0.011)
 
 
+def test_bench_moe_smoke() -> None:
+    out = run_json(str(SCRIPTS / "bench_moe.py"), "--threads", "1", "--experts", "4", "--hidden",
+                   "64", "--intermediate", "32", "--top-k", "2", "--tokens", "1", "3",
+                   "--formats", "bfloat16", "q4_0", "--repeats", "3", "--cache-bytes", "1")
+    rows = out["results"]
+    assert [(r["format"], r["tokens"]) for r in rows] == [
+        ("bfloat16", 1), ("bfloat16", 3), ("q4_0", 1), ("q4_0", 3)]
+    for r in rows:
+        assert r["grouped_ms"] > 0 and r["loop_ms"] > 0 and r["max_rel_diff"] < 1e-5
+        # the ratio is taken before the times are rounded to 0.1 us
+        assert r["loop_over_grouped"] == pytest.approx(r["loop_ms"] / r["grouped_ms"], rel=0.02, abs=0.011)
+
+
 @pytest.mark.slow
 def test_bench_engine_quick() -> None:
     out = run_json(str(SCRIPTS / "bench_engine.py"), "--quick", "--kv-cache-memory",

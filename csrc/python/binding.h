@@ -96,5 +96,6 @@ void bind_attention(py::module_& m);
 void bind_sampling(py::module_& m);
 void bind_linear(py::module_& m);
 void bind_elementwise(py::module_& m);
+void bind_moe(py::module_& m);
 
 }  // namespace lcpy

@@ -211,4 +211,5 @@ PYBIND11_MODULE(_C, m) {
     lcpy::bind_sampling(m);
     lcpy::bind_linear(m);
     lcpy::bind_elementwise(m);
+    lcpy::bind_moe(m);
 }

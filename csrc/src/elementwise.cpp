@@ -15,13 +15,6 @@ IsaSetting& isa_setting() {
     return setting;
 }
 
-const Kernels& kernels() {
-    const Isa isa = current_isa();
-    return isa == Isa::kAvx512 ? avx512_kernels()
-           : isa == Isa::kAvx2 ? avx2_kernels()
-                               : scalar_kernels();
-}
-
 void rms_row_scalar(const float* x, float* res, const float* w, float eps, int64_t n, float* out) {
     const float* src = x;
     if (res) {
@@ -87,6 +80,13 @@ float* row(const lc_tensor* t, int64_t r) {
 const Kernels& scalar_kernels() {
     static const Kernels k{rms_row_scalar, silu_mul_row_scalar, rope_head_scalar};
     return k;
+}
+
+const Kernels& kernels() {
+    const Isa isa = current_isa();
+    return isa == Isa::kAvx512 ? avx512_kernels()
+           : isa == Isa::kAvx2 ? avx2_kernels()
+                               : scalar_kernels();
 }
 
 Isa set_isa(Isa isa) { return isa_setting().set(isa); }

@@ -33,6 +33,9 @@ const Kernels& scalar_kernels();
 const Kernels& avx2_kernels();    // only called when the CPU runs AVX2 + FMA
 const Kernels& avx512_kernels();  // only called when the CPU runs AVX-512F
 
+// The variant current_isa() selects.
+const Kernels& kernels();
+
 Isa set_isa(Isa isa);
 Isa current_isa();
 

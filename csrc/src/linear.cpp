@@ -93,6 +93,18 @@ void validate_io(const lc_tensor* x, int64_t N, int64_t K, const lc_tensor* bias
 
 }  // namespace
 
+void dispatch(const Job& job) {
+    if (job.packed && job.packed->qtype) return run_quant(job);
+    const Isa isa = current_isa();
+    const bool avx2 = isa >= Isa::kAvx2;
+    if (job.packed && isa == Isa::kAvx512 && job.packed->dtype == LC_DTYPE_BF16)
+        run_packed_bf16_avx512(job);
+    else if (job.packed)
+        avx2 ? run_packed_avx2(job) : run_packed_scalar(job);
+    else
+        avx2 ? run_avx2(job) : run_scalar(job);
+}
+
 Isa best_isa() { return isa_setting().best(); }
 Isa set_isa(Isa isa) { return isa_setting().set(isa); }
 Isa current_isa() { return isa_setting().current(); }
@@ -119,15 +131,7 @@ void run(Job& job, const lc_tensor* bias, std::vector<float>& bias32) {
             job.bias = bias32.data();
         }
     }
-    if (job.packed && job.packed->qtype) return run_quant(job);
-    const Isa isa = current_isa();
-    const bool avx2 = isa >= Isa::kAvx2;
-    if (job.packed && isa == Isa::kAvx512 && job.packed->dtype == LC_DTYPE_BF16)
-        run_packed_bf16_avx512(job);
-    else if (job.packed)
-        avx2 ? run_packed_avx2(job) : run_packed_scalar(job);
-    else
-        avx2 ? run_avx2(job) : run_scalar(job);
+    dispatch(job);
 }
 
 Job job_for(const lc_tensor* x, const lc_tensor* out) {

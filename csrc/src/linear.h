@@ -44,6 +44,11 @@ struct Job {
     int64_t ldo;
     int32_t out_dtype;   // LC_DTYPE_F32 or LC_DTYPE_BF16
     int64_t M, N, K;
+    // Sum every row in one order whatever M is, so that a row's result does not
+    // depend on the rows beside it (the MoE op: an expert's row count depends on the
+    // batch). Only the AVX2 packed kernel splits the sum of 1-2 rows otherwise; the
+    // other kernels always do.
+    bool fixed_order;
 };
 
 using Isa = lc::Isa;
@@ -60,6 +65,10 @@ void run_packed_avx2(const Job& job);
 // depends on how many rows share the call (batch invariance); at M = 1 it reads
 // W as fast as the AVX2 kernel (measured 0.9-1.2x), from M = 4 on it is faster.
 void run_packed_bf16_avx512(const Job& job);
+
+// Runs a validated job (bias already fp32 or null) with the kernel the current
+// instruction set and the weight's format select; M, N > 0.
+void dispatch(const Job& job);
 
 // The best instruction set this CPU runs and the build compiled.
 Isa best_isa();

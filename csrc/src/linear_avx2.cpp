@@ -238,11 +238,12 @@ inline void load_row16(const uint16_t* p, __m256& b0, __m256& b1) {
 
 // R x rows against one panel; streaming: prefetch the panel ahead (the first
 // pass over it, from memory). Few rows: two sets of accumulators over
-// alternating k, so that FMA latency does not bound the memory stream.
-template <int R, class WT>
+// alternating k (kSets = 2), so that FMA latency does not bound the memory
+// stream; with job.fixed_order every row takes one set, as 3 or more rows do.
+template <int R, int kSets, class WT>
 void micro_packed(const Job& job, const WT* panel, int64_t m0, int64_t n0, int64_t nvalid,
                   bool streaming) {
-    constexpr int kSets = R <= 2 ? 2 : 1;
+    static_assert(kSets == 1 || (kSets == 2 && R <= 2), "two sets only for 1-2 rows");
     const int64_t K = job.K;
     const float* xr[R];
     LC_UNROLL
@@ -295,13 +296,20 @@ void micro_packed(const Job& job, const WT* panel, int64_t m0, int64_t n0, int64
 template <class WT>
 void micro_packed_rows(const Job& job, const WT* panel, int64_t m0, int64_t rows, int64_t n0,
                        int64_t nvalid, bool streaming) {
+    const bool split = !job.fixed_order;
     switch (rows) {
-        case 1: micro_packed<1>(job, panel, m0, n0, nvalid, streaming); break;
-        case 2: micro_packed<2>(job, panel, m0, n0, nvalid, streaming); break;
-        case 3: micro_packed<3>(job, panel, m0, n0, nvalid, streaming); break;
-        case 4: micro_packed<4>(job, panel, m0, n0, nvalid, streaming); break;
-        case 5: micro_packed<5>(job, panel, m0, n0, nvalid, streaming); break;
-        default: micro_packed<6>(job, panel, m0, n0, nvalid, streaming); break;
+        case 1:
+            split ? micro_packed<1, 2>(job, panel, m0, n0, nvalid, streaming)
+                  : micro_packed<1, 1>(job, panel, m0, n0, nvalid, streaming);
+            break;
+        case 2:
+            split ? micro_packed<2, 2>(job, panel, m0, n0, nvalid, streaming)
+                  : micro_packed<2, 1>(job, panel, m0, n0, nvalid, streaming);
+            break;
+        case 3: micro_packed<3, 1>(job, panel, m0, n0, nvalid, streaming); break;
+        case 4: micro_packed<4, 1>(job, panel, m0, n0, nvalid, streaming); break;
+        case 5: micro_packed<5, 1>(job, panel, m0, n0, nvalid, streaming); break;
+        default: micro_packed<6, 1>(job, panel, m0, n0, nvalid, streaming); break;
     }
 }
 

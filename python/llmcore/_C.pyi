@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, overload
 
 class OutOfBlocksError(RuntimeError): ...
 
@@ -191,3 +191,31 @@ class PackedWeight:
     @property
     def nbytes(self) -> int: ...
     def rows(self, ids: Any, out: Any) -> Any: ...
+
+#
+#
+# ---------------------------------------------------------------- mixture of experts
+
+class PackedExperts:
+    def __init__(self, gate_up: _Sequence[PackedWeight], down: _Sequence[PackedWeight]) -> None: ...
+    def __len__(self) -> int: ...
+    @property
+    def num_experts(self) -> int: ...
+    @property
+    def hidden_size(self) -> int: ...
+    @property
+    def intermediate_size(self) -> int: ...
+    @property
+    def nbytes(self) -> int: ...
+
+@overload
+def moe_experts(x: Any, topk_ids: Any, topk_weights: Any, experts: PackedExperts, out: Any) -> Any: ...
+@overload
+def moe_experts(
+    x: Any,
+    topk_ids: Any,
+    topk_weights: Any,
+    gate_up: _Sequence[PackedWeight],
+    down: _Sequence[PackedWeight],
+    out: Any,
+) -> Any: ...

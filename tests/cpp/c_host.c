@@ -254,6 +254,57 @@ static int exercise_layer_ops(void) {
     return 0;
 }
 
+/* An MoE layer of 3 experts, 2 tokens routed to 2 each: one grouped call against
+ * plain loops, then an id out of range refused. */
+#define MH 8
+#define MI 4
+#define ME 3
+static float mgu[ME][2 * MI * MH], mdn[ME][MH * MI], mx[2 * MH], mout[2 * MH];
+static int exercise_moe(void) {
+    const lc_weight* gate_up[ME];
+    const lc_weight* down[ME];
+    lc_weight* owned[2 * ME];
+    const int64_t gushape[2] = {2 * MI, MH}, dnshape[2] = {MH, MI};
+    for (int e = 0; e < ME; ++e) {
+        for (int i = 0; i < 2 * MI * MH; ++i) mgu[e][i] = (float)((i * 3 + e) % 7) / 7.0f - 0.4f;
+        for (int i = 0; i < MH * MI; ++i) mdn[e][i] = (float)((i * 5 + e) % 9) / 9.0f - 0.5f;
+        lc_tensor g = make_tensor(mgu[e], 2, gushape), d = make_tensor(mdn[e], 2, dnshape);
+        HOST_CHECK(lc_weight_pack(&g, &owned[2 * e]) == LC_OK);
+        HOST_CHECK(lc_weight_pack(&d, &owned[2 * e + 1]) == LC_OK);
+        gate_up[e] = owned[2 * e];
+        down[e] = owned[2 * e + 1];
+    }
+    for (int i = 0; i < 2 * MH; ++i) mx[i] = (float)((i * 7) % 5) / 5.0f - 0.3f;
+    int32_t ids[4] = {2, 0, 1, 2};
+    float w[4] = {0.7f, 0.3f, 0.6f, 0.4f};
+    const int64_t xshape[2] = {2, MH}, wshape[2] = {2, 2};
+    lc_tensor xt = make_tensor(mx, 2, xshape), wt = make_tensor(w, 2, wshape),
+              ot = make_tensor(mout, 2, xshape);
+    HOST_CHECK(lc_moe_experts(&xt, ids, 4, &wt, gate_up, down, ME, &ot) == LC_OK);
+    for (int t = 0; t < 2; ++t)
+        for (int h = 0; h < MH; ++h) {
+            float want = 0.0f;
+            for (int j = 0; j < 2; ++j) {
+                const int e = ids[t * 2 + j];
+                float y = 0.0f;
+                for (int i = 0; i < MI; ++i) {
+                    float g = 0.0f, u = 0.0f;
+                    for (int c = 0; c < MH; ++c) {
+                        g += mx[t * MH + c] * mgu[e][i * MH + c];
+                        u += mx[t * MH + c] * mgu[e][(MI + i) * MH + c];
+                    }
+                    y += g / (1.0f + expf(-g)) * u * mdn[e][h * MI + i];
+                }
+                want += w[t * 2 + j] * y;
+            }
+            HOST_CHECK(fabsf(mout[t * MH + h] - want) < 1e-4f);
+        }
+    ids[1] = ME;
+    HOST_CHECK(lc_moe_experts(&xt, ids, 4, &wt, gate_up, down, ME, &ot) == LC_ERR_INVALID_ARGUMENT);
+    for (int i = 0; i < 2 * ME; ++i) lc_weight_destroy(owned[i]);
+    return 0;
+}
+
 int main(void) {
     printf("llmcore %s (%s)\n", lc_version(), lc_build_features());
     if (lc_abi_version() != LC_ABI_VERSION) return 1;
@@ -261,5 +312,6 @@ int main(void) {
     if (exercise_attention() != 0) return 1;
     if (exercise_sampling() != 0) return 1;
     if (exercise_layer_ops() != 0) return 1;
+    if (exercise_moe() != 0) return 1;
     return 0;
 }

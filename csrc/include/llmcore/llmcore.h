@@ -460,6 +460,48 @@ LC_API lc_status lc_set_quant_activation_bits(int32_t bits);
 LC_API int32_t lc_get_quant_activation_bits(void);
 
 /* ------------------------------------------------------------------ */
+/* Mixture-of-experts layers                                           */
+/* ------------------------------------------------------------------ */
+/*
+ * lc_moe_experts: the routed SiLU-gated experts of an MoE layer (Qwen3-MoE,
+ * Mixtral) in one call; the router (softmax, top-k, renormalisation) stays
+ * with the caller:
+ *
+ *   out[t] = sum_{j < k} topk_weights[t, j] * down_e(silu(g) * u),
+ *            [g | u] = gate_up_e(x[t]),  e = topk_ids[t, j]
+ *
+ *   x:            [T, H] float32, any row stride, unit last stride
+ *   topk_ids:     T * k expert indices, row-major [T][k], contiguous, host
+ *                 memory; int32 (ids_bytes 4) or int64 (ids_bytes 8); each in
+ *                 [0, num_experts), else LC_ERR_INVALID_ARGUMENT naming the
+ *                 first bad one. A repeated id in a row is allowed and counts
+ *                 once per occurrence (routers never repeat one)
+ *   topk_weights: [T, k] float32, k >= 1, any row stride, unit last stride
+ *   gate_up:      num_experts packed weights [2I, H]: the gate rows, then the
+ *                 up rows
+ *   down:         num_experts packed weights [H, I]
+ *   out:          [T, H] float32, any row stride, unit last stride; x itself
+ *                 or not overlapping any input
+ *
+ * Every expert must have the same shapes (checked); each matrix may be of
+ * any packed format (lc_weight_pack, lc_weight_pack_quant), mixed freely.
+ * The routed rows are gathered by expert and each used expert's products run
+ * as one multi-row packed linear, so a step reads each used expert's weights
+ * once. A token's k terms are added in the order of its top-k list, and a
+ * row's products do not depend on the rows routed beside it: out[t] has the
+ * same bits whatever else is in the batch and whatever the thread count.
+ * Quantized experts give the same bits on every instruction set; float ones
+ * agree within fp32 rounding (FMA or not, and bf16 activations with
+ * AVX512_BF16, as lc_linear_packed). The call uses T * k * (H + 2I) floats
+ * of scratch, kept per calling thread between calls up to 64 MiB (larger ones
+ * are freed at return). CPU only: CUDA tensors return LC_ERR_UNSUPPORTED.
+ * All arguments are borrowed. */
+LC_API lc_status lc_moe_experts(const lc_tensor* x, const void* topk_ids, int32_t ids_bytes,
+                                const lc_tensor* topk_weights, const lc_weight* const* gate_up,
+                                const lc_weight* const* down, int32_t num_experts,
+                                const lc_tensor* out);
+
+/* ------------------------------------------------------------------ */
 /* Elementwise operations of a decoder layer                           */
 /* ------------------------------------------------------------------ */
 /*
