@@ -101,7 +101,7 @@ class SparseMoE(nn.Module):
         self.experts = nn.ModuleList(
             MLP(cfg.hidden_size, moe.intermediate_size, "silu", dtype, compute_dtype, layer_idx,
                 lora_sites=False) for _ in range(moe.num_experts))
-        self._packed: tuple[list, list] | None = None
+        self._packed: llmcore.PackedExperts | None = None
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(expert ids [T, k] int64, weights [T, k] in x's dtype) for each row."""
@@ -113,13 +113,13 @@ class SparseMoE(nn.Module):
 
     def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         ids, weights = self.route(x)
-        core = getattr(llmcore, "moe_experts", None)
-        if core is not None and self.experts[0].gate_up_proj.packed is not None:
-            if self._packed is None:
-                self._packed = ([e.gate_up_proj.packed for e in self.experts],
-                                [e.down_proj.packed for e in self.experts])
+        if self.experts[0].gate_up_proj.packed is not None and x.dtype == torch.float32:
+            if self._packed is None:  # built once: the experts' matrices, packed at load
+                self._packed = llmcore.PackedExperts(
+                    [e.gate_up_proj.packed for e in self.experts],
+                    [e.down_proj.packed for e in self.experts])
             out = x.new_empty(x.shape) if out is None else out
-            return core(x, ids, weights.float(), *self._packed, out)
+            return llmcore.moe_experts(x, ids, weights.float(), self._packed, out)
         result = torch.zeros_like(x)
         for e in torch.unique(ids).tolist():
             rows, slot = torch.nonzero(ids == e, as_tuple=True)
