@@ -110,8 +110,9 @@ class Batch:
         return out
 
 
-def assert_close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> None:
-    tol = FP32_TOL if dtype == torch.float32 else BF16_TOL
+def assert_close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype,
+                 fp32_tol: float = FP32_TOL) -> None:
+    tol = fp32_tol if dtype == torch.float32 else BF16_TOL
     err = (got.double() - want.double()).abs().max().item()
     assert err <= tol, f"max abs error {err:.3g} > {tol}"
 
@@ -129,7 +130,7 @@ SHAPES = [
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("group", [1, 3, 4, 8])
-@pytest.mark.parametrize("head_size", [64, 80, 96, 128])
+@pytest.mark.parametrize("head_size", [32, 64, 80, 96, 128, 256])
 def test_matches_reference(dtype: torch.dtype, group: int, head_size: int) -> None:
     seed = group * 1000 + head_size
     q_lens, seq_lens = SHAPES[seed % len(SHAPES)]
@@ -154,7 +155,7 @@ def test_randomized_batches(seed: int) -> None:
         seq_lens,
         rng.choice([1, 2, 3]),
         rng.choice([1, 3, 4, 8]),
-        rng.choice([64, 80, 96, 128]),
+        rng.choice([32, 64, 80, 96, 128, 256]),
         rng.choice([16, 32]),
         dtype,
         seed,
@@ -172,6 +173,43 @@ def test_sliding_window_and_softcap(dtype: torch.dtype) -> None:
     assert_close(batch.run(softcap=2.0), batch.reference(softcap=2.0), dtype)
     # The window must matter, or this test proves nothing.
     assert (batch.reference(sliding_window=10) - batch.reference()).abs().max() > 1e-2
+
+
+# Gemma 3 270M's attention: 4 query heads over one KV head of 256, window 512 on five of six
+# layers (cut to 40 here so these contexts cross it), bf16 cache. Decode at long contexts (split
+# across threads), a whole prompt, a prompt chunk after a cached prefix, and both in one call.
+GEMMA3_STEPS = {
+    "decode": ([1, 1, 1], [700, 41, 3]),
+    "prefill": ([90], [90]),
+    "chunk_after_prefix": ([37], [301]),
+    "mixed": ([50, 1, 1, 9], [50, 1200, 64, 70]),
+}
+
+
+@pytest.mark.parametrize("isa", llmcore.isa.ISAS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("step", sorted(GEMMA3_STEPS))
+@pytest.mark.parametrize(("window", "softcap"), [(0, 0.0), (40, 0.0), (0, 50.0), (40, 50.0)])
+def test_head_256_one_kv_head_every_variant(
+    isa: str, dtype: torch.dtype, step: str, window: int, softcap: float
+) -> None:
+    if llmcore.isa.ISAS.index(isa) > llmcore.isa.ISAS.index(llmcore.cpu_isa()):
+        pytest.skip(f"this CPU runs {llmcore.cpu_isa()} at most")
+    q_lens, seq_lens = GEMMA3_STEPS[step]
+    batch = Batch(q_lens, seq_lens, 1, 4, 256, 16, dtype, seed=len(step) + window)
+    # Logits large enough for a softcap of 50 to bend them (Gemma 2 caps at 50.0). The
+    # kernels' tanh(y) = 1 - 2 / (e^2y + 1) is exact to about one float32 ulp of 1, so a
+    # capped logit is off by up to ~cap * 2^-23 = 6e-6 at cap 50: fp32 outputs agree to 5e-5.
+    batch.q = batch.q * 10.0 if softcap else batch.q
+    tol = 5e-5 if softcap else FP32_TOL
+    want = batch.reference(window, softcap)
+    with llmcore.isa.capped(isa, ("attention",)) as got:
+        assert got["attention"] == isa
+        for threads in (1, 2):
+            out = at_threads(threads, lambda: batch.run(window, softcap))
+            assert_close(out, want, dtype, tol)
+    if softcap:  # the cap must matter, or this case proves nothing
+        assert (batch.reference(window) - want).abs().max() > 1e-2
 
 
 def test_long_context_split_matches_single_thread() -> None:

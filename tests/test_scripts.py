@@ -25,6 +25,16 @@ def run_json(*args: str, timeout: float = 600) -> dict:
     return json.loads(done.stdout)
 
 
+def test_kv_sliding_bytes_smoke() -> None:
+    out = run_json(str(SCRIPTS / "kv_sliding_bytes.py"), "--context", "1024", "--prompt", "1000")
+    freed, full = out["freed"], out["full"]
+    assert freed["groups"] == 6 and freed["layers_per_block"] == 3 and full["groups"] == 1
+    # Gemma 3's shape at 1024 tokens: the sliding groups hold their 512-token windows only.
+    assert freed["blocks_held_per_group"] == [64, 32, 32, 32, 32, 32]
+    assert freed["bytes_held"] == out["ideal_bytes"] < full["bytes_held"]
+    assert freed["blocks_peak"] <= freed["blocks_bound"]
+
+
 def test_bench_linear_smoke() -> None:
     out = run_json(str(SCRIPTS / "bench_linear.py"), "--threads", "1", "--m", "1", "8",
                    "--shapes", "o_proj", "--repeats", "3")

@@ -382,11 +382,15 @@ void paged_attention(const lc_attn_plan& plan, const lc_tensor& q, const lc_tens
     const dim3 grid(unsigned(plan.num_tokens), unsigned(num_kv_heads * a.head_chunks),
                     unsigned(parts));
     switch (head_size) {
+        case 32: launch_head<32>(a, k_cache.dtype, grid, s); break;
         case 64: launch_head<64>(a, k_cache.dtype, grid, s); break;
         case 80: launch_head<80>(a, k_cache.dtype, grid, s); break;
         case 96: launch_head<96>(a, k_cache.dtype, grid, s); break;
         case 128: launch_head<128>(a, k_cache.dtype, grid, s); break;
-        default: fail(LC_ERR_UNSUPPORTED, "paged_attention: head size must be 64, 80, 96 or 128");
+        case 256: launch_head<256>(a, k_cache.dtype, grid, s); break;
+        default:
+            fail(LC_ERR_UNSUPPORTED,
+                 "paged_attention: head size must be 32, 64, 80, 96, 128 or 256");
     }
     if (parts > 1) {
         const dim3 merge_grid(unsigned(plan.num_tokens), unsigned(num_heads));

@@ -157,7 +157,7 @@ ignore it. Raises ValueError for inconsistent shapes, dtypes, devices or slots.)
 
 q/out: [num_tokens, num_heads, head_size] (fp32 or bf16, unit last stride);
 caches: [num_blocks, num_kv_heads, block_size, head_size] (contiguous, fp32 or
-bf16, head_size 64, 80, 96 or 128). Query head h reads KV head
+bf16, head_size 32, 64, 80, 96, 128 or 256). Query head h reads KV head
 h // (num_heads // num_kv_heads) (grouped-query attention). sliding_window > 0
 limits a query at position p to positions > p - sliding_window; softcap > 0
 maps logits to softcap * tanh(logits / softcap). Store the step's K/V first.

@@ -41,7 +41,10 @@ void check_layout(const lc_tensor* t, const char* what, int32_t ndim) {
                  string(what) + " must have a unit stride in its last dimension");
 }
 
-bool supported_head_size(int64_t d) { return d == 64 || d == 80 || d == 96 || d == 128; }
+// The head sizes the kernels are compiled for (CPU and CUDA alike).
+bool supported_head_size(int64_t d) {
+    return d == 32 || d == 64 || d == 80 || d == 96 || d == 128 || d == 256;
+}
 
 // The longest sequence a call takes: the kernels' int32 position arithmetic
 // (tile and chunk ends, seq_len + block_size - 1) stays far below INT32_MAX.
@@ -78,7 +81,8 @@ CacheGeometry check_caches(const lc_attn_plan& plan, const lc_tensor* kc, const 
     LC_CHECK_ARG(kc->shape[0] <= INT32_MAX && kc->shape[1] <= INT32_MAX && kc->shape[2] <= 1024,
                  "cache shape " + shape_str(*kc) + " is too large");
     LC_CHECK_ARG(supported_head_size(kc->shape[3]),
-                 "head_size " + to_string(kc->shape[3]) + " is not supported (64, 80, 96 or 128)");
+                 "head_size " + to_string(kc->shape[3]) +
+                     " is not supported (32, 64, 80, 96, 128 or 256)");
     LC_CHECK_ARG(is_contiguous(*kc) && is_contiguous(*vc),
                  "k_cache and v_cache must be contiguous");
     CacheGeometry g;

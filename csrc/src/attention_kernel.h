@@ -551,6 +551,9 @@ void run_item(const Job& job, const WorkItem& it, const WorkItem* next) {
 template <class Ops, class KT>
 void run_item_kt(const Job& job, const WorkItem& it, const WorkItem* next) {
     switch (job.head_size) {
+        case 32:
+            run_item<Ops, 32, KT>(job, it, next);
+            break;
         case 64:
             run_item<Ops, 64, KT>(job, it, next);
             break;
@@ -562,6 +565,9 @@ void run_item_kt(const Job& job, const WorkItem& it, const WorkItem* next) {
             break;
         case 128:
             run_item<Ops, 128, KT>(job, it, next);
+            break;
+        case 256:
+            run_item<Ops, 256, KT>(job, it, next);
             break;
         default:
             break;  // rejected by the boundary check

@@ -47,6 +47,10 @@ class EngineConfig:
     kv_cache_memory: int = 2 * GiB  # bytes for the KV cache of all layers
     kv_cache_dtype: str = "auto"  # auto (the model's dtype) | float32 | bfloat16
     enable_prefix_caching: bool = True
+    # A model with sliding-window layers keeps their KV in groups of their own and frees the
+    # blocks their windows have left while a sequence runs (actors.core.kv_groups); True
+    # keeps every block of every layer, as for full attention (vLLM's flag of that name).
+    disable_hybrid_kv_cache_manager: bool = False
     seed: int | None = None
     scheduling_policy: str = "fcfs"  # fcfs | priority
     generation_config: str = "auto"  # auto (the model's file) | vllm (none) | a directory

@@ -269,6 +269,9 @@ class ScheduledSeq:
 
     Computes ``token_ids`` at positions [start_pos, start_pos + len(token_ids)) and
     writes their KV into ``block_table`` (its full table, covering those positions).
+    A model with several KV cache groups (sliding-window layers: actors.core.kv_groups)
+    has the tables of groups 1 .. G-1 in ``group_block_tables``, ``block_table`` being
+    group 0's; a sliding group's entries its window has left are -1 (freed, never read).
     ``sample`` is set iff these tokens reach the end of the known tokens, so the last
     position's logits draw the next token; a mid-prompt chunk has ``sample`` None.
     ``prompt_logprobs`` (top-k, 0 = the prompt token's own logprob only) asks for the
@@ -281,6 +284,7 @@ class ScheduledSeq:
     block_table: tuple[int, ...]
     sample: SamplingRow | None
     prompt_logprobs: int | None = None
+    group_block_tables: tuple[tuple[int, ...], ...] = ()
     # Set on every chunk of a pooling sequence's prompt (never with ``sample``): the runner
     # pools the final hidden states of these rows, and answers once the prompt is done.
     pool: PoolingSpec | None = None

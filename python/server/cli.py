@@ -98,6 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
       default=ENGINE.enable_prefix_caching,
       help="reuse KV blocks of shared prompt prefixes")
+    a("--disable-hybrid-kv-cache-manager", action="store_true",
+      default=ENGINE.disable_hybrid_kv_cache_manager,
+      help="keep every KV block of a model's sliding-window layers for the whole sequence "
+      "instead of freeing what their windows have left (default: off)")
     a("--scheduling-policy", default=ENGINE.scheduling_policy,
       choices=["fcfs", "priority"], help="order in which waiting requests are admitted: "
       "'fcfs' by arrival (a request's priority must then be 0), 'priority' by the request's "
@@ -273,6 +277,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         kv_cache_memory=args.kv_cache_memory,
         kv_cache_dtype=args.kv_cache_dtype,
         enable_prefix_caching=args.enable_prefix_caching,
+        disable_hybrid_kv_cache_manager=args.disable_hybrid_kv_cache_manager,
         seed=args.seed,
         scheduling_policy=args.scheduling_policy,
         generation_config=args.generation_config,

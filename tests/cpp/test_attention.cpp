@@ -248,6 +248,16 @@ int main() {
          {45, 20, 70, 130, 5, 64, 300, 17, 33, 80, 140}, 9, 3, 64, 16, LC_DTYPE_BF16},
         {"prefill window odd block bf16", {45, 33}, {45, 70}, 6, 2, 96, 7, LC_DTYPE_BF16, 50},
         {"prefill softcap f32", {70}, {70}, 9, 3, 64, 16, LC_DTYPE_F32, 0, 3.0f},
+        // Gemma 3 270M: 4 query heads over one KV head of 256, sliding windows, bf16 cache;
+        // Gemma 2's softcap; a tiny test model's head of 32.
+        {"d256 gqa4 one kv head decode bf16", {1, 1, 1}, {3, 130, 700}, 4, 1, 256, 16,
+         LC_DTYPE_BF16},
+        {"d256 window decode bf16", {1, 1, 1, 1, 1, 1, 1, 1, 1}, {5, 40, 41, 90, 130, 64, 600, 7, 99},
+         4, 1, 256, 16, LC_DTYPE_BF16, 50},
+        {"d256 prefill window softcap", {45, 20}, {45, 260}, 4, 1, 256, 16, LC_DTYPE_F32, 33, 5.0f},
+        {"d256 prefill window bf16 split", {2}, {2000}, 8, 2, 256, 16, LC_DTYPE_BF16, 700},
+        {"d32 mixed", {9, 1, 1}, {9, 70, 33}, 6, 2, 32, 16, LC_DTYPE_F32, 0, 4.0f},
+        {"d32 window bf16", {30, 1}, {30, 90}, 4, 4, 32, 7, LC_DTYPE_BF16, 12},
     };
     std::printf("best ISA: %s\n", lc::attn::isa_name(lc::attn::best_isa()));
     for (const Case& c : cases) run_case(c, rng);

@@ -288,7 +288,7 @@ LC_API lc_status lc_kv_store(const lc_attn_plan* plan, const lc_tensor* k, const
  * h / (num_heads / num_kv_heads): grouped-query attention).
  * q, out: [num_tokens, num_heads, head_size] (unit last stride);
  * caches: [num_blocks, num_kv_heads, block_size, head_size], contiguous,
- * fp32 or bf16; q/out may be fp32 or bf16. head_size in {64, 80, 96, 128}.
+ * fp32 or bf16; q/out may be fp32 or bf16. head_size in {32, 64, 80, 96, 128, 256}.
  * Queries are expected to have been stored already (lc_kv_store). */
 LC_API lc_status lc_paged_attention(const lc_attn_plan* plan, const lc_tensor* q,
                                     const lc_tensor* k_cache, const lc_tensor* v_cache,

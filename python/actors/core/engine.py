@@ -15,12 +15,14 @@ from typing import Any
 import llmcore
 from actors.config import QUANT_ACTIVATION_BITS, EngineConfig, GiB  # EngineConfig re-exported
 from actors.core.kv_events import KVEventLog, ZmqEventPublisher
+from actors.core.kv_groups import KVGroups
 from actors.core.kv_manager import KVManager
 from actors.core.lora_adapters import LoraAdapters
 from actors.core.operator import Operator
 from actors.errors import RequestRefused
 from actors.messages import Abort, Admit, Control, ControlResult, EngineInfo, EngineStats
 from actors.messages import RequestOutput, TokenBatch
+from actors.core.runner.attention_seams import LayerAttention
 from actors.core.runner.model_runner import ModelRunner, kv_bytes_per_block
 from actors.params.defaults import load_generation_defaults
 from actors.params.sampling import SamplingParams
@@ -100,33 +102,33 @@ class LLMEngine:
         self.generation_defaults = load_generation_defaults(self.model_dir,
                                                             config.generation_config)
 
-        per_block = kv_bytes_per_block(mc.num_layers, mc.num_kv_heads, mc.head_dim,
-                                       config.block_size, self.kv_cache_dtype)
-        num_blocks = max(1, config.kv_cache_memory // per_block)
-        need = -(-max_model_len // config.block_size)
-        if num_blocks < need:
-            raise ValueError(
-                f"kv_cache_memory={config.kv_cache_memory} bytes holds {num_blocks} blocks of "
-                f"{config.block_size} tokens, fewer than one sequence of max_model_len="
-                f"{max_model_len} needs ({need}); raise it or lower max_model_len"
-            )
-        self.num_blocks = num_blocks
-        log.info(
-            "KV cache: %d blocks x %d tokens = %d tokens (%.2f GiB, %s)",
-            num_blocks, config.block_size, num_blocks * config.block_size,
-            num_blocks * per_block / GiB, str(self.kv_cache_dtype).removeprefix("torch."),
-        )
-
-        pool = llmcore.BlockPool(num_blocks, config.block_size)
         # An encoder (BERT: pooling only) keeps no KV, so it has nothing to share; nor
         # does an encoder-decoder (Whisper), whose decoder prompt is the same few tokens
         # for every audio window: their KV depends on the audio, which no block hash sees.
         causal = bool(getattr(loaded.model, "is_causal", True))
         enc_dec = bool(getattr(loaded.model, "is_encoder_decoder", False))
+        # Sliding-window layers get KV cache groups of their own whose out-of-window blocks
+        # are freed (kv_groups.py); a block is then one page of kv_groups.num_slots layers.
+        windows = LayerAttention.of(loaded.model, mc.num_layers, mc.head_dim,
+                                    mc.sliding_windows).windows
+        self.kv_groups = KVGroups.from_windows(
+            windows, hybrid=causal and not config.disable_hybrid_kv_cache_manager)
+        groups = self.kv_groups
+        per_block = kv_bytes_per_block(groups.num_slots, mc.num_kv_heads, mc.head_dim,
+                                       config.block_size, self.kv_cache_dtype)
+        self.num_blocks = num_blocks = groups.num_blocks(
+            config.kv_cache_memory, per_block, max_model_len, config.max_num_batched_tokens,
+            config.block_size)
+        log.info("KV cache: %d blocks x %d tokens (%.2f GiB, %s), %s", num_blocks,
+                 config.block_size, num_blocks * per_block / GiB,
+                 str(self.kv_cache_dtype).removeprefix("torch."), groups.describe())
+
+        pool = llmcore.BlockPool(num_blocks, config.block_size)
         # Its chains are keyed by a secret of this engine (extra_key=None: os.urandom), so no
         # one outside the process can compute a block hash or search for a colliding prefix.
         self.kv = KVManager(pool, enable_prefix_caching=(config.enable_prefix_caching and causal
-                                                         and not enc_dec), extra_key=None)
+                                                         and not enc_dec), extra_key=None,
+                            group_windows=groups.windows)
         # --kv-events-config: the prefix cache's events, published after each step
         self.kv_events: ZmqEventPublisher | None = None
         events_cfg = config.extra.get("kv_events_config")
@@ -163,6 +165,7 @@ class LLMEngine:
             dtype=self.kv_cache_dtype,
             sliding_windows=mc.sliding_windows,
             fast_forward=config.structured_fast_forward,
+            kv_groups=groups,
         )
         # structured outputs: requests held until their grammar compiles, and the grammars
         # the runner builds each choice's matcher from (never from the cache)

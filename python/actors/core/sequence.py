@@ -12,6 +12,11 @@ A request with ``n`` choices becomes ``n`` sequences sharing a request id (``ind
     block_hashes[i] is the chained hash of block i once it is full and computed
     (prefix caching on), so len(block_hashes) <= num_computed_tokens // block_size.
 
+A model with sliding-window layers has several KV cache groups (actors.core.kv_groups):
+block_ids/block_hashes are group 0's, group_block_ids[g - 1]/group_block_hashes[g - 1]
+group g's, laid out the same way; a sliding group's entries the window has left are
+kv_manager.NULL_BLOCK (freed), always a prefix of its table.
+
 Stop checks here are token-level only (EOS, stop_token_ids, max_tokens, the model's
 context length). Stop strings need text and belong to the detokenizer.
 """
@@ -58,6 +63,8 @@ class Sequence:
         "num_cached_tokens",
         "block_ids",
         "block_hashes",
+        "group_block_ids",
+        "group_block_hashes",
         "rng_seed",
         "num_preemptions",
         "eos_token_ids",
@@ -103,6 +110,8 @@ class Sequence:
         self.num_cached_tokens = 0  # prefix-cache hit tokens at first admission
         self.block_ids: list[int] = []
         self.block_hashes: list[int] = []
+        self.group_block_ids: list[list[int]] = []  # groups 1 .. G-1 (empty: none held)
+        self.group_block_hashes: list[list[int]] = []
         self.rng_seed = rng_seed  # uint64 key of the sampler's counter-based draws
         self.num_preemptions = 0
         self.eos_token_ids = frozenset(eos_token_ids)

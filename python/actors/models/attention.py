@@ -8,6 +8,13 @@ never sees sequence boundaries.
     rows of the flattened batch:  | seq 0 (3 tokens) | seq 1 (1 token) | seq 2 (4 tokens) |
     positions:                      5 6 7              12                0 1 2 3
 
+Each layer's attention is described by a ``LayerAttentionSpec`` (a model lists them in
+``attention_specs()``, one per layer): its heads, its softmax scale (not always
+1/sqrt(head_size): Gemma scales by query_pre_attn_scalar**-0.5, Granite by an attention
+multiplier), its sliding window and its logit softcap (Gemma 2: logits become
+softcap * tanh(logits / softcap) before the mask and softmax). The runner passes all three
+to the core per layer; the KV manager frees what the windows no longer reach.
+
 ``DenseCausalAttention`` is the cache-free backend for whole-sequence prefill (each sequence
 starts at position 0): the reference the paged backend is checked against.
 """
@@ -31,7 +38,7 @@ class LayerAttentionSpec:
     head_size: int
     scale: float
     sliding_window: int | None  # keys at positions p - window + 1 .. p are visible to p
-    softcap: float | None = None  # logits s -> softcap * tanh(s / softcap) (Gemma 2)
+    softcap: float | None = None  # logits -> softcap * tanh(logits / softcap); None: none
 
 
 class AttentionBackend(Protocol):
@@ -74,14 +81,10 @@ class DenseCausalAttention:
             qh, kh, vh = (x[sl].transpose(0, 1).unsqueeze(0) for x in (q, k, v))
             if group > 1:
                 kh, vh = kh.repeat_interleave(group, 1), vh.repeat_interleave(group, 1)
-            mask = self._window_mask(n, spec.sliding_window, q.device)
-            if spec.softcap:  # SDPA has no soft-cap: the logits by hand
-                s = (qh @ kh.transpose(-1, -2)) * spec.scale
-                s = spec.softcap * torch.tanh(s / spec.softcap)
-                i = torch.arange(n, device=q.device)
-                keep = mask if mask is not None else i[:, None] >= i[None, :]
-                o = torch.softmax(s.masked_fill(~keep, float("-inf")), dim=-1) @ vh
+            if spec.softcap:
+                o = _softcapped(qh, kh, vh, spec, n)
             else:
+                mask = self._window_mask(n, spec.sliding_window, q.device)
                 o = F.scaled_dot_product_attention(
                     qh, kh, vh, attn_mask=mask, is_causal=mask is None, scale=spec.scale
                 )
@@ -98,3 +101,21 @@ class DenseCausalAttention:
             diff = i[:, None] - i[None, :]
             self._masks[key] = (diff >= 0) & (diff < window)
         return self._masks[key]
+
+
+def _softcapped(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: LayerAttentionSpec, n: int
+) -> torch.Tensor:
+    """Attention with capped logits ([1, heads, n, head_size] each): SDPA has no softcap,
+    so the logits are formed, capped, masked (causal, then the window) and normalized in
+    float32 here."""
+    cap = float(spec.softcap or 0.0)
+    logits = (q.float() @ k.float().transpose(-1, -2)) * spec.scale
+    logits = cap * torch.tanh(logits / cap)
+    i = torch.arange(n, device=q.device)
+    diff = i[:, None] - i[None, :]
+    visible = diff >= 0
+    if spec.sliding_window is not None:
+        visible &= diff < spec.sliding_window
+    logits = logits.masked_fill(~visible, float("-inf"))
+    return (torch.softmax(logits, dim=-1) @ v.float()).to(q.dtype)

@@ -23,20 +23,24 @@ The flattened batch of a step (T tokens in all):
     rows:   | seq 0 new tokens | seq 1 new tokens | ... |
     query_start[s] .. query_start[s+1]  = the rows of sequence s
     seq_lens[s] = start_pos + number of new tokens (its whole context)
+
+The paged caches follow the KV cache groups (actors.core.kv_groups): ``k_caches`` and
+``v_caches`` hold one tensor per slot (one per layer with a single group), and a step
+builds one core plan per group from that group's block tables; each layer attends with its
+own scale, window and softcap (attention_seams.LayerAttention).
 """
 
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable
 
-import llmcore
 import numpy as np
 import torch
 
+from actors.core.kv_groups import KVGroups
 from actors.core.runner.attention_seams import (CrossPagedAttention, EncoderAttention,
-                                                PagedAttention)
+                                                LayerAttention, PagedAttention, group_plans)
 from actors.core.runner.cross_kv import CrossKVPool
 from actors.core.runner.sampler import (Sampler, SamplingHooks, SeqState, TokenMask,
                                         allowed_mask_of)
@@ -60,7 +64,8 @@ PROMPT_LOGPROB_ROWS = 256
 
 def kv_bytes_per_block(num_layers: int, num_kv_heads: int, head_size: int, block_size: int,
                        dtype: torch.dtype) -> int:
-    """Bytes one block takes across all layers, K and V."""
+    """Bytes one block takes across ``num_layers`` layers, K and V (with KV cache groups:
+    the group size, ``KVGroups.num_slots``)."""
     elem = torch.empty((), dtype=dtype).element_size()
     return 2 * num_layers * num_kv_heads * head_size * block_size * elem
 
@@ -69,14 +74,15 @@ class ModelRunner:
     def __init__(self, model, num_layers: int, num_kv_heads: int, head_size: int,
                  vocab_size: int, num_blocks: int, block_size: int, dtype: torch.dtype,
                  sliding_windows: tuple[int | None, ...] = (),
-                 fast_forward: bool = True) -> None:
+                 fast_forward: bool = True, kv_groups: KVGroups | None = None) -> None:
         self.model = model
         self.vocab_size = vocab_size
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.scale = 1.0 / math.sqrt(head_size)
-        # Per layer; 0 = full causal attention.
-        self.windows = [int(w or 0) for w in sliding_windows] or [0] * num_layers
+        self.kv_groups = kv_groups or KVGroups.single(num_layers)
+        # Per layer: scale, window (0 = full causal), softcap, KV group and slot.
+        self.layers = LayerAttention.of(model, num_layers, head_size, sliding_windows,
+                                        self.kv_groups)
         # An encoder keeps no KV: its blocks are the scheduler's bookkeeping only.
         self.causal = bool(getattr(model, "is_causal", True))
         # An encoder-decoder (Whisper): per sequence, every decoder layer's cross-attention
@@ -90,7 +96,7 @@ class ModelRunner:
         # timestamps; set by the engine for an encoder-decoder (timestamp_rules.py)
         self.timestamp_rules: Callable[[tuple[int, ...]], SamplingHooks | None] | None = None
         shape = (num_blocks, num_kv_heads, block_size, head_size)
-        layers = num_layers if self.causal else 0
+        layers = self.kv_groups.num_slots if self.causal else 0
         self.k_caches = [torch.zeros(shape, dtype=dtype) for _ in range(layers)]
         self.v_caches = [torch.zeros(shape, dtype=dtype) for _ in range(layers)]
         self._pools: dict[int, PoolState] = {}  # pooling sequences mid-prompt
@@ -201,10 +207,11 @@ class ModelRunner:
         if not plan.seqs:
             return StepResult(step_id=plan.step_id, sampled=())
 
-        bs = self.block_size
         num_seqs = len(plan.seqs)
         max_blocks = max(len(s.block_table) for s in plan.seqs)
-        block_tables = np.zeros((num_seqs, max_blocks), dtype=np.int32)
+        # [group, seq, block]: every group's table of a sequence has the same length
+        block_tables = np.zeros((self.kv_groups.num_groups, num_seqs, max_blocks),
+                                dtype=np.int32)
         query_start = np.zeros(num_seqs + 1, dtype=np.int32)
         seq_lens = np.empty(num_seqs, dtype=np.int32)
         token_ids: list[int] = []
@@ -218,7 +225,9 @@ class ModelRunner:
             positions.append(np.arange(s.start_pos, s.start_pos + n, dtype=np.int64))
             query_start[i + 1] = query_start[i] + n
             seq_lens[i] = s.start_pos + n
-            block_tables[i, : len(s.block_table)] = s.block_table
+            block_tables[0, i, : len(s.block_table)] = s.block_table
+            for g, table in enumerate(s.group_block_tables, 1):
+                block_tables[g, i, : len(table)] = table
             if s.sample is not None:
                 sampling.append(i)
             if s.prompt_logprobs is not None:
@@ -229,19 +238,16 @@ class ModelRunner:
         seam: PagedAttention | EncoderAttention
         if self.causal:
             owner = np.repeat(np.arange(num_seqs), np.diff(query_start))
-            slot_mapping = block_tables[owner, pos // bs].astype(np.int64) * bs + pos % bs
-            attn_plan = llmcore.AttentionPlan(query_start, seq_lens, block_tables,
-                                              slot_mapping, num_blocks=self.num_blocks)
+            plans = group_plans(block_tables, query_start, seq_lens, owner, pos,
+                                self.block_size, self.num_blocks)
             if self.encoder_decoder:
                 seq_ids = np.fromiter((s.seq_id for s in plan.seqs), np.int64, num_seqs)
-                seam = CrossPagedAttention(attn_plan, self.k_caches, self.v_caches,
-                                           self.scale, self.windows, self._cross,
-                                           seq_ids[owner])
+                seam = CrossPagedAttention(plans, self.k_caches, self.v_caches, self.layers,
+                                           self._cross, seq_ids[owner])
             else:
-                seam = PagedAttention(attn_plan, self.k_caches, self.v_caches, self.scale,
-                                      self.windows)
+                seam = PagedAttention(plans, self.k_caches, self.v_caches, self.layers)
         else:
-            seam = EncoderAttention(query_start, self.scale)
+            seam = EncoderAttention(query_start, self.layers.default_scale)
         logits_rows = torch.from_numpy(query_start[1:][sampling].astype(np.int64) - 1)
         ids_t = torch.tensor(token_ids, dtype=torch.long)
         prompt_lps: tuple[PromptLogprobs, ...] = ()

@@ -41,7 +41,9 @@ __all__ = ["Scheduler"]
 
 class Scheduler(RequestBook):
     def __init__(self, config: SchedulerConfig, kv: KVManager) -> None:
-        blocks_per_seq = -(-config.max_model_len // kv.block_size)
+        # Over every KV cache group: a sliding group's share is bounded by its window.
+        blocks_per_seq = kv.max_blocks_per_seq(config.max_model_len,
+                                               config.max_num_batched_tokens)
         if blocks_per_seq > kv.num_blocks:
             # Otherwise a lone sequence could run out of blocks with nobody to preempt.
             raise ValueError(
@@ -157,6 +159,7 @@ class Scheduler(RequestBook):
                     token_ids=tuple(seq.token_slice(start, end)),
                     start_pos=start,
                     block_table=tuple(seq.block_ids),
+                    group_block_tables=tuple(tuple(t) for t in seq.group_block_ids),
                     sample=(sampling_row_of(seq)
                             if end == seq.num_tokens and seq.pooling is None else None),
                     prompt_logprobs=(seq.params.prompt_logprobs
