@@ -89,3 +89,32 @@ def test_the_server_refuses_a_named_model_without_its_package_in_one_line(tmp_pa
     assert len(errors) == 1, done.stderr[-3000:]
     assert f"cannot serve {GEMMA}" in errors[0] and GGUF_MODELS[GEMMA][1] in errors[0], errors
     assert "Traceback" not in done.stderr
+
+
+def test_gemma_is_served_by_name() -> None:
+    """The whole path once the engine has the gemma3 family: /v1/models shows the name
+    passed, /v1/completions serves, chat is refused as vLLM does (a base model: no
+    template)."""
+    from actors.models.config import SUPPORTED_MODEL_TYPES
+
+    if "gemma3" not in SUPPORTED_MODEL_TYPES:
+        pytest.skip("the engine has no gemma3 architecture yet")
+    gemma_path()
+    import httpx
+
+    from server.chat_template import NO_TEMPLATE_MESSAGE
+    from server_helpers import ServerProcess
+
+    srv = ServerProcess("--model", GEMMA).wait_ready(timeout=900)
+    try:
+        assert [m["id"] for m in httpx.get(srv.url + "/v1/models").json()["data"]] == [GEMMA]
+        r = httpx.post(srv.url + "/v1/completions", timeout=120, json={
+            "model": GEMMA, "prompt": "The capital of France is", "max_tokens": 4,
+            "temperature": 0})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1, r.text
+        r = httpx.post(srv.url + "/v1/chat/completions", timeout=60, json={
+            "model": GEMMA, "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 400 and r.json()["error"]["message"] == NO_TEMPLATE_MESSAGE
+    finally:
+        log = srv.log()
+        assert srv.stop() == 0, log
