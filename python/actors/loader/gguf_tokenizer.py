@@ -24,8 +24,8 @@ llama-server's /tokenize by scripts/llama_reference.py):
 - BOS/EOS: added by the post-processor exactly when tokenizer.ggml.add_bos_token /
   add_eos_token say so (llama.cpp's defaults when absent: BOS for SentencePiece and for
   the pre-tokenizers that ask for it, EOS never).
-- tokenizer.chat_template goes into tokenizer_config.json when the file has one; a base
-  model without one gets none (the server then refuses chat requests as vLLM does).
+- tokenizer.chat_template is carried (saved beside the tokenizer) when the file has one; a
+  base model without one gets none (the server then refuses chat requests as vLLM does).
 
 The metadata is read here with a small reader of the GGUF header that skips the large
 arrays (gguf-py's reader builds an object per array element: seconds for a 262k vocabulary).
@@ -54,7 +54,7 @@ _SPLITS: dict[str, tuple[str, ...]] = {
     "default": _DEFAULT,
     **dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral"), (_LLAMA3,)),
     **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "megrez", "stablelm2"), (_QWEN2,)),
-    **dict.fromkeys(("gpt-2", "gpt2", "phi-2", "jina-es", "jina-de", "mpt", "olmo"), (_GPT2,)),
+    **dict.fromkeys(("gpt-2", "phi-2", "jina-es", "jina-de", "mpt", "olmo"), (_GPT2,)),
     **dict.fromkeys(("smollm", "starcoder", "refact", "codeshell", "exaone"),
                     (r"\p{N}", _GPT2)),
 }
@@ -79,7 +79,7 @@ def _skip_array(f: BinaryIO) -> None:
             f.seek(length, 1)
     elif kind in _SCALARS:
         f.seek(n * struct.calcsize(_SCALARS[kind]), 1)
-    else:  # arrays of arrays: skip each
+    else:  # an array of arrays: no tokenizer key is one
         raise ValueError(f"GGUF metadata holds an array of type {kind}, which is not read here")
 
 
