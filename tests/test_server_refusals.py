@@ -45,8 +45,8 @@ def models(tmp_path: Path) -> dict[str, tuple[list[str], list[str]]]:
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(b"not a gguf file at all")
     return {
-        "gguf architecture": (["--model", str(tiny_gguf(tmp_path / "g.gguf", "gemma3"))],
-                              ["'gemma3'", "not supported", "supported: llama"]),
+        "gguf architecture": (["--model", str(tiny_gguf(tmp_path / "g.gguf", "mamba"))],
+                              ["'mamba'", "not supported", "supported: llama"]),
         "hf architecture": (["--model", str(hf)], ["'gpt2'", "not supported", "llama"]),
         "no config.json": (["--model", str(empty)], ["config.json"]),
         "malformed gguf": (["--model", str(junk)], ["GGUF"]),

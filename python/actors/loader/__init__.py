@@ -5,6 +5,8 @@
     load_model("x.gguf")          converted once into the cache, then loaded as a directory
     load_model("x.gguf", quantization="gguf")   the same, linear matrices kept quantized
     load_model("dir/", quantization="int8")     linear matrices quantized to Q8_0 at load
+    load_model("gemma-3-270m")    a named GGUF (default_model.GGUF_MODELS), assembled from
+                                  its packages, then as any .gguf file
     load_model("whisper-base")    a named Whisper model (loader/whisper.py), or a
                                   CTranslate2 Whisper directory: prepared once into the cache
 
@@ -18,7 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from actors.loader.default_model import INSTALL_HINT, DefaultModelMissing, default_model_path
+from actors.loader.default_model import (
+    GGUF_MODELS,
+    INSTALL_HINT,
+    NAMED_MODELS,
+    DefaultModelMissing,
+    default_model_path,
+    named_gguf_path,
+)
 from actors.loader.dtype import DTYPE_CHOICES, resolve_dtype
 
 if TYPE_CHECKING:
@@ -31,7 +40,9 @@ __all__ = [
     "DTYPE_CHOICES",
     "INSTALL_HINT",
     "DefaultModelMissing",
+    "GGUF_MODELS",
     "LoadedModel",
+    "NAMED_MODELS",
     "QUANTIZATION_CHOICES",
     "default_model_path",
     "load_model",
@@ -61,7 +72,11 @@ def prepare_model_dir(source: str | Path | None) -> tuple[Path, Path, bool | Non
         with stage(f"preparing {source}"):
             entry, hit = whisper.prepare_ct2(dirs)
         return dirs[0], entry, hit
-    src = default_model_path() if source is None else Path(source).expanduser()
+    if isinstance(source, str) and source in GGUF_MODELS and not Path(source).exists():
+        with stage(f"locating {source} (assembled from its packages once)"):
+            src = named_gguf_path(source)
+    else:
+        src = default_model_path() if source is None else Path(source).expanduser()
     if not src.exists():
         raise FileNotFoundError(f"model path {src} does not exist")
     if src.is_dir() and whisper.is_ct2_whisper_dir(src):

@@ -71,7 +71,7 @@ def resolve_quantization(quantization: str | None, model: str | None, dtype: str
     """The storage of the linear matrices: None (in the model's dtype), "gguf" or "int8".
 
     "auto" keeps a GGUF model's matrices in its own blocks (as vLLM does for a .gguf file;
-    model None is the default model, a GGUF) whenever the weights would be bf16 anyway:
+    model None is the default model, a GGUF; a named GGUF counts) whenever the weights would be bf16 anyway:
     the blocks are the shipped weights (the bf16 copy rounds them), a decode step reads a
     quarter of the bytes, and the load-time routing gives large batches the bf16 kernel on
     a copy, so the result is at least as accurate and at least as fast. float32 (explicit,
@@ -81,8 +81,9 @@ def resolve_quantization(quantization: str | None, model: str | None, dtype: str
         return None
     if quantization != "auto":
         return quantization
-    is_gguf = model is None or str(model).endswith(".gguf")
-    if not is_gguf or dtype == "float32":
+    from actors.loader.default_model import is_gguf_model
+
+    if not is_gguf_model(model) or dtype == "float32":
         return None
     if dtype == "bfloat16":
         return "gguf"
