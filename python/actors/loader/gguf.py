@@ -157,16 +157,10 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
            if cfg[k] is not None}
     if gen:
         (out_dir / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
-    if "tokenizer.ggml.model" not in reader.fields:
+    from actors.loader.gguf_tokenizer import write_tokenizer
+
+    if not write_tokenizer(gguf_path, out_dir):
         # Weights-only GGUFs exist (and are what tests write); the model still loads, but
         # text in/out needs a tokenizer from elsewhere.
         log.warning("%s carries no tokenizer; none written", gguf_path.name)
-    else:
-        with stage("building the tokenizer from GGUF metadata (transformers)"):
-            from transformers import AutoTokenizer
-
-            tok = AutoTokenizer.from_pretrained(
-                str(gguf_path.parent), gguf_file=gguf_path.name, local_files_only=True
-            )
-            tok.save_pretrained(str(out_dir))
     log.info("converted %s (%d tensors, %s)", gguf_path, len(reader.tensors), cfg["model_type"])
