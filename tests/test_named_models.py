@@ -92,13 +92,8 @@ def test_the_server_refuses_a_named_model_without_its_package_in_one_line(tmp_pa
 
 
 def test_gemma_is_served_by_name() -> None:
-    """The whole path once the engine has the gemma3 family: /v1/models shows the name
-    passed, /v1/completions serves, chat is refused as vLLM does (a base model: no
+    """The whole path: /v1/models shows the name passed, /v1/completions serves, chat is refused as vLLM does (a base model: no
     template)."""
-    from actors.models.config import SUPPORTED_MODEL_TYPES
-
-    if "gemma3" not in SUPPORTED_MODEL_TYPES:
-        pytest.skip("the engine has no gemma3 architecture yet")
     gemma_path()
     import httpx
 

@@ -71,7 +71,8 @@ def resolve_quantization(quantization: str | None, model: str | None, dtype: str
     """The storage of the linear matrices: None (in the model's dtype), "gguf" or "int8".
 
     "auto" keeps a GGUF model's matrices in its own blocks (as vLLM does for a .gguf file;
-    model None is the default model, a GGUF; a named GGUF counts) whenever the weights would be bf16 anyway:
+    model None is the default model, a GGUF; a named GGUF counts) whenever the weights
+    would be bf16 anyway:
     the blocks are the shipped weights (the bf16 copy rounds them), a decode step reads a
     quarter of the bytes, and the load-time routing gives large batches the bf16 kernel on
     a copy, so the result is at least as accurate and at least as fast. float32 (explicit,
