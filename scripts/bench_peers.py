@@ -135,7 +135,7 @@ def peer_specs(args) -> list[tuple[str, Any]]:
             return Peer("llama-server", [
                 args.llama_server, "-m", gguf, "--host", "127.0.0.1", "--port", str(port),
                 "-t", str(args.threads), "-tb", str(args.threads), "-np", str(slots),
-                "-c", str(slots * ctx), "--no-webui"], port)
+                "-c", str(slots * ctx), "--no-webui", *(args.llama_server_arg or [])], port)
         specs.append(("llama-server", llama))
     if args.vllm_model:
         def vllm() -> Peer:
@@ -207,6 +207,9 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--llama-server", default=None, metavar="PATH")
+    p.add_argument("--llama-server-arg", action="append", default=None, metavar="ARG",
+                   help="an extra argument for llama-server (repeat; e.g. --no-repack where "
+                        "its build crashes repacking weights)")
     p.add_argument("--vllm-model", default=None, metavar="DIR")
     p.add_argument("--model", default=None,
                    help="the model for ours and llama-server: a named GGUF (gemma-3-270m), a "
@@ -286,6 +289,7 @@ def main() -> int:
     result: dict = {"workload": {"model": args.model, "prompt_tokens": args.prompt_tokens,
                                  "max_tokens": args.max_tokens, "rounds": args.rounds,
                                  "threads": args.threads, "ours_args": args.ours_args or [""],
+                                 "llama_server_args": args.llama_server_arg or [],
                                  "one_at_a_time": args.one_at_a_time,
                                  "vllm_env": vllm_env(args) if args.vllm_model else None},
                     "cpu_isa": llmcore.isa.cpu_isa(), "cpu_flags": cpu_flags(), "servers": {}}
