@@ -53,6 +53,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=16, help="decode steps timed")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--kv-cache-dtype", default="auto")
+    ap.add_argument("--quantization", default="auto", help="as the server's -q (auto: a GGUF "
+                    "keeps its blocks)")
     ap.add_argument("--kv-cache-memory", type=int, default=1 << 30,
                     help="bytes; must hold batch x (context + 2 x steps + 8) tokens")
     args = ap.parse_args()
@@ -63,7 +65,8 @@ def main() -> None:
 
     llm = LLM(args.model, num_threads=args.threads, max_num_seqs=args.batch,
               max_num_batched_tokens=4096, kv_cache_memory=args.kv_cache_memory,
-              kv_cache_dtype=args.kv_cache_dtype, max_model_len=2048)
+              kv_cache_dtype=args.kv_cache_dtype, max_model_len=2048,
+              quantization=args.quantization)
     eng = llm.engine
     rng = np.random.default_rng(0)
     vocab = eng.vocab_size
@@ -94,8 +97,10 @@ def main() -> None:
     timers = Timers()
     c = llmcore._C
     mc = eng.model_config
+    # a fused matrix kept as parts of mixed formats (PackedParts) runs one product per part
     shapes = {mc.q_size + 2 * mc.kv_size: "qkv_proj", mc.hidden_size: "o_or_down_proj",
-              2 * mc.intermediate_size: "gate_up_proj"}
+              2 * mc.intermediate_size: "gate_up_proj", mc.q_size: "qkv_proj",
+              mc.kv_size: "qkv_proj", mc.intermediate_size: "gate_up_proj"}
 
     def lin_name(x: Any, w: Any, *rest: Any) -> str:
         n = w.shape[0]
