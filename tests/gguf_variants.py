@@ -45,11 +45,12 @@ def source_path(model: str) -> Path:
 
 def write_variant(name: str, out: Path, tensors: bool = False) -> Path:
     import gguf
+    from actors.loader.gguf_file import GGUFFile
     from actors.loader.gguf_tokenizer import read_metadata
 
     model, arch, overrides = VARIANTS[name]
     src = source_path(model)
-    reader = gguf.GGUFReader(src)
+    reader = GGUFFile(src)
     meta = {k: v for k, v in read_metadata(src).items()
             if k.startswith("tokenizer.") or k == "general.name"}
     meta.update(overrides)
@@ -66,10 +67,9 @@ def write_variant(name: str, out: Path, tensors: bool = False) -> Path:
         else:
             raise TypeError(f"{key}: {type(value).__name__}")
     for key in _ARRAYS:
-        field = reader.fields.get(key)
-        if field is not None:
-            w.add_array(key, field.contents())
-    vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
+        if key in reader:
+            w.add_array(key, reader.get(key))
+    vocab = reader.array_len("tokenizer.ggml.tokens")
     if tensors:
         _tiny_llama(w, vocab)
     w.write_header_to_file()

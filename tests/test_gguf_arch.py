@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from actors.loader.gguf import convert_gguf, quantized_weights
+from actors.loader.gguf_file import GGUFFile
 from actors.models.config import UnsupportedModelError
 from gguf_export import export_gguf
 
@@ -234,7 +235,7 @@ def _gguf_with(tmp_path: Path, arch: str, **kv: Any) -> Any:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return gguf.GGUFReader(path)
+    return GGUFFile(path)
 
 
 @pytest.mark.parametrize(("arch", "kv", "match"), [

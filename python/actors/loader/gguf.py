@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from actors.loader.gguf_arch import FAMILIES, Family, family_of, hf_config_from_gguf
+from actors.loader.gguf_file import GGUFFile
 from actors.loader.gguf_names import (
     hf_names,
     hf_tensor_name,
@@ -66,10 +67,9 @@ def quantized_weights(gguf_path: Path, cfg: dict[str, Any]) -> dict[str, Any]:
     does not keep is left out, and the model packs its dequantized copy as usual; the
     types left so are named in one log line.
     """
-    import gguf
     import llmcore
 
-    reader = gguf.GGUFReader(gguf_path)
+    reader = GGUFFile(gguf_path)
     fam = family_of(reader)
     tied = bool(cfg["tie_word_embeddings"])
     # packed module -> its slots, each (ggml type, type name, K, rows)
@@ -86,7 +86,7 @@ def quantized_weights(gguf_path: Path, cfg: dict[str, Any]) -> dict[str, Any]:
             module, slot, n = target
             if heads is not None:
                 rows = unpermute_qk(rows, heads)
-            entry = (int(t.tensor_type.value), t.tensor_type.name, int(t.shape[0]), rows)
+            entry = (int(t.tensor_type), t.tensor_type.name, int(t.shape[0]), rows)
             slots.setdefault(module, [None] * n)[slot] = entry
     out: dict[str, Any] = {}
     left: Counter[str] = Counter()
@@ -128,7 +128,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     from safetensors.torch import save_file
 
     with stage(f"reading GGUF metadata of {gguf_path.name}"):
-        reader = gguf.GGUFReader(gguf_path)
+        reader = GGUFFile(gguf_path)
         cfg = hf_config_from_gguf(reader)
     fam = FAMILIES[cfg["model_type"]]
     tensors: dict[str, torch.Tensor] = {}

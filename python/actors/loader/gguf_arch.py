@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 from gguf import GGUFValueType
 
+from actors.loader.gguf_file import GGUFFile
 from actors.models.config import UnsupportedModelError
 
 
@@ -56,19 +57,18 @@ SUPPORTED_ARCHS = tuple(sorted(_ARCHS))
 _GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3_text": 62}
 
 
-def field(reader: Any, key: str, default: Any = None) -> Any:
+def field(reader: GGUFFile, key: str, default: Any = None) -> Any:
     """A metadata value; a float32 as the shortest decimal that reads back the same (the
     1e-06 of the original config, not 9.999999974752427e-07)."""
-    f = reader.fields.get(key)
-    if f is None:
+    if key not in reader:
         return default
-    value = f.contents()
-    if f.types == [GGUFValueType.FLOAT32]:
+    value = reader.get(key)
+    if reader.types(key) == (GGUFValueType.FLOAT32,):
         value = float(str(np.float32(value)))
     return value
 
 
-def family_of(reader: Any) -> Family:
+def family_of(reader: GGUFFile) -> Family:
     arch = field(reader, "general.architecture")
     if arch not in _ARCHS:
         raise UnsupportedModelError(
@@ -86,7 +86,7 @@ def family_of(reader: Any) -> Family:
     return FAMILIES[model_type]
 
 
-def hf_config_from_gguf(reader: Any) -> dict[str, Any]:
+def hf_config_from_gguf(reader: GGUFFile) -> dict[str, Any]:
     """The keyword arguments of transformers' config class (``model_type`` and
     ``architectures`` included) for the model in ``reader``."""
     fam = family_of(reader)
@@ -118,7 +118,7 @@ def hf_config_from_gguf(reader: Any) -> dict[str, Any]:
     head_dim = int(get("attention.key_length", 0) or hidden // num_heads)  # llama.cpp's
     vocab = get("vocab_size")
     if vocab is None:
-        vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
+        vocab = reader.array_len("tokenizer.ggml.tokens")
     cfg: dict[str, Any] = {
         "model_type": mt,
         "architectures": [fam.architecture],
@@ -172,7 +172,7 @@ def hf_config_from_gguf(reader: Any) -> dict[str, Any]:
     return cfg
 
 
-def _gemma(reader: Any, arch: str, mt: str, cfg: dict[str, Any], window: int) -> dict[str, Any]:
+def _gemma(reader: GGUFFile, arch: str, mt: str, cfg: dict[str, Any], window: int) -> dict[str, Any]:
     """Gemma 2/3's attention facts as llama.cpp's loader derives them."""
     layers, hidden, heads = cfg["num_hidden_layers"], cfg["hidden_size"], cfg["num_attention_heads"]
     big = layers == _GEMMA_27B_LAYERS[mt]
@@ -219,7 +219,7 @@ def _uniform(value: Any, key: str) -> int:
     return int(value)
 
 
-def _rope_parameters(reader: Any, arch: str, mt: str, head_dim: int) -> dict[str, Any]:
+def _rope_parameters(reader: GGUFFile, arch: str, mt: str, head_dim: int) -> dict[str, Any]:
     """transformers' rope_parameters (rope_theta inside; Gemma 3: one per layer type)."""
 
     def get(key: str, default: Any = None) -> Any:

@@ -27,17 +27,19 @@ llama-server's /tokenize by scripts/llama_reference.py):
 - tokenizer.chat_template is carried (saved beside the tokenizer) when the file has one; a
   base model without one gets none (the server then refuses chat requests as vLLM does).
 
-The metadata is read here with a small reader of the GGUF header that skips the large
-arrays (gguf-py's reader builds an object per array element: seconds for a 262k vocabulary).
+The metadata is read with gguf_file.GGUFFile, which steps over the large arrays (gguf-py's
+reader builds an object per array element: seconds for a 262k vocabulary).
 """
 
 from __future__ import annotations
 
 import json
-import struct
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
+from gguf import GGUFValueType
+
+from actors.loader.gguf_file import GGUFFile
 from actors.loader.progress import log, stage
 
 __all__ = ["read_metadata", "write_tokenizer"]
@@ -61,52 +63,11 @@ _SPLITS: dict[str, tuple[str, ...]] = {
 # Pre-tokenizers for which llama.cpp takes a word that is one token whole, and adds BOS.
 _IGNORE_MERGES = frozenset({"llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral"})
 
-_STRING, _ARRAY = 8, 9
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q",
-            11: "<q", 12: "<d"}
-
-
-def _read_string(f: BinaryIO) -> str:
-    (n,) = struct.unpack("<Q", f.read(8))
-    return f.read(n).decode("utf-8", errors="replace")
-
-
-def _skip_array(f: BinaryIO) -> None:
-    kind, n = struct.unpack("<IQ", f.read(12))
-    if kind == _STRING:
-        for _ in range(n):
-            (length,) = struct.unpack("<Q", f.read(8))
-            f.seek(length, 1)
-    elif kind in _SCALARS:
-        f.seek(n * struct.calcsize(_SCALARS[kind]), 1)
-    else:  # an array of arrays: no tokenizer key is one
-        raise ValueError(f"GGUF metadata holds an array of type {kind}, which is not read here")
-
-
 def read_metadata(gguf_path: Path) -> dict[str, Any]:
     """The scalar and string metadata of a GGUF file (little-endian, version 2 or 3);
     arrays are skipped, their keys absent."""
-    with open(gguf_path, "rb") as f:
-        if f.read(4) != b"GGUF":
-            raise ValueError(f"{gguf_path} is not a GGUF file")
-        version, _tensors, count = struct.unpack("<IQQ", f.read(20))
-        if version not in (2, 3):
-            raise ValueError(f"{gguf_path}: GGUF version {version} is not supported "
-                             "(little-endian 2 or 3)")
-        out: dict[str, Any] = {}
-        for _ in range(count):
-            key = _read_string(f)
-            (kind,) = struct.unpack("<I", f.read(4))
-            if kind == _STRING:
-                out[key] = _read_string(f)
-            elif kind == _ARRAY:
-                _skip_array(f)
-            elif kind in _SCALARS:
-                fmt = _SCALARS[kind]
-                (out[key],) = struct.unpack(fmt, f.read(struct.calcsize(fmt)))
-            else:
-                raise ValueError(f"{gguf_path}: metadata {key!r} has unknown type {kind}")
-    return out
+    f = GGUFFile(gguf_path, max_array=0)
+    return {k: f.get(k) for k in f.keys() if f.types(k)[0] != GGUFValueType.ARRAY}
 
 
 def _pre_tokenizer(pre: str) -> Any:
