@@ -11,6 +11,10 @@ LlamaTensorProcessor does, giving the rotate-half layout), Gemma's +1 on RMSNorm
 
 ``quantized_weights`` is the other way in (``--quantization gguf``): the linear matrices
 stay in their GGUF blocks, packed by the core, and only the rest comes from the directory.
+
+Both read the file with gguf_file.GGUFFile (the metadata without the tokenizer's arrays,
+each tensor a view of one memory map), not gguf-py's GGUFReader, which takes seconds to
+build an object per vocabulary entry.
 """
 
 from __future__ import annotations
