@@ -104,9 +104,7 @@ def _choices(r: Any, other: str) -> set[str]:
 
 
 def _packed_matrices(model: Any) -> list[llmcore.PackedWeight]:
-    plan = model._native_plan(1)
-    return [*(w for row in plan for w in (row[2], row[5], row[8], row[10])),
-            model._logits_matrix()]
+    return [*model.native_plan(1).matrices(), model._logits_matrix()]
 
 
 def test_quantized_entries_race_the_bf16_copy(tiny_dir: Path) -> None:

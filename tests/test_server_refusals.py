@@ -46,7 +46,7 @@ def models(tmp_path: Path) -> dict[str, tuple[list[str], list[str]]]:
     junk.write_bytes(b"not a gguf file at all")
     return {
         "gguf architecture": (["--model", str(tiny_gguf(tmp_path / "g.gguf", "mamba"))],
-                              ["'mamba'", "not supported", "supported: llama"]),
+                              ["'mamba'", "not supported", "supported: gemma2", "llama", "qwen3moe"]),
         "hf architecture": (["--model", str(hf)], ["'gpt2'", "not supported", "llama"]),
         "no config.json": (["--model", str(empty)], ["config.json"]),
         "malformed gguf": (["--model", str(junk)], ["GGUF"]),

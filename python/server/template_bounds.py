@@ -12,6 +12,8 @@ than MAX_RENDERED_CHARS.
 
 from __future__ import annotations
 
+import math
+
 import re
 import string
 from collections.abc import Iterable, Mapping
@@ -38,6 +40,8 @@ def value_chars(value: Any, conversion: str | None = None) -> int:
         growth = plain if value.isascii() and value.isprintable() else other
         return growth * len(value) + 2
     if isinstance(value, (bool, int, float)) or value is None:
+        if conversion == "j" and isinstance(value, float) and not math.isfinite(value):
+            return 9  # JSON spells them Infinity, -Infinity, NaN: at most 9 characters
         return len(repr(value))
     if isinstance(value, (list, tuple, dict)):
         if 3 * len(value) > MAX_RENDERED_CHARS:  # ", " between items, at least one char each

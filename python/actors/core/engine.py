@@ -173,7 +173,7 @@ class LLMEngine:
                                   self.grammar_cache, str(self.model_dir), self.vocab_size,
                                   tuple(self.eos_token_ids))
         self.runner.structured_masks = self._held.mask
-        rules = hook.prompt_rules(self.tokenizer, self.eos_token_ids[0])
+        rules = hook.prompt_rules(self.tokenizer, tuple(self.eos_token_ids))
         if rules is not None:
             self.runner.timestamp_rules = _as_sampling_hooks(rules)
         self.lora: LoraAdapters | None = None

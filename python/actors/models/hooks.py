@@ -25,7 +25,7 @@ class ModelHook:
         """Tokens it never draws first."""
         return ()
 
-    def prompt_rules(self, tokenizer: Any, eos_token_id: int) -> PromptRules | None:
+    def prompt_rules(self, tokenizer: Any, eos_token_ids: tuple[int, ...]) -> PromptRules | None:
         """The logits processors a sequence runs under, chosen from its prompt."""
         return None
 
@@ -49,21 +49,21 @@ class WhisperHook(ModelHook):
     def begin_suppress_tokens(self) -> tuple[int, ...]:
         return tuple(self.config.extra.get("begin_suppress_tokens", ()))
 
-    def prompt_rules(self, tokenizer: Any, eos_token_id: int) -> PromptRules | None:
+    def prompt_rules(self, tokenizer: Any, eos_token_ids: tuple[int, ...]) -> PromptRules | None:
         """A window's timestamp rules when its prompt asks for timestamps (no
         <|notimestamps|> in it); None otherwise. (The runner skips them for a window with
         allowed_token_ids: language detection's [sot] prompt.)"""
         from actors.models.whisper_rules import TimestampRules
 
         nots = tokenizer.get_vocab().get("<|notimestamps|>")
-        if nots is None:
+        if nots is None or not eos_token_ids:
             return None
         suppress, begin = self.suppress_tokens(tokenizer), self.begin_suppress_tokens()
 
         def rules(prompt: tuple[int, ...]) -> tuple[Any, ...] | None:
             if nots in prompt:
                 return None
-            return (TimestampRules(eos_token_id, nots, nots + 1, suppress, begin),)
+            return (TimestampRules(eos_token_ids[0], nots, nots + 1, suppress, begin),)
 
         return rules
 
