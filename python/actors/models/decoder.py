@@ -30,7 +30,8 @@ from actors.models import decoder_native, linear_routing, weight_map
 from actors.models.attention import AttentionBackend, LayerAttentionSpec
 from actors.models.blocks import DecoderLayer, Embedding, RopeTables
 from actors.models.config import ModelConfig
-from actors.models.layers import Linear, PackedParts, RMSNorm, _released, _widening, linear, linear_packed
+from actors.models.layers import (Linear, PackedParts, RMSNorm, _released, _widening, linear,
+                                  linear_packed)
 from actors.models.rope import RotaryEmbedding
 
 
@@ -41,13 +42,14 @@ class DecoderModel(nn.Module):
         self.layers = nn.ModuleList(
             DecoderLayer(cfg, i, dtype, compute_dtype) for i in range(cfg.num_layers)
         )
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, cfg.arch.norm_offset)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype,
+                            cfg.arch.norm_offset)
 
 
 class DecoderForCausalLM(nn.Module):
     def __init__(
-        self, cfg: ModelConfig, dtype: torch.dtype = torch.float32, max_positions: int | None = None,
-        compute_dtype: torch.dtype | None = None,
+        self, cfg: ModelConfig, dtype: torch.dtype = torch.float32,
+        max_positions: int | None = None, compute_dtype: torch.dtype | None = None,
     ) -> None:
         """dtype: the weights'. compute_dtype: the activations'; by default dtype, except
         float32 for bfloat16 weights (the CPU path; a device with bf16 arithmetic passes

@@ -79,7 +79,7 @@ class Route:
 
     n: int
     k: int
-    weight_format: str  # PackedWeight.dtype: float32 | bfloat16 | a kept GGUF type (q8_0, q4_k, ...)
+    weight_format: str  # PackedWeight.dtype: float32 | bfloat16 | a kept GGUF type (q4_k...)
     m: int  # the bucket's row count
     # "core" | "torch" (a float matrix, or a quantized one's dense bf16 copy) | "core_bf16" (a
     # quantized matrix's bf16 copy packed for the core)

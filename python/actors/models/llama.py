@@ -4,7 +4,8 @@ other model files import from here."""
 from __future__ import annotations
 
 from actors.models.decoder import DecoderForCausalLM
-from actors.models.layers import Linear, RMSNorm, _param, _released, _widening, linear, linear_packed
+from actors.models.layers import (Linear, RMSNorm, _param, _released, _widening, linear,
+                                  linear_packed)
 
 LlamaForCausalLM = DecoderForCausalLM
 

@@ -294,7 +294,8 @@ class WhisperForConditionalGeneration(nn.Module):
         for name, p in self.named_parameters():
             # Whisper's k projections have no bias: the k slice of a fused bias is zero.
             k_shard = 1 if name.endswith(".qkv.bias") else 0
-            if name.endswith((".qkv.bias", ".cross_kv.bias")) and f"{name}#{k_shard}" not in written:
+            unwritten = f"{name}#{k_shard}" not in written
+            if name.endswith((".qkv.bias", ".cross_kv.bias")) and unwritten:
                 p.narrow(0, k_shard * d, d).zero_()
                 written.add(f"{name}#{k_shard}")
             parts = [name]
