@@ -18,17 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+import llmcore
 
-import llmcore  # noqa: E402
-
-from actors.core.kv_groups import KVGroups  # noqa: E402
-from actors.core.kv_manager import KVManager  # noqa: E402
-from actors.core.sequence import Sequence  # noqa: E402
-from actors.params.sampling import SamplingParams  # noqa: E402
+from actors.core.kv_groups import KVGroups
+from actors.core.kv_manager import KVManager
+from actors.core.sequence import Sequence
+from actors.params.sampling import SamplingParams
 
 
 def gemma3_windows(num_layers: int, window: int, every: int) -> list[int | None]:
