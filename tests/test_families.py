@@ -93,3 +93,33 @@ def test_family_options_reach_the_config(make_tiny_model: Callable[..., Path]) -
     moe = cfg("qwen3_moe").arch.moe
     assert moe is not None and moe.layers == (True, False, True) and moe.top_k == 2
     assert cfg("olmo2").arch.norm_layout == "post"
+
+
+def test_multimodal_gemma3_serves_its_text_model(tmp_path: Path) -> None:
+    """A Gemma 3 checkpoint with a vision tower (model_type gemma3, 4B and up): its text
+    model's logits equal transformers' on text input; the vision tensors are skipped."""
+    import transformers
+
+    from conftest import _randomize_
+
+    text = {**FAMILY_CASES["gemma3"][1], "vocab_size": 320, "hidden_size": 64,
+            "intermediate_size": 96, "num_hidden_layers": 3, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "max_position_embeddings": 512}
+    vision = {"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 1,
+              "num_attention_heads": 2, "image_size": 28, "patch_size": 14}
+    cfg = transformers.Gemma3Config(text_config=text, vision_config=vision,
+                                    mm_tokens_per_image=4)
+    ref = transformers.Gemma3ForConditionalGeneration(cfg).float().eval()
+    _randomize_(ref, seed=99)
+    ref.save_pretrained(tmp_path)
+    loaded = load_model(tmp_path, dtype="float32")
+    assert loaded.config.model_type == "gemma3_text"
+    assert loaded.config.sliding_windows == (6, None, 6)
+    prompts = tiny_prompts(loaded.config.vocab_size)
+    worst = 0.0
+    for prompt, got in zip(prompts, run_ours(loaded.model, prompts)):
+        want = run_transformers(ref, prompt)
+        worst = max(worst, (got - want).abs().max().item())
+        assert torch.equal(got.argmax(-1), want.argmax(-1))
+    print(f"gemma3 multimodal, text: max |diff| {worst:.2e}")
+    assert worst <= 1e-4, worst

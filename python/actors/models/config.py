@@ -81,6 +81,11 @@ class ModelConfig:
     @classmethod
     def from_hf_dict(cls, hf: dict[str, Any]) -> ModelConfig:
         model_type = hf.get("model_type", "")
+        if model_type == "gemma3" and isinstance(hf.get("text_config"), dict):
+            # multimodal Gemma 3: its text model is served (images are not)
+            hf = {**{k: hf[k] for k in ("eos_token_id", "bos_token_id") if k in hf},
+                  **hf["text_config"], "model_type": "gemma3_text"}
+            model_type = "gemma3_text"
         if model_type == "bert":
             return _bert_config(hf)
         if model_type == "whisper":

@@ -31,9 +31,12 @@ FUSED = {
 }
 
 
-def our_name(model_type: str, hf_name: str) -> tuple[str, int | None]:
-    """(our parameter name, shard index within a fused one or None) for a checkpoint name."""
+def our_name(model_type: str, hf_name: str) -> tuple[str | None, int | None]:
+    """(our parameter name, shard index within a fused one or None) for a checkpoint name;
+    (None, None) for a tensor the family does not run (a vision tower's)."""
     fam = family(model_type)
+    if fam is not None and any(s in hf_name for s in fam.skips):
+        return None, None
     name = hf_name
     for old, new in (fam.renames if fam is not None else ()):
         name = name.replace(old, new)
@@ -67,6 +70,8 @@ def load(model: DecoderForCausalLM, weights: Iterable[tuple[str, torch.Tensor]])
         if hf_name == "lm_head.weight" and c.tie_word_embeddings:
             continue  # some checkpoints store the tied copy as well
         name, shard = our_name(c.model_type, hf_name)
+        if name is None:
+            continue
         if name not in params:
             raise KeyError(f"checkpoint tensor {hf_name!r} has no matching parameter")
         dst = params[name]

@@ -22,6 +22,8 @@ class Family:
     options: Callable[[dict[str, Any], int], tuple[DecoderOptions, dict[str, Any]]]
     # checkpoint name fragments -> ours, applied before the fused-projection mapping
     renames: tuple[tuple[str, str], ...] = ()
+    # checkpoint tensors this engine does not run (a multimodal checkpoint's vision tower)
+    skips: tuple[str, ...] = ()
     activations: tuple[str, ...] = ("silu",)
     notes: dict[str, str] = field(default_factory=dict)
 

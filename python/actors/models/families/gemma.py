@@ -57,5 +57,12 @@ def _cap(hf: dict[str, Any], key: str) -> float | None:
 
 FAMILIES = (
     Family(("gemma2",), _gemma2, activations=("gelu_pytorch_tanh", "gelu_tanh")),
-    Family(("gemma3_text",), _gemma3, activations=("gelu_pytorch_tanh", "gelu_tanh")),
+    # A multimodal Gemma 3 checkpoint (model_type gemma3: 4B and up) serves its text model:
+    # config.py reads its text_config; its language model's tensors come under these
+    # prefixes (transformers < 5 and >= 5 spell them differently), the vision tower's are
+    # skipped.
+    Family(("gemma3_text",), _gemma3, activations=("gelu_pytorch_tanh", "gelu_tanh"),
+           renames=(("language_model.model.", "model."), ("model.language_model.", "model."),
+                    ("language_model.lm_head.", "lm_head.")),
+           skips=("vision_tower.", "multi_modal_projector.")),
 )
