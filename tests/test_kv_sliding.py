@@ -174,3 +174,16 @@ def test_a_model_without_sliding_layers_keeps_one_group(make_tiny_model: Any) ->
     eng.step()
     seq = eng.scheduler.running[0]
     assert seq.group_block_ids == [] and len(seq.block_ids) == -(-30 // BS)
+
+
+def test_a_head_size_the_attention_cannot_run_is_refused_at_load(make_tiny_model: Any) -> None:
+    """Refused when the engine is built (the server exits 2 with that line), not by the first
+    request's attention call."""
+    from actors.loader import load_model
+    from actors.models import UnsupportedModelError
+
+    path = make_tiny_model("llama", head_dim=16)
+    add_tokenizer(path)
+    with pytest.raises(UnsupportedModelError, match="head size 16 is not supported"):
+        LLM(str(path), loaded=load_model(path, dtype="float32"), dtype="float32",
+            block_size=BS, max_model_len=256, kv_cache_memory=1 << 20)

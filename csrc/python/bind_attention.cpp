@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string>
 
+#include "attention_check.h"
 #include "attention_cpu.h"
 #include "binding.h"
 
@@ -150,6 +151,8 @@ stride, fp32 or bf16, converted to the cache dtype); row t goes to
 slot_mapping[t], and rows with a negative slot are skipped. stream is a
 cudaStream_t as an integer for CUDA tensors (0: the default stream); CPU calls
 ignore it. Raises ValueError for inconsistent shapes, dtypes, devices or slots.)doc");
+    m.def("attention_head_size_supported", &lc::attn::supported_head_size, py::arg("head_size"),
+          "Whether paged attention runs this head size (on every device it is built for).");
     m.def("paged_attention", &paged_attention, py::arg("plan"), py::arg("q"), py::arg("k_cache"),
           py::arg("v_cache"), py::arg("out"), py::arg("scale"), py::arg("sliding_window") = 0,
           py::arg("softcap") = 0.0f, py::arg("stream") = 0,

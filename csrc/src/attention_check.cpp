@@ -41,10 +41,6 @@ void check_layout(const lc_tensor* t, const char* what, int32_t ndim) {
                  string(what) + " must have a unit stride in its last dimension");
 }
 
-// The head sizes the kernels are compiled for (CPU and CUDA alike).
-bool supported_head_size(int64_t d) {
-    return d == 32 || d == 64 || d == 80 || d == 96 || d == 128 || d == 256;
-}
 
 // The longest sequence a call takes: the kernels' int32 position arithmetic
 // (tile and chunk ends, seq_len + block_size - 1) stays far below INT32_MAX.
@@ -143,6 +139,10 @@ void check_rows(const lc_attn_plan& plan, const lc_tensor* t, const char* what,
 }
 
 }  // namespace
+
+bool supported_head_size(int64_t d) {
+    return d == 32 || d == 64 || d == 80 || d == 96 || d == 128 || d == 256;
+}
 
 CacheGeometry check_kv_store(const lc_attn_plan* plan, const lc_tensor* k, const lc_tensor* v,
                              const lc_tensor* k_cache, const lc_tensor* v_cache) {

@@ -18,6 +18,9 @@
 
 namespace lc::attn {
 
+// The head sizes the kernels are compiled for (CPU and CUDA alike).
+bool supported_head_size(int64_t d);
+
 // The geometry read off a validated pair of caches
 // [num_blocks, num_kv_heads, block_size, head_size].
 struct CacheGeometry {

@@ -29,6 +29,7 @@ from actors.params.sampling import SamplingParams
 from actors.core.scheduler.config import SchedulerConfig
 from actors.core.scheduler.policy import Scheduler
 from actors.core.structured.held import HeldRequests
+from actors.models.config import UnsupportedModelError
 from actors.models.hooks import hook_for
 
 __all__ = ["EngineConfig", "LLMEngine"]
@@ -107,6 +108,11 @@ class LLMEngine:
         # for every audio window: their KV depends on the audio, which no block hash sees.
         causal = bool(getattr(loaded.model, "is_causal", True))
         enc_dec = bool(getattr(loaded.model, "is_encoder_decoder", False))
+        if causal and not llmcore._C.attention_head_size_supported(mc.head_dim):
+            # refused at load (exit 2, one line), not at the first request's attention call
+            raise UnsupportedModelError(
+                f"head size {mc.head_dim} is not supported by the paged attention "
+                f"(32, 64, 80, 96, 128 or 256)")
         # Sliding-window layers get KV cache groups of their own whose out-of-window blocks
         # are freed (kv_groups.py); a block is then one page of kv_groups.num_slots layers.
         windows = LayerAttention.of(loaded.model, mc.num_layers, mc.head_dim,

@@ -87,10 +87,6 @@ class DecoderForCausalLM(nn.Module):
             RotaryEmbedding(cfg.head_dim, positions, theta, dict(scaling) or None)
             for theta, scaling in kinds)
 
-    @property
-    def rope(self) -> RotaryEmbedding:
-        return self.ropes[0]
-
     def attention_specs(self) -> list[LayerAttentionSpec]:
         c, o = self.config, self.config.arch
         scale = o.attn_scale if o.attn_scale is not None else c.head_dim ** -0.5

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 Kernel = Callable[..., torch.Tensor]
 Mat = tuple[Kernel, Any, Any]  # (kernel, matrix, bias)
+Join = tuple[torch.Tensor | None, torch.Tensor | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,13 +45,13 @@ class LayerPlan:
     k_norm: torch.Tensor | None
     rope: int
     o: Mat
-    post_attn_norm: torch.Tensor
-    pre_ffw_norm: torch.Tensor | None  # "sandwich"
-    post_ffw_norm: torch.Tensor | None  # "sandwich", "post"
+    # How the attention's and the MLP's outputs join the residual stream, each as
+    # (norm of the output itself, norm of the stream after the add); see ``_join``.
+    after_attn: Join
     gate_up: Mat | None  # None: a sparse layer
     down: Mat | None
     moe: SparseMoE | None
-    next_norm: torch.Tensor | None  # the next layer's input norm, or the final one
+    after_mlp: Join
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,12 +85,21 @@ def build_plan(model: DecoderForCausalLM) -> Plan:
         return (linear_parts if isinstance(m.matrix, PackedParts) else lin, m.matrix,
                 _f32(m.bias))
 
+    def w(norm: Any) -> torch.Tensor | None:
+        return None if norm is None else norm.weight.float()
+
+    # per layout: (the block's own output norm, the stream's norm after the add)
+    joins: dict[str, Callable[[Any, Any], Join]] = {
+        "pre": lambda own, after: (None, w(own if own is not None else after)),
+        "sandwich": lambda own, after: (w(own), w(after)),
+        "post": lambda own, after: (w(own), None),
+    }
     layers = model.model.layers
     out = []
     for i, layer in enumerate(layers):
         sa, mlp = layer.self_attn, layer.mlp
-        nxt = (layers[i + 1].input_layernorm.weight if i + 1 < len(layers)
-               and layer.layout != "post" else model.model.norm.weight)
+        nxt = (layers[i + 1].input_layernorm if i + 1 < len(layers) and layer.layout != "post"
+               else model.model.norm)
         moe = mlp if isinstance(mlp, SparseMoE) else None
         out.append(LayerPlan(
             in_norm=layer.input_layernorm.weight.float() if layer.layout != "post" else None,
@@ -98,15 +108,13 @@ def build_plan(model: DecoderForCausalLM) -> Plan:
             k_norm=_f32(sa.k_norm.weight) if sa.qk_norm else None,
             rope=model.layer_rope[i],
             o=mat(sa.o_proj),
-            post_attn_norm=layer.post_attention_layernorm.weight.float(),
-            pre_ffw_norm=(layer.pre_feedforward_layernorm.weight.float()
-                          if layer.layout == "sandwich" else None),
-            post_ffw_norm=(layer.post_feedforward_layernorm.weight.float()
-                           if layer.layout != "pre" else None),
+            after_attn=joins[layer.layout](layer.post_attention_layernorm,
+                                           getattr(layer, "pre_feedforward_layernorm", None)),
             gate_up=None if moe else mat(mlp.gate_up_proj),
             down=None if moe else mat(mlp.down_proj),
             moe=moe,
-            next_norm=None if layer.layout == "post" else nxt.float(),
+            after_mlp=joins[layer.layout](getattr(layer, "post_feedforward_layernorm", None),
+                                          nxt),
         ))
     return Plan(tuple(out), model.model.norm.weight.float())
 
@@ -138,6 +146,22 @@ def hidden_states(model: DecoderForCausalLM, x: torch.Tensor, ropes: list[RopeTa
     else:
         h = torch.empty_like(x)
         norm(residual, plan.layers[0].in_norm, eps, h, None)
+
+    def join(y: torch.Tensor, norms: Join) -> None:
+        """residual += y (or its norm), then h = the stream's norm for what reads it next
+        (the "post" layout: h is the stream itself)."""
+        own, after = norms
+        if own is None:  # pre: the add folded into the next norm, Granite's scale first
+            if rs != 1.0:
+                y.mul_(rs)
+            norm(y, after, eps, h, residual)
+            return
+        norm(y, own, eps, tmp, None)
+        if after is None:
+            residual.add_(tmp)
+        else:
+            norm(tmp, after, eps, h, residual)
+
     for i, lp in enumerate(plan.layers):
         f, w, b = lp.qkv
         lora.apply(f(h, w, b, qkv), h, i, "qkv")
@@ -152,17 +176,7 @@ def hidden_states(model: DecoderForCausalLM, x: torch.Tensor, ropes: list[RopeTa
         rope_(q, k, cos, sin)
         a = attn.attn(i, q, k, v).reshape(t, q_size)
         f, w, b = lp.o
-        a = lora.apply(f(a, w, b, mid), a, i, "o")
-        if layout == "pre":
-            if rs != 1.0:
-                a.mul_(rs)
-            norm(a, lp.post_attn_norm, eps, h, residual)
-        elif layout == "sandwich":
-            norm(a, lp.post_attn_norm, eps, tmp, None)
-            norm(tmp, lp.pre_ffw_norm, eps, h, residual)
-        else:
-            norm(a, lp.post_attn_norm, eps, tmp, None)
-            residual.add_(tmp)
+        join(lora.apply(f(a, w, b, mid), a, i, "o"), lp.after_attn)
         if lp.moe is not None:
             m = lp.moe(h, out=mid)
         else:
@@ -174,16 +188,7 @@ def hidden_states(model: DecoderForCausalLM, x: torch.Tensor, ropes: list[RopeTa
                 gelu_tanh_mul(g, c.intermediate_size, out=act)
             f, w, b = lp.down
             m = lora.apply(f(act, w, b, mid), act, i, "down")
-        if layout == "pre":
-            if rs != 1.0:
-                m.mul_(rs)
-            norm(m, lp.next_norm, eps, h, residual)
-        elif layout == "sandwich":
-            norm(m, lp.post_ffw_norm, eps, tmp, None)
-            norm(tmp, lp.next_norm, eps, h, residual)
-        else:
-            norm(m, lp.post_ffw_norm, eps, tmp, None)
-            residual.add_(tmp)
+        join(m, lp.after_mlp)
     if layout == "post":
         out = torch.empty_like(x)
         norm(residual, plan.final_norm, eps, out, None)

@@ -54,10 +54,6 @@ class PackedParts:
         self.shape = (start, ks.pop())
         self.dtype = "+".join(p.dtype for p in parts)
 
-    @property
-    def nbytes(self) -> int:
-        return sum(p.nbytes for p in self.parts)
-
 
 def linear_parts(x: torch.Tensor, w: PackedParts, bias: torch.Tensor | None,
                  out: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,7 @@ names. Plain data and functions, no torch: the config is read without the model 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from actors.models.arch import DecoderOptions
@@ -25,7 +25,6 @@ class Family:
     # checkpoint tensors this engine does not run (a multimodal checkpoint's vision tower)
     skips: tuple[str, ...] = ()
     activations: tuple[str, ...] = ("silu",)
-    notes: dict[str, str] = field(default_factory=dict)
 
 
 def _registry() -> dict[str, Family]:
