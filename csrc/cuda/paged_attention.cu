@@ -15,6 +15,7 @@
 #include <cmath>
 
 #include "attn_plan.h"
+#include "head_sizes.h"
 #include "cuda_api.h"
 #include "cuda_util.cuh"
 
@@ -381,17 +382,9 @@ void paged_attention(const lc_attn_plan& plan, const lc_tensor& q, const lc_tens
 
     const dim3 grid(unsigned(plan.num_tokens), unsigned(num_kv_heads * a.head_chunks),
                     unsigned(parts));
-    switch (head_size) {
-        case 32: launch_head<32>(a, k_cache.dtype, grid, s); break;
-        case 64: launch_head<64>(a, k_cache.dtype, grid, s); break;
-        case 80: launch_head<80>(a, k_cache.dtype, grid, s); break;
-        case 96: launch_head<96>(a, k_cache.dtype, grid, s); break;
-        case 128: launch_head<128>(a, k_cache.dtype, grid, s); break;
-        case 256: launch_head<256>(a, k_cache.dtype, grid, s); break;
-        default:
-            fail(LC_ERR_UNSUPPORTED,
-                 "paged_attention: head size must be 32, 64, 80, 96, 128 or 256");
-    }
+    const bool launched = attn::HeadSizes::visit(
+        head_size, [&](auto d) { launch_head<decltype(d)::value>(a, k_cache.dtype, grid, s); });
+    if (!launched) fail(LC_ERR_UNSUPPORTED, "paged_attention: unsupported head size");
     if (parts > 1) {
         const dim3 merge_grid(unsigned(plan.num_tokens), unsigned(num_heads));
         merge_partitions_kernel<<<merge_grid, head_size, 0, s>>>(a, head_size);

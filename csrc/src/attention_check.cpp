@@ -140,9 +140,7 @@ void check_rows(const lc_attn_plan& plan, const lc_tensor* t, const char* what,
 
 }  // namespace
 
-bool supported_head_size(int64_t d) {
-    return d == 32 || d == 64 || d == 80 || d == 96 || d == 128 || d == 256;
-}
+bool supported_head_size(int64_t d) { return HeadSizes::has(d); }
 
 CacheGeometry check_kv_store(const lc_attn_plan* plan, const lc_tensor* k, const lc_tensor* v,
                              const lc_tensor* k_cache, const lc_tensor* v_cache) {

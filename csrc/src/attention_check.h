@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "attn_plan.h"
+#include "head_sizes.h"
 #include "llmcore/llmcore.h"
 
 // Like lc::require, but builds the message only when the check fails: these
@@ -18,7 +19,7 @@
 
 namespace lc::attn {
 
-// The head sizes the kernels are compiled for (CPU and CUDA alike).
+// Whether d is one of the head sizes the kernels are compiled for (head_sizes.h).
 bool supported_head_size(int64_t d);
 
 // The geometry read off a validated pair of caches

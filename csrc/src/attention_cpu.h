@@ -20,6 +20,7 @@
 #include <type_traits>
 
 #include "attn_plan.h"
+#include "head_sizes.h"
 #include "llmcore/llmcore.h"
 
 namespace lc::attn {

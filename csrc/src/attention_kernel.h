@@ -550,28 +550,9 @@ void run_item(const Job& job, const WorkItem& it, const WorkItem* next) {
 
 template <class Ops, class KT>
 void run_item_kt(const Job& job, const WorkItem& it, const WorkItem* next) {
-    switch (job.head_size) {
-        case 32:
-            run_item<Ops, 32, KT>(job, it, next);
-            break;
-        case 64:
-            run_item<Ops, 64, KT>(job, it, next);
-            break;
-        case 80:
-            run_item<Ops, 80, KT>(job, it, next);
-            break;
-        case 96:
-            run_item<Ops, 96, KT>(job, it, next);
-            break;
-        case 128:
-            run_item<Ops, 128, KT>(job, it, next);
-            break;
-        case 256:
-            run_item<Ops, 256, KT>(job, it, next);
-            break;
-        default:
-            break;  // rejected by the boundary check
-    }
+    // a size off the list was rejected by the boundary check
+    HeadSizes::visit(job.head_size,
+                     [&](auto d) { run_item<Ops, decltype(d)::value, KT>(job, it, next); });
 }
 
 template <class Ops>
