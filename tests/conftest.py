@@ -137,7 +137,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         return
     import llmcore
 
-    order = ("scalar", "avx2", "avx512")
+    order = llmcore.isa.ISAS
     lines = [f"CPU: runs {llmcore.cpu_isa()} at most; built: {llmcore.build_features()}"]
     for family in sorted(set(rec.runs) | {f for f, _ in rec.skips}):
         ran = sorted(rec.runs.get(family, ()), key=order.index)

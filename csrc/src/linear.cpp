@@ -28,7 +28,7 @@ bool cpu_has_avx512_bf16() {
 
 IsaSetting& isa_setting() {
     static IsaSetting setting("LLMCORE_LINEAR_ISA",
-                              cpu_has_avx512_bf16() ? Isa::kAvx512 : Isa::kAvx2);
+                              cpu_has_avx512_bf16() ? Isa::kAmx : Isa::kAvx2);
     return setting;
 }
 
@@ -97,7 +97,7 @@ void dispatch(const Job& job) {
     if (job.packed && job.packed->qtype) return run_quant(job);
     const Isa isa = current_isa();
     const bool avx2 = isa >= Isa::kAvx2;
-    if (job.packed && isa == Isa::kAvx512 && job.packed->dtype == LC_DTYPE_BF16)
+    if (job.packed && isa >= Isa::kAvx512 && job.packed->dtype == LC_DTYPE_BF16)
         run_packed_bf16_avx512(job);
     else if (job.packed)
         avx2 ? run_packed_avx2(job) : run_packed_scalar(job);

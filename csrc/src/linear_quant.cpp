@@ -144,7 +144,7 @@ void run_quant(const Job& job) {
     const int bits = quant_activation_bits();
     const bool k = quant::kfamily(job.packed->qtype);
     // the workers read this thread's buffer; each variant quantizes with its own ISA
-    if (isa == Isa::kAvx512 && vnni) {
+    if (isa >= Isa::kAvx512 && vnni) {
         const QuantX qx = quantize(job, buf, bits, quantize_blocks_avx512);
         k ? run_kquant_avx512(job, qx) : run_quant_avx512(job, qx);
     } else if (isa >= Isa::kAvx2) {

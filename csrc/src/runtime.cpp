@@ -12,6 +12,14 @@
 #include "cpu_isa.h"
 #include "internal.h"
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#endif
+#if defined(__linux__) && defined(__x86_64__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 #ifndef LLMCORE_VERSION_STRING
 #define LLMCORE_VERSION_STRING "0.0.0"
 #endif
@@ -85,6 +93,47 @@ bool overlaps(const lc_tensor& a, const lc_tensor& b) {
 }
 
 // ---- instruction sets ----------------------------------------------------------
+namespace {
+
+struct AmxState {
+    bool tiles = false;  // AMX-TILE + AMX-BF16, XCR0 and the permission
+    bool int8 = false;   // and AMX-INT8
+};
+
+// CPUID.(7,0):EDX bit 22 AMX-BF16, 24 AMX-TILE, 25 AMX-INT8; XCR0 bits 17-18 the
+// tile configuration and data state (set by a kernel that manages them); then the
+// per-process permission Linux requires before the first tile instruction
+// (without it, ldtilecfg raises SIGILL).
+AmxState probe_amx() {
+    AmxState st;
+#if defined(__linux__) && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return st;  // OSXSAVE
+    if (__get_cpuid_max(0, nullptr) < 7) return st;
+    __cpuid_count(7, 0, a, b, c, d);
+    const bool tile = d & (1u << 24), bf16 = d & (1u << 22), int8 = d & (1u << 25);
+    if (!tile || !bf16) return st;
+    uint32_t xlo = 0, xhi = 0;
+    __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
+    if ((xlo & (3u << 17)) != (3u << 17)) return st;
+    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    if (syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) != 0) return st;
+    st.tiles = true;
+    st.int8 = int8;
+#endif
+    return st;
+}
+
+const AmxState& amx_state() {
+    static const AmxState st = probe_amx();
+    return st;
+}
+
+}  // namespace
+
+bool amx_usable() { return amx_state().tiles; }
+bool amx_int8_usable() { return amx_state().tiles && amx_state().int8; }
+
 Isa cpu_isa() {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
@@ -92,7 +141,7 @@ Isa cpu_isa() {
     // Skylake-SP has all four; Xeon Phi, with F alone, runs the AVX2 ones).
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
-        return Isa::kAvx512;
+        return amx_usable() ? Isa::kAmx : Isa::kAvx512;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::kAvx2;
 #endif
     return Isa::kScalar;
@@ -100,6 +149,7 @@ Isa cpu_isa() {
 
 const char* isa_name(Isa isa) {
     switch (isa) {
+        case Isa::kAmx: return "amx";
         case Isa::kAvx512: return "avx512";
         case Isa::kAvx2: return "avx2";
         default: return "scalar";
@@ -111,7 +161,7 @@ bool parse_isa(const char* name, Isa* out) {
         *out = Isa::kScalar;
         return true;
     }
-    for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512})
+    for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAmx})
         if (!std::strcmp(name, isa_name(isa))) {
             *out = isa;
             return true;
@@ -278,7 +328,7 @@ const char* lc_build_features(void) {
     // CPU runs; see lc_cpu_isa), then CUDA.
     return "cpu,scalar"
 #if defined(__x86_64__)
-           ",avx2,avx512"
+           ",avx2,avx512,amx"
 #endif
 #if defined(LLMCORE_WITH_CUDA)
            ",cuda"

@@ -1,7 +1,9 @@
 """The instruction sets of the CPU kernel families, and a cap to compare them.
 
 Each family (attention, sampling, linear, elementwise) is compiled once per instruction set it
-has (scalar; AVX2 + FMA; AVX-512 F/BW/VL/DQ) and runs the widest one the CPU supports, capped at
+has (scalar; AVX2 + FMA; AVX-512 F/BW/VL/DQ; for linear also AMX, the tile kernels, where the
+CPU has them and the kernel grants the process the tile state) and runs the widest one the CPU
+supports, capped at
 import by ``LLMCORE_ISA`` (attention), ``LLMCORE_SAMPLING_ISA``, ``LLMCORE_LINEAR_ISA`` and
 ``LLMCORE_ELEMENTWISE_ISA``. ``capped`` lowers that for a block of code, so one process can run
 every variant against the scalar one::
@@ -20,9 +22,14 @@ from contextlib import contextmanager
 
 from llmcore import _C
 
-__all__ = ["FAMILIES", "ISAS", "capped", "cpu_isa", "current", "set_isa"]
+__all__ = ["FAMILIES", "FAMILY_ISAS", "ISAS", "capped", "cpu_isa", "current", "set_isa"]
 
-ISAS = ("scalar", "avx2", "avx512")  # narrowest first
+ISAS = ("scalar", "avx2", "avx512", "amx")  # narrowest first
+# The variants each family is built in (only linear has tile kernels; the others stop at
+# avx512, and capping them at amx runs their avx512 ones).
+FAMILY_ISAS: dict[str, tuple[str, ...]] = {
+    "attention": ISAS[:3], "sampling": ISAS[:3], "linear": ISAS, "elementwise": ISAS[:3],
+}
 
 _GET: dict[str, Callable[[], str]] = {
     "attention": _C.attention_isa,

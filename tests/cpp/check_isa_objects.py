@@ -2,7 +2,8 @@
 
 usage: check_isa_objects.py OBJDUMP OBJECT...
 
-An object named *_avx512.* may use AVX-512, one named *_avx2.* AVX2 and FMA at most, and
+An object named *_amx.* may use the AMX tile instructions and AVX-512, one named *_avx512.*
+AVX-512, one named *_avx2.* AVX2 and FMA at most, and
 every other object only the baseline x86-64 ISA (SSE2): the run-time dispatch relies on it.
 Two things are checked:
 
@@ -25,7 +26,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-LEVELS = {"baseline": 0, "avx2": 1, "avx512": 2}
+LEVELS = {"baseline": 0, "avx2": 1, "avx512": 2, "amx": 3}
 
 # Registers and mnemonics beyond a level: a VEX-encoded instruction (mnemonics starting with
 # "v", or ymm registers) needs AVX; zmm, mask registers, xmm/ymm 16-31 and EVEX-only
@@ -44,6 +45,8 @@ _EVEX = re.compile(
 
 def level_of(obj: Path) -> str:
     stem = obj.name.split(".")[0]
+    if stem.endswith("_amx"):
+        return "amx"
     if stem.endswith("_avx512"):
         return "avx512"
     if stem.endswith("_avx2"):
@@ -51,8 +54,14 @@ def level_of(obj: Path) -> str:
     return "baseline"
 
 
+_AMX = re.compile(r"^(ldtilecfg|sttilecfg|tileloadd|tileloaddt1|tilestored|tilezero|tilerelease"
+                  r"|tdp\w+)$|%tmm")
+
+
 def needed(mnemonic: str, operands: str) -> str:
     text = f"{mnemonic} {operands}"
+    if _AMX.search(mnemonic) or _AMX.search(operands):
+        return "amx"
     if _EVEX.search(mnemonic) or _EVEX.search(operands):
         return "avx512"
     if _VEX.search(mnemonic) or _VEX.search(text):

@@ -107,12 +107,14 @@ LC_API const char* lc_version(void);
 LC_API int32_t lc_abi_version(void);
 
 /* Build features as a static, comma-separated string: "cpu,scalar" and, on
- * x86-64, the SIMD kernel variants compiled in ("avx2,avx512"), then "cuda"
- * when the CUDA kernels are built, e.g. "cpu,scalar,avx2,avx512,cuda". Which
+ * x86-64, the SIMD kernel variants compiled in ("avx2,avx512,amx"), then "cuda"
+ * when the CUDA kernels are built, e.g. "cpu,scalar,avx2,avx512,amx,cuda". Which
  * CPU variant runs is chosen at run time: lc_cpu_isa(). */
 LC_API const char* lc_build_features(void);
 
-/* The widest CPU kernel variant this CPU runs among those built: "avx512"
+/* The widest CPU kernel variant this CPU runs among those built: "amx" (AVX-512
+ * plus the AMX tiles: AMX-TILE/BF16 in CPUID, the tile state in XCR0 and the
+ * kernel's permission, which the first call requests for the process), "avx512"
  * (AVX-512 F/BW/VL/DQ), "avx2" (AVX2 + FMA) or "scalar". Static string. */
 LC_API const char* lc_cpu_isa(void);
 
