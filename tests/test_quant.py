@@ -10,6 +10,7 @@ from typing import Any
 import llmcore
 import numpy as np
 import pytest
+import torch
 
 from actors import LLM, SamplingParams
 from actors.loader import load_model
@@ -19,7 +20,7 @@ from accuracy_helpers import accuracy, logits_of
 gguf = pytest.importorskip("gguf")
 
 TYPES = {"q8_0": 8, "q4_0": 2, "q4_1": 3}
-ISAS = ("scalar", "avx2", "avx512")
+ISAS = ("scalar", "avx2", "avx512", "amx")
 MiB = 1 << 20
 
 
@@ -39,10 +40,13 @@ def _rounding_bound(w: np.ndarray, x: np.ndarray, bits: int) -> np.ndarray:
     return (step / 2) @ np.abs(w).T
 
 
+_NEEDS = {"avx512": "AVX512_VNNI", "amx": "AMX-INT8 tiles the kernel lets this process use"}
+
+
 def _variant(isa: str) -> str:
     got = llmcore._C.set_linear_isa(isa)
     if got != isa:
-        pytest.skip(f"this CPU lacks {isa} ({'AVX512_VNNI' if isa == 'avx512' else isa.upper()})"
+        pytest.skip(f"this CPU lacks {isa} ({_NEEDS.get(isa, isa.upper())})"
                     f"; the linear kernels run {got} at most")
     return got
 
@@ -58,9 +62,11 @@ def restore_isa() -> Any:
 @pytest.mark.parametrize("bits", [16, 8])
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("qtype", sorted(TYPES))
-@pytest.mark.parametrize("m", [1, 3, 8, 64])
+@pytest.mark.parametrize("m", [1, 3, 8, 16, 37, 64])
 def test_kernel_matches_float64_reference(qtype: str, isa: str, m: int, bits: int,
-                                          restore_isa: Any) -> None:
+                                          restore_isa: Any, isa_record: Any) -> None:
+    """Every variant against float64 and bit for bit against scalar; amx runs its tiles from
+    16 rows on (below, the VNNI kernel)."""
     rng = np.random.default_rng(7)
     n, k = 200, 576
     raw, w = _blocks(qtype, rng.standard_normal((n, k)) * 0.05)
@@ -82,6 +88,36 @@ def test_kernel_matches_float64_reference(qtype: str, isa: str, m: int, bits: in
     llmcore._C.set_linear_isa("scalar")
     scalar = llmcore.linear(x, packed, bias, np.empty((m, n), np.float32))
     np.testing.assert_array_equal(got.astype(np.float32), scalar)  # same formula, same bits
+    if isa == "amx" and m >= 16:
+        isa_record.ran("linear", "amx")
+
+
+@pytest.mark.parametrize("bits", [16, 8])
+@pytest.mark.parametrize("qtype", sorted(TYPES))
+def test_a_row_does_not_depend_on_the_rows_beside_it(qtype: str, bits: int,
+                                                     restore_isa: Any) -> None:
+    """Batch invariance of the quantized kernels on this CPU's widest variant: each row of
+    products of 300, 64, 17 and 16 rows (the tile kernel where the CPU has AMX) equals the
+    same row multiplied alone (the VNNI kernel), bit for bit; so does every row of a K and
+    N that are not whole tiles' worth of panels."""
+    rng = np.random.default_rng(11)
+    for n, k in ((40, 96), (200, 576)):
+        raw, _ = _blocks(qtype, rng.standard_normal((n, k)) * 0.05)
+        packed = llmcore.PackedWeight.from_gguf(TYPES[qtype], raw, n, k)
+        assert llmcore._C.set_quant_activation_bits(bits) == bits
+        x = (rng.standard_normal((300, k)) * rng.uniform(0.1, 10, (300, 1))).astype(np.float32)
+        bias = rng.standard_normal(n).astype(np.float32)
+        alone = np.stack([llmcore.linear(x[i:i + 1], packed, bias, np.empty((1, n), np.float32))[0]
+                          for i in range(300)])
+        for m in (300, 64, 17, 16):
+            got = llmcore.linear(x[:m], packed, bias, np.empty((m, n), np.float32))
+            np.testing.assert_array_equal(got, alone[:m])
+        # bf16 outputs: each row the same rounding of the same fp32 values
+        xt = torch.from_numpy(x[:64])
+        got16 = llmcore.linear(xt, packed, None, torch.empty((64, n), dtype=torch.bfloat16))
+        for i in (0, 31, 63):
+            one = llmcore.linear(xt[i:i + 1], packed, None, torch.empty((1, n), dtype=torch.bfloat16))
+            assert torch.equal(one[0], got16[i])
 
 
 @pytest.mark.parametrize("qtype", sorted(TYPES))

@@ -146,7 +146,12 @@ void run_quant(const Job& job) {
     // the workers read this thread's buffer; each variant quantizes with its own ISA
     if (isa >= Isa::kAvx512 && vnni) {
         const QuantX qx = quantize(job, buf, bits, quantize_blocks_avx512);
-        k ? run_kquant_avx512(job, qx) : run_quant_avx512(job, qx);
+        if (k)
+            run_kquant_avx512(job, qx);
+        else if (isa == Isa::kAmx && job.M >= kAmxMinRows && amx_int8_usable())
+            run_quant_amx(job, qx);
+        else
+            run_quant_avx512(job, qx);
     } else if (isa >= Isa::kAvx2) {
         const QuantX qx = quantize(job, buf, bits, quantize_blocks_avx2);
         k ? run_kquant_avx2(job, qx) : run_quant_avx2(job, qx);

@@ -70,6 +70,10 @@ void quantize_blocks_avx512(const float* x, int64_t ldx, int64_t nb, int64_t i0,
 void run_quant_scalar(const Job& job, const QuantX& qx);
 void run_quant_avx2(const Job& job, const QuantX& qx);
 void run_quant_avx512(const Job& job, const QuantX& qx);  // AVX512_VNNI
+// AMX-INT8 tiles (Q8_0, Q4_0, Q4_1): the same bits as run_quant_avx512, faster from
+// kAmxMinRows rows on (linear_quant_amx.cpp).
+void run_quant_amx(const Job& job, const QuantX& qx);
+constexpr int64_t kAmxMinRows = 16;
 // The K family (weight_kquant.h): linear_kquant*.cpp.
 void run_kquant_scalar(const Job& job, const QuantX& qx);
 void run_kquant_avx2(const Job& job, const QuantX& qx);
