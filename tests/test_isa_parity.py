@@ -316,7 +316,7 @@ def linear_case(n: int, k: int, m: int, seed: int) -> tuple[torch.Tensor, ...]:
     return w, x, bias
 
 
-@pytest.mark.parametrize("isa", SIMD)
+@pytest.mark.parametrize("isa", [*SIMD, "amx"])
 @pytest.mark.parametrize("shape", sorted(LINEAR_SHAPES))
 @pytest.mark.parametrize("m", [1, 16, 37, 200])
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
@@ -324,11 +324,12 @@ def test_packed_linear_variant_matches_reference(isa: str, shape: str, m: int,
                                                  out_dtype: torch.dtype,
                                                  isa_record: Any) -> None:
     """Against float64 on the inputs each variant computes from: fp32 activations (scalar,
-    AVX2), activations rounded to bf16 (AVX512_BF16, at every M). Either way only fp32
+    AVX2), activations rounded to bf16 (AVX512_BF16 and the AMX tiles, at every M). Either way only fp32
     accumulation remains: within 1e-5 of sum |x| |w|."""
     with llmcore.isa.capped(isa, ("linear",)) as got_isa:
         if got_isa["linear"] != isa:
             why = ("this CPU lacks AVX512_BF16" if isa == "avx512"
+                   else "this CPU (or process) cannot use the AMX tiles" if isa == "amx"
                    else f"this CPU runs {llmcore.cpu_isa()} at most")
             isa_record.skipped("linear", isa, why)
             pytest.skip(f"linear {isa} not run: {why}")
@@ -337,7 +338,7 @@ def test_packed_linear_variant_matches_reference(isa: str, shape: str, m: int,
         packed = llmcore.PackedWeight(w)
         out = torch.empty(m, n, dtype=out_dtype)
         llmcore.linear(x, packed, bias, out)
-    xin = x.to(torch.bfloat16).double() if isa == "avx512" else x.double()
+    xin = x.to(torch.bfloat16).double() if isa in ("avx512", "amx") else x.double()
     want = xin @ w.double().T + bias.double()
     scale = xin.abs() @ w.double().abs().T + bias.double().abs()
     tol = 1e-5 * scale + 1e-6

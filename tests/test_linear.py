@@ -138,7 +138,7 @@ def test_isa_can_be_forced_to_scalar() -> None:
     from actors.loader.dtype import cpu_flags
 
     flags = cpu_flags()
-    best = ("avx512" if "avx512_bf16" in flags else
+    best = ("amx" if llmcore.cpu_isa() == "amx" else "avx512" if "avx512_bf16" in flags else
             "avx2" if {"avx2", "fma"} <= flags else "scalar")
     assert llmcore.linear_isa() == best
 
@@ -166,14 +166,14 @@ def test_model_with_bf16_weights_computes_in_fp32(kind: str, make_tiny_model: An
             got = bf(ids, pos, DenseCausalAttention(bf.attention_specs(), [5, 7]))
         assert got.dtype == torch.float32
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-        if llmcore.linear_isa() == "avx512":
+        if llmcore.linear_isa() in ("avx512", "amx"):
             got = bf(ids, pos, DenseCausalAttention(bf.attention_specs(), [5, 7]))
             assert (got - want).abs().max().item() <= 3e-2 and want.abs().max().item() > 1
 
 
 @pytest.mark.parametrize("isa", ["avx2", "scalar"])
 def test_packed_weight_matches_torch(isa: str) -> None:
-    """Packed panels (16 columns, k-major; bf16 interleaved) give x @ W^T for ragged N, every
+    """Packed panels (16 columns, k-major; bf16 in k pairs) give x @ W^T for ragged N, every
     row-block size of the microkernel, strided x, bias and a bf16 out."""
     with llmcore.isa.capped(isa, ("linear",)) as got_isa:
         if got_isa["linear"] != isa:

@@ -14,9 +14,9 @@ namespace lc::linear {
 
 namespace {
 
-// "avx512" is the AVX512_BF16 kernel for packed bf16 weights (linear.h), so a
-// CPU without AVX512_BF16 runs the AVX2 kernels at most.
-// LLMCORE_LINEAR_ISA=scalar|avx2 caps the choice.
+// "avx512" is the AVX512_BF16 kernel for packed bf16 weights and "amx" the tile
+// kernel (linear.h), so a CPU without AVX512_BF16 runs the AVX2 kernels at most.
+// LLMCORE_LINEAR_ISA=scalar|avx2|avx512 caps the choice.
 bool cpu_has_avx512_bf16() {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     __builtin_cpu_init();
@@ -97,7 +97,9 @@ void dispatch(const Job& job) {
     if (job.packed && job.packed->qtype) return run_quant(job);
     const Isa isa = current_isa();
     const bool avx2 = isa >= Isa::kAvx2;
-    if (job.packed && isa >= Isa::kAvx512 && job.packed->dtype == LC_DTYPE_BF16)
+    if (job.packed && isa == Isa::kAmx && job.packed->dtype == LC_DTYPE_BF16)
+        run_packed_bf16_amx(job);
+    else if (job.packed && isa >= Isa::kAvx512 && job.packed->dtype == LC_DTYPE_BF16)
         run_packed_bf16_avx512(job);
     else if (job.packed)
         avx2 ? run_packed_avx2(job) : run_packed_scalar(job);

@@ -65,6 +65,14 @@ void run_packed_avx2(const Job& job);
 // depends on how many rows share the call (batch invariance); at M = 1 it reads
 // W as fast as the AVX2 kernel (measured 0.9-1.2x), from M = 4 on it is faster.
 void run_packed_bf16_avx512(const Job& job);
+// Packed bf16 W on the AMX tiles (tdpbf16ps; isa kAmx, amx_usable()): the same
+// bf16 activations. tdpbf16ps does not round as vdpbf16ps does (most results
+// differ in the last bits), so where the tiles are usable this kernel serves
+// every M, decode included, and a row's result still never depends on M. The
+// price is decode: at M = 1-2 the mid-sized projections take ~1.6x the
+// vdpbf16ps kernel's time (tile loads stream fewer bytes per second), even at
+// M = 4, faster from 8 on (measurements in linear_bf16_amx.cpp).
+void run_packed_bf16_amx(const Job& job);
 
 // Runs a validated job (bias already fp32 or null) with the kernel the current
 // instruction set and the weight's format select; M, N > 0.

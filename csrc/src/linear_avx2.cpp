@@ -224,22 +224,33 @@ void run_typed(const Job& job) {
         run_large<WT>(job);
 }
 
-// ---- packed W (weight.h): panels [K][16], read in place -------------------------
-inline void load_row16(const float* p, __m256& b0, __m256& b1) {
-    b0 = _mm256_loadu_ps(p);
-    b1 = _mm256_loadu_ps(p + 8);
+// ---- packed W (weight.h): panels read in place ----------------------------------
+// Row k of a panel as columns 0-7 (b0) and 8-15 (b1) in fp32.
+inline void load_row16(const float* panel, int64_t k, __m256& b0, __m256& b1) {
+    b0 = _mm256_loadu_ps(panel + k * 16);
+    b1 = _mm256_loadu_ps(panel + k * 16 + 8);
 }
-// Interleaved bf16 row: slot 2j = column j, slot 2j+1 = column 8+j.
-inline void load_row16(const uint16_t* p, __m256& b0, __m256& b1) {
-    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    b0 = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
-    b1 = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(int(0xffff0000u))));
+// bf16 pair rows: each 32-bit lane holds (row 2kk, row 2kk+1) of one column, so
+// row k is the lanes shifted up (even k) or masked to their high halves (odd k).
+inline void load_row16(const uint16_t* panel, int64_t k, __m256& b0, __m256& b1) {
+    const uint16_t* p = panel + (k >> 1) * 32;
+    const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16));
+    if (k & 1) {
+        const __m256i hi = _mm256_set1_epi32(int(0xffff0000u));
+        b0 = _mm256_castsi256_ps(_mm256_and_si256(v0, hi));
+        b1 = _mm256_castsi256_ps(_mm256_and_si256(v1, hi));
+    } else {
+        b0 = _mm256_castsi256_ps(_mm256_slli_epi32(v0, 16));
+        b1 = _mm256_castsi256_ps(_mm256_slli_epi32(v1, 16));
+    }
 }
 
 // R x rows against one panel; streaming: prefetch the panel ahead (the first
 // pass over it, from memory). Few rows: two sets of accumulators over
 // alternating k (kSets = 2), so that FMA latency does not bound the memory
 // stream; with job.fixed_order every row takes one set, as 3 or more rows do.
+// The loop steps over k in pairs (s = 0, 1: a bf16 pair row), k + s into set s % kSets.
 template <int R, int kSets, class WT>
 void micro_packed(const Job& job, const WT* panel, int64_t m0, int64_t n0, int64_t nvalid,
                   bool streaming) {
@@ -256,26 +267,26 @@ void micro_packed(const Job& job, const WT* panel, int64_t m0, int64_t n0, int64
     const char* pf = reinterpret_cast<const char*>(panel) + kPrefetchBytes;
     constexpr int64_t kRowBytes = 16 * int64_t(sizeof(WT));
     int64_t k = 0;
-    for (; k + kSets <= K; k += kSets) {
+    for (; k + 2 <= K; k += 2) {
         if (streaming) {
             _mm_prefetch(pf + k * kRowBytes, _MM_HINT_T0);
-            if (kRowBytes * kSets > 64) _mm_prefetch(pf + k * kRowBytes + 64, _MM_HINT_T0);
+            if (kRowBytes * 2 > 64) _mm_prefetch(pf + k * kRowBytes + 64, _MM_HINT_T0);
         }
         LC_UNROLL
-        for (int s = 0; s < kSets; ++s) {
+        for (int s = 0; s < 2; ++s) {
             __m256 b0, b1;
-            load_row16(panel + (k + s) * 16, b0, b1);
+            load_row16(panel, k + s, b0, b1);
             LC_UNROLL
             for (int r = 0; r < R; ++r) {
                 const __m256 a = _mm256_broadcast_ss(xr[r] + k + s);
-                c0[s][r] = _mm256_fmadd_ps(a, b0, c0[s][r]);
-                c1[s][r] = _mm256_fmadd_ps(a, b1, c1[s][r]);
+                c0[s % kSets][r] = _mm256_fmadd_ps(a, b0, c0[s % kSets][r]);
+                c1[s % kSets][r] = _mm256_fmadd_ps(a, b1, c1[s % kSets][r]);
             }
         }
     }
-    for (; k < K; ++k) {
+    if (k < K) {
         __m256 b0, b1;
-        load_row16(panel + k * 16, b0, b1);
+        load_row16(panel, k, b0, b1);
         LC_UNROLL
         for (int r = 0; r < R; ++r) {
             const __m256 a = _mm256_broadcast_ss(xr[r] + k);
@@ -320,7 +331,7 @@ template <class WT>
 void run_packed_typed(const Job& job) {
     const lc_weight& w = *job.packed;
     const WT* base = static_cast<const WT*>(w.data);
-    const int64_t K = job.K, per_panel = K * kNR;
+    const int64_t K = job.K, per_panel = weight::rows(w) * kNR;
     constexpr int64_t kGroupBytes = 192 << 10;
     const int64_t group = std::max<int64_t>(
         1, kGroupBytes / std::max<int64_t>(1, per_panel * int64_t(sizeof(WT))));

@@ -4,12 +4,10 @@
 // vdpbf16ps multiplies pairs of bf16 and adds both products into an fp32 lane:
 // acc[c] += x[k] w[k][c] + x[k+1] w[k+1][c], 32 multiply-adds per instruction,
 // twice the fp32 FMA's rate. So the activations are rounded to bf16 once per
-// call (as a bf16 model's activations are), packed as (x[k], x[k+1]) pairs, and
-// each k-pair of a weight panel is reordered in registers into the same pairs
-// per column: the two panel rows k and k+1 are 64 contiguous bytes, and one
-// word permutation turns them into 16 lanes of (w[k][c], w[k+1][c]). The
-// packed layout stays the one every variant reads (weight.h), so a weight
-// packed once serves whichever kernel runs.
+// call (as a bf16 model's activations are), packed as (x[k], x[k+1]) pairs
+// (linear_bf16_pack.h), and each pair row of a weight panel is already 16 lanes
+// of (w[k][c], w[k+1][c]) (weight.h). The packed layout is the one every
+// variant reads, so a weight packed once serves whichever kernel runs.
 //
 // Work split and cache blocking as in the AVX2 packed kernel: each thread takes
 // a range of panels, visits them in L2-sized groups, and every block of kMR x
@@ -36,6 +34,8 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
+#include "linear_bf16_pack.h"
+
 namespace lc::linear {
 namespace {
 
@@ -43,21 +43,11 @@ constexpr int kNR = 16;  // columns per panel
 static_assert(kNR == weight::kPanel, "the packed kernels read weight.h's panels as kNR wide");
 constexpr int kMR = 10;  // x rows per microkernel
 
-// Word w of the result = word kPairIdx[w] of the two panel rows [k | k+1]: lane j
-// gets (row k, row k+1) of column j. Stored slot 2j holds column j, slot 2j+1
-// column 8 + j (weight.h), so column j < 8 is word 2j and column 8 + j word 2j + 1.
-alignas(64) constexpr uint16_t kPairIdx[32] = {
-    0,  16, 2,  18, 4,  20, 6,  22, 8,  24, 10, 26, 12, 28, 14, 30,
-    1,  17, 3,  19, 5,  21, 7,  23, 9,  25, 11, 27, 13, 29, 15, 31,
-};
-
-// The k-pair kk of a panel as 16 lanes of (w[2kk][c], w[2kk+1][c]). With an odd
-// K the last pair has no second row: it reads as zero (so do its activations).
-inline __m512i pair_row(const uint16_t* panel, int64_t kk, int64_t K, __m512i idx) {
-    const uint16_t* p = panel + 2 * kk * kNR;
-    const __m512i v = 2 * kk + 1 < K ? _mm512_loadu_si512(p)
-                                     : _mm512_maskz_loadu_epi16(0x0000ffffu, p);
-    return _mm512_permutexvar_epi16(idx, v);
+// The k-pair kk of a panel: 16 lanes of (w[2kk][c], w[2kk+1][c]), as stored
+// (weight.h; with an odd K the last pair's second row is zero, and so is its
+// activation).
+inline __m512i pair_row(const uint16_t* panel, int64_t kk) {
+    return _mm512_loadu_si512(panel + 2 * kk * kNR);
 }
 
 // Bytes a streaming pass prefetches ahead of its use in each panel.
@@ -68,8 +58,7 @@ constexpr int64_t kPrefetchBytes = 1024;
 template <int R, int P>
 void micro(const Job& job, const uint32_t* xb, int64_t K2, const uint16_t* panel, int64_t m0,
            int64_t n0, int64_t nvalid_last, bool streaming) {
-    const int64_t K = job.K, per_panel = K * kNR;
-    const __m512i idx = _mm512_load_si512(kPairIdx);
+    const int64_t per_panel = weight::rows(*job.packed) * kNR;
     __m512 acc[R][P];
     LC_UNROLL
     for (int r = 0; r < R; ++r)
@@ -84,7 +73,7 @@ void micro(const Job& job, const uint32_t* xb, int64_t K2, const uint16_t* panel
                 _mm_prefetch(pf + (p * per_panel + 2 * kk * kNR) * 2, _MM_HINT_T0);
         __m512i w[P];
         LC_UNROLL
-        for (int p = 0; p < P; ++p) w[p] = pair_row(panel + p * per_panel, kk, K, idx);
+        for (int p = 0; p < P; ++p) w[p] = pair_row(panel + p * per_panel, kk);
         LC_UNROLL
         for (int r = 0; r < R; ++r) {
             const __m512i a = _mm512_set1_epi32(int(xr[r * K2 + kk]));
@@ -131,39 +120,15 @@ void micro_rows(const Job& job, const uint32_t* xb, int64_t K2, const uint16_t* 
     }
 }
 
-// xb[m][kk] = (bf16(x[m][2kk]), bf16(x[m][2kk + 1])), round to nearest even;
-// a missing x[m][K] (odd K) is zero.
-void pack_activations(const Job& job, std::vector<uint32_t>& xb, int64_t K2) {
-    xb.resize(size_t(job.M * K2));
-    const int64_t K = job.K, K32 = K & ~int64_t(31);
-    parallel_for(job.M, std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(1, K)),
-                 [&](int64_t m0, int64_t m1) {
-        for (int64_t m = m0; m < m1; ++m) {
-            const float* x = job.x + m * job.ldx;
-            uint32_t* dst = xb.data() + m * K2;
-            int64_t k = 0;
-            for (; k < K32; k += 32) {
-                // cvtne2ps: the second operand fills the low 16 words.
-                const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + k + 16),
-                                                       _mm512_loadu_ps(x + k));
-                _mm512_storeu_si512(dst + k / 2, (__m512i)h);
-            }
-            for (; k < K; k += 2) {
-                const float lo = x[k], hi = k + 1 < K ? x[k + 1] : 0.0f;
-                dst[k / 2] = uint32_t(f32_to_bf16(lo)) | uint32_t(f32_to_bf16(hi)) << 16;
-            }
-        }
-    });
-}
-
 }  // namespace
 
 void run_packed_bf16_avx512(const Job& job) {
     const lc_weight& w = *job.packed;
     const uint16_t* base = static_cast<const uint16_t*>(w.data);
-    const int64_t K = job.K, K2 = (K + 1) / 2, per_panel = K * kNR;
+    const int64_t K = job.K, K2 = (K + 1) / 2, per_panel = weight::rows(w) * kNR;
     thread_local std::vector<uint32_t> xb_buf;
-    pack_activations(job, xb_buf, K2);
+    xb_buf.resize(size_t(job.M * K2));
+    pack_bf16_pairs(job, xb_buf.data(), K2, job.M);
     const uint32_t* xb = xb_buf.data();  // the workers read this thread's buffer
     constexpr int64_t kGroupBytes = 192 << 10;
     // Groups of an even number of panels, so that pairs never straddle two groups.

@@ -43,7 +43,7 @@ void check_matrix(const lc_tensor* t, const char* what) {
 }  // namespace
 
 using lc::weight::kPanel;
-using lc::weight::slot;
+using lc::weight::offset;
 
 extern "C" lc_status lc_weight_pack(const lc_tensor* w, lc_weight** out) {
     return lc::guard([&] {
@@ -57,7 +57,8 @@ extern "C" lc_status lc_weight_pack(const lc_tensor* w, lc_weight** out) {
         pw->dtype = w->dtype;
         pw->panels = (N + kPanel - 1) / kPanel;
         const size_t elem = lc::dtype_size(w->dtype);
-        pw->bytes = size_t(pw->panels) * size_t(K) * kPanel * elem;
+        const int64_t R = lc::weight::rows(w->dtype, K);  // stored rows per panel (>= K)
+        pw->bytes = size_t(pw->panels) * size_t(R) * kPanel * elem;
         try {
             pw->data = lc::weight::alloc_memory(std::max<size_t>(pw->bytes, 64));
         } catch (...) {
@@ -70,14 +71,14 @@ extern "C" lc_status lc_weight_pack(const lc_tensor* w, lc_weight** out) {
             for (int64_t p = p0; p < p1; ++p) {
                 for (int c = 0; c < kPanel; ++c) {
                     const int64_t n = p * kPanel + c;
-                    const int s = slot(pw->dtype, c);
                     const char* src = static_cast<const char*>(w->data) + n * w->strides[0] * int64_t(elem);
                     if (elem == 2) {
-                        uint16_t* dst = static_cast<uint16_t*>(pw->data) + p * K * kPanel + s;
+                        uint16_t* dst = static_cast<uint16_t*>(pw->data) + offset(w->dtype, R, n, 0);
                         const uint16_t* row = reinterpret_cast<const uint16_t*>(src);
-                        for (int64_t k = 0; k < K; ++k) dst[k * kPanel] = n < N ? row[k] : 0;
+                        for (int64_t k = 0; k < R; ++k)
+                            dst[(k / 2) * 2 * kPanel + (k & 1)] = n < N && k < K ? row[k] : 0;
                     } else {
-                        float* dst = static_cast<float*>(pw->data) + p * K * kPanel + s;
+                        float* dst = static_cast<float*>(pw->data) + offset(w->dtype, R, n, 0);
                         const float* row = reinterpret_cast<const float*>(src);
                         for (int64_t k = 0; k < K; ++k) dst[k * kPanel] = n < N ? row[k] : 0.0f;
                     }
@@ -146,13 +147,13 @@ extern "C" lc_status lc_weight_rows(const lc_weight* w, const int64_t* rows, int
         }
         lc::parallel_for(count, std::max<int64_t>(1, 8192 / std::max<int64_t>(1, K)),
                          [&](int64_t b, int64_t e) {
+            const int64_t R = lc::weight::rows(*w);
             for (int64_t i = b; i < e; ++i) {
-                const int64_t n = rows[i], p = n / kPanel;
-                const int s = slot(w->dtype, int(n % kPanel));
+                const int64_t n = rows[i];
                 char* o = static_cast<char*>(out->data) +
                           i * out->strides[0] * int64_t(lc::dtype_size(out->dtype));
                 for (int64_t k = 0; k < K; ++k) {
-                    const int64_t off = (p * K + k) * kPanel + s;
+                    const int64_t off = offset(w->dtype, R, n, k);
                     if (w->dtype == LC_DTYPE_BF16 && out->dtype == LC_DTYPE_BF16) {
                         reinterpret_cast<uint16_t*>(o)[k] = static_cast<const uint16_t*>(w->data)[off];
                         continue;
