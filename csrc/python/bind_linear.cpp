@@ -15,7 +15,14 @@ namespace lcpy {
 namespace {
 
 py::object linear(const py::handle& x, const py::handle& weight, const py::handle& bias,
-                  const py::object& out) {
+                  const py::object& out, const std::string& kernel) {
+    int32_t k = LC_LINEAR_KERNEL_AUTO;
+    if (kernel == "dot")
+        k = LC_LINEAR_KERNEL_DOT;
+    else if (kernel == "tiles")
+        k = LC_LINEAR_KERNEL_TILES;
+    else if (kernel != "auto")
+        throw py::value_error("kernel must be 'auto', 'dot' or 'tiles', not '" + kernel + "'");
     if (out.is_none())
         throw py::value_error("out is required (llmcore.linear allocates it for torch tensors)");
     Borrowed bx = borrow(x, "x"), bo = borrow(out, "out");
@@ -23,7 +30,7 @@ py::object linear(const py::handle& x, const py::handle& weight, const py::handl
     if (py::isinstance<PackedWeight>(weight)) {
         const lc_weight* pw = weight.cast<const PackedWeight&>().get();
         call_nogil([&] {
-            return lc_linear_packed(bx.view(), pw, bb.view_or_null(), bo.view(), nullptr);
+            return lc_linear_packed_kernel(bx.view(), pw, bb.view_or_null(), bo.view(), k, nullptr);
         });
         return out;
     }
@@ -75,14 +82,17 @@ rows() dequantizes exactly as gguf-py does.)doc")
         },
         "ggml type number -> name ('q4_k', ...) of the GGUF types PackedWeight.from_gguf keeps.");
     m.def("linear", &linear, py::arg("x"), py::arg("weight"), py::arg("bias") = py::none(),
-          py::arg("out") = py::none(),
+          py::arg("out") = py::none(), py::arg("kernel") = "auto",
           R"doc(out = x @ weight^T (+ bias), computed in fp32, written into out and returned.
 
 x: [M, K] float32 (unit last stride); weight: a PackedWeight, or [N, K]
 bfloat16 or float32, contiguous (bf16 is widened in registers: half the bytes read of fp32);
 bias: [N] float32/bfloat16 or None; out: [M, N] float32 or bfloat16 (unit last
-stride, not overlapping the inputs), required here. CPU tensors only (CUDA:
-NotImplementedError). Raises ValueError for inconsistent shapes or dtypes.)doc");
+stride, not overlapping the inputs), required here. kernel ('auto', 'dot' or
+'tiles'; packed weights): the kernel family for a packed bf16 weight where the
+CPU has two (lc_linear_kernel: 'dot' for decode rows, 'tiles' for prompt rows).
+CPU tensors only (CUDA: NotImplementedError). Raises ValueError for inconsistent
+shapes or dtypes.)doc");
     m.def(
         "set_linear_isa",
         [](const std::string& name) {

@@ -97,7 +97,8 @@ void dispatch(const Job& job) {
     if (job.packed && job.packed->qtype) return run_quant(job);
     const Isa isa = current_isa();
     const bool avx2 = isa >= Isa::kAvx2;
-    if (job.packed && isa == Isa::kAmx && job.packed->dtype == LC_DTYPE_BF16)
+    if (job.packed && isa == Isa::kAmx && job.packed->dtype == LC_DTYPE_BF16 &&
+        job.kernel != LC_LINEAR_KERNEL_DOT)
         run_packed_bf16_amx(job);
     else if (job.packed && isa >= Isa::kAvx512 && job.packed->dtype == LC_DTYPE_BF16)
         run_packed_bf16_avx512(job);
@@ -167,6 +168,12 @@ extern "C" lc_status lc_linear(const lc_tensor* x, const lc_tensor* weight, cons
 
 extern "C" lc_status lc_linear_packed(const lc_tensor* x, const lc_weight* weight,
                                       const lc_tensor* bias, const lc_tensor* out, void* stream) {
+    return lc_linear_packed_kernel(x, weight, bias, out, LC_LINEAR_KERNEL_AUTO, stream);
+}
+
+extern "C" lc_status lc_linear_packed_kernel(const lc_tensor* x, const lc_weight* weight,
+                                             const lc_tensor* bias, const lc_tensor* out,
+                                             int32_t kernel, void* stream) {
     return lc::guard([&] {
         using namespace lc;
         using namespace lc::linear;
@@ -176,8 +183,12 @@ extern "C" lc_status lc_linear_packed(const lc_tensor* x, const lc_weight* weigh
                                               std::to_string(weight->n) + ", " +
                                               std::to_string(weight->k) + "]");
         validate_io(x, weight->n, weight->k, bias, out);
+        require(kernel == LC_LINEAR_KERNEL_AUTO || kernel == LC_LINEAR_KERNEL_DOT ||
+                    kernel == LC_LINEAR_KERNEL_TILES,
+                "kernel must be LC_LINEAR_KERNEL_AUTO, _DOT or _TILES, got " + std::to_string(kernel));
         Job job = job_for(x, out);
         job.packed = weight;
+        job.kernel = kernel;
         job.w = weight->data;
         job.w_dtype = weight->dtype;
         job.N = weight->n;

@@ -49,6 +49,7 @@ struct Job {
     // batch). Only the AVX2 packed kernel splits the sum of 1-2 rows otherwise; the
     // other kernels always do.
     bool fixed_order;
+    int32_t kernel;  // lc_linear_kernel: which family a packed bf16 W runs where there are two
 };
 
 using Isa = lc::Isa;

@@ -417,6 +417,32 @@ LC_API lc_status lc_linear_packed(const lc_tensor* x, const lc_weight* weight,
                                   const lc_tensor* bias, const lc_tensor* out, void* stream);
 
 /*
+ * Which kernel family multiplies a packed bf16 weight, where the CPU has two
+ * whose roundings differ (AMX: the tiles' tdpbf16ps and AVX512_BF16's
+ * vdpbf16ps add a pair of products differently). Each family gives a row the
+ * same result whatever M is, so a caller that always sends the same rows to
+ * the same family gets results that do not depend on the batch; a server sends
+ * the rows of generated tokens (decode: one row per sequence, bound by the
+ * weight's bytes) to LC_LINEAR_KERNEL_DOT and prompt rows (compute-bound) to
+ * LC_LINEAR_KERNEL_TILES. LC_LINEAR_KERNEL_AUTO is lc_linear_packed's choice:
+ * the tiles where usable, at every M. Quantized and fp32 weights have one
+ * family (the AMX-INT8 tiles give the VNNI kernel's bits), so the choice does
+ * not change their results; on a CPU without the tiles every value runs the
+ * dot kernels.
+ * lc_linear_packed_kernel: lc_linear_packed with that choice; any other value
+ * is LC_ERR_INVALID_ARGUMENT.
+ */
+typedef enum lc_linear_kernel {
+    LC_LINEAR_KERNEL_AUTO = 0,
+    LC_LINEAR_KERNEL_DOT = 1,
+    LC_LINEAR_KERNEL_TILES = 2
+} lc_linear_kernel;
+
+LC_API lc_status lc_linear_packed_kernel(const lc_tensor* x, const lc_weight* weight,
+                                         const lc_tensor* bias, const lc_tensor* out,
+                                         int32_t kernel, void* stream);
+
+/*
  * Quantized packed weights: a GGUF matrix kept in its own block format, so a
  * decode step reads 4.5-8.5 bits per weight instead of 16.
  *
