@@ -17,10 +17,12 @@ its floor is the time to stream those matrices once. This script
      the LM head, the norm weights, one embedding row, and the KV cache at the median
      context (a sliding-window layer reads at most its window).
 The bandwidth samples and the decode runs alternate (--repeats of each) so both see the
-same load from other processes; the machine's load average is recorded too.
+same load from other processes; the machine's load average is recorded too. --breakdown
+then splits a decode step by core call (scripts/profile_step.py's timers), each with the
+bytes it reads and the rate that makes, and the Python between them.
 
     python scripts/bench_decode_bw.py [--model gemma-3-270m] [--tokens 128] [--repeats 5]
-        [--threads N] [--out FILE]
+        [--threads N] [--linear-routing on|off] [--breakdown] [--out FILE]
 
 Prints one JSON document (also written to --out); progress on stderr.
 """
@@ -29,18 +31,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import mmap
 import os
-import platform
-import re
 import statistics
-import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from membw import Bandwidth, cpu_info  # noqa: E402  (a sibling script module)
+from profile_step import Timers, instrument  # noqa: E402
 
 TARGET = 0.6  # the share of the copy bandwidth a decode step should reach
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
@@ -48,84 +49,6 @@ PROMPT = "Write a short story about a lighthouse keeper who finds a message in a
 
 def log(msg: str) -> None:
     print(f"[bench_decode_bw] {msg}", file=sys.stderr, flush=True)
-
-
-# ------------------------------------------------------------------------ the machine
-
-def cpu_info(threads: int) -> dict[str, Any]:
-    """lscpu's model name, caches and the AVX-512 / AMX flags (from /proc/cpuinfo)."""
-    info: dict[str, Any] = {"threads": threads, "logical_cpus": os.cpu_count(),
-                            "machine": platform.machine()}
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        out = ""
-    fields = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
-    for key, name in (("Model name", "model_name"), ("L2 cache", "l2_cache"),
-                      ("L3 cache", "l3_cache")):
-        if key in fields:
-            info[name] = fields[key].strip()
-    flags: set[str] = set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, val = line.partition(":")
-                key = key.strip()
-                if key == "flags" and not flags:
-                    flags = set(val.split())
-                elif key in ("cpu family", "model", "stepping") and key not in info:
-                    info[key.replace(" ", "_")] = int(val)
-    except OSError:
-        pass
-    info["isa_flags"] = sorted(f for f in flags if re.match(r"(avx512|amx)", f))
-    return info
-
-
-def huge_buffer(nbytes: int) -> tuple[mmap.mmap, np.ndarray]:
-    """A float32 buffer in anonymous memory advised into huge pages, every page written."""
-    m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        m.madvise(mmap.MADV_HUGEPAGE)
-    a = np.frombuffer(m, dtype=np.float32)
-    a.fill(1.0)
-    return m, a
-
-
-class Bandwidth:
-    """Copy and read bandwidth of one buffer size, split over ``threads`` Python threads
-    (np.copyto and np.dot release the GIL), each pass timed end to end."""
-
-    def __init__(self, nbytes: int, threads: int, copy: bool = True) -> None:
-        self.nbytes = nbytes
-        self.pool = ThreadPoolExecutor(threads)
-        self.threads = threads
-        self._src = huge_buffer(nbytes)
-        self._dst = huge_buffer(nbytes) if copy else None
-        self.src = np.array_split(self._src[1], threads)
-        self.dst = np.array_split(self._dst[1], threads) if self._dst else None
-
-    def _pass(self, fn: Any) -> float:
-        t = time.perf_counter()
-        list(self.pool.map(fn, range(self.threads)))
-        return time.perf_counter() - t
-
-    def copy_gb_s(self, passes: int) -> float:
-        """Bytes read + written per second (STREAM's copy), best of ``passes``."""
-        assert self.dst is not None
-        dst, src = self.dst, self.src
-        return 2 * self.nbytes / min(self._pass(lambda i: np.copyto(dst[i], src[i]))
-                                     for _ in range(passes)) / 1e9
-
-    def read_gb_s(self, passes: int) -> float:
-        """Bytes read per second by a dot product of the buffer with itself."""
-        src = self.src
-        return self.nbytes / min(self._pass(lambda i: np.dot(src[i], src[i]))
-                                 for _ in range(passes)) / 1e9
-
-    def close(self) -> None:
-        """Stops the threads; the buffers go with the last reference to them."""
-        self.pool.shutdown()
-        self.src = self.dst = self._src = self._dst = None  # type: ignore[assignment]
 
 
 # ------------------------------------------------------------------------ bytes per step
@@ -164,7 +87,8 @@ def routes_m1(model: Any) -> dict[str, str]:
 
 
 def step_bytes(eng: Any, context: float) -> dict[str, Any]:
-    """What one decode step reads, by part, at ``context`` tokens of KV cache."""
+    """What one decode step reads, by kind and by the operation that reads it (named as
+    profile_step names them), at ``context`` tokens of KV cache."""
     import torch
 
     model, mc = eng.runner.model, eng.model_config
@@ -173,11 +97,13 @@ def step_bytes(eng: Any, context: float) -> dict[str, Any]:
     if not model.native:
         sys.exit("the model does not run the packed CPU forward pass (native); not modelled")
     plan = model.native_plan(1)
-    mats = norms = 0
+    ops = dict.fromkeys(("linear.qkv_proj", "linear.o_proj", "linear.gate_up_proj",
+                         "linear.down_proj"), 0)
+    biases = norms = 0
     for lp in plan.layers:
-        for m in (lp.qkv, lp.o, lp.gate_up, lp.down):
-            mats += _read_at_m1(model, m[1])
-            norms += 0 if m[2] is None else _nbytes(m[2])  # fp32 bias
+        for name, m in zip(ops, (lp.qkv, lp.o, lp.gate_up, lp.down)):
+            ops[name] += _read_at_m1(model, m[1])
+            biases += 0 if m[2] is None else _nbytes(m[2])  # fp32
         for t in (lp.in_norm, lp.q_norm, lp.k_norm, *lp.after_attn, *lp.after_mlp):
             norms += 0 if t is None else _nbytes(t)
     norms += _nbytes(plan.final_norm)
@@ -185,15 +111,16 @@ def step_bytes(eng: Any, context: float) -> dict[str, Any]:
     if head is None:  # an unpacked head (torch tensor)
         head = (model.lm_head.weight if model.lm_head is not None
                 else model.model.embed_tokens.weight)
-    head_bytes = _read_at_m1(model, head)
     emb = model._tied_packed
     emb_bytes = _nbytes(emb if emb is not None else model.model.embed_tokens.weight)
     kv_elem = torch.empty((), dtype=eng.kv_cache_dtype).element_size()
-    kv = sum(2 * min(context, w or context) * mc.num_kv_heads * mc.head_dim * kv_elem
-             for w in mc.sliding_windows)
-    parts = {"matrices": mats, "lm_head": head_bytes, "norms_and_biases": norms,
-             "embedding_row": emb_bytes // mc.vocab_size, "kv_cache": int(kv)}
-    return {**parts, "total": sum(parts.values())}
+    kv = int(sum(2 * min(context, w or context) * mc.num_kv_heads * mc.head_dim * kv_elem
+                 for w in mc.sliding_windows))
+    ops.update({"lm_head": _read_at_m1(model, head), "attention.paged": kv, "rms_norm": norms})
+    kinds = {"matrices": sum(ops[k] for k in ops if k.startswith("linear.")) + biases,
+             "lm_head": ops["lm_head"], "norms": norms,
+             "embedding_row": emb_bytes // mc.vocab_size, "kv_cache": kv}
+    return {**kinds, "total": sum(kinds.values()), "by_op": ops}
 
 
 # ------------------------------------------------------------------------ decode
@@ -232,6 +159,56 @@ def decode_run(llm: Any, prompt: list[int], tokens: int) -> dict[str, Any]:
             "step_s": statistics.median(own[1:]), "tokens": out[0].outputs[0].token_ids}
 
 
+def _wrapper_cost_s(timers_cls: Any, calls: int = 20000) -> float:
+    """Seconds one timing wrapper adds to a call (a wrapped no-op against the bare one)."""
+    timers = timers_cls()
+    bare = lambda *a: None
+    wrapped = timers.wrap(bare, "x")
+    timers.on = True
+    cost = []
+    for fn in (bare, wrapped):
+        t = time.perf_counter()
+        for _ in range(calls):
+            fn(1, 2, 3, 4)
+        cost.append(time.perf_counter() - t)
+    return max(0.0, cost[1] - cost[0]) / calls
+
+
+def breakdown(llm: Any, prompt: list[int], tokens: int, by_op: dict[str, int]) -> dict[str, Any]:
+    """Where a decode step's time goes: each core call timed (profile_step's wrappers) over
+    one more generation, per step, with the bytes each operation reads and the rate that
+    makes; "other" is the step's time the calls do not cover, less the wrappers' own cost:
+    the Python around them (scheduler, inputs, sampling glue, the forward's plumbing) and
+    torch's ops between them."""
+    from actors import SamplingParams
+
+    eng = llm.engine
+    timers = instrument(eng)
+    eng.add_request("breakdown", prompt, SamplingParams(max_tokens=tokens, temperature=0,
+                                                        ignore_eos=True))
+    eng.step()  # prefill
+    timers.on = True
+    t = time.perf_counter()
+    while eng.has_unfinished():
+        eng.step()
+    step = (time.perf_counter() - t) / (tokens - 1)
+    timers.on = False
+    ms = {k: v / (tokens - 1) * 1e3 for k, v in timers.total.items()}
+    calls = sum(timers.calls.values()) // (tokens - 1)
+    wrappers_ms = calls * _wrapper_cost_s(Timers) * 1e3
+    ops = {}
+    for name, v in sorted(ms.items(), key=lambda kv: -kv[1]):
+        row: dict[str, Any] = {"ms": round(v, 3), "share": round(v / 1e3 / step, 3),
+                               "calls": timers.calls[name] // (tokens - 1)}
+        if by_op.get(name):
+            row["bytes"] = by_op[name]
+            row["gb_s"] = round(by_op[name] / v / 1e6, 2)
+        ops[name] = row
+    return {"wrapped_step_ms": round(step * 1e3, 3), "calls_per_step": calls,
+            "wrappers_ms_est": round(wrappers_ms, 3),
+            "other_ms": round(step * 1e3 - sum(ms.values()) - wrappers_ms, 3), "ops": ops}
+
+
 # ------------------------------------------------------------------------ main
 
 def main() -> None:
@@ -243,6 +220,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None, help="engine threads (default: all)")
     ap.add_argument("--bw-mib", type=int, default=1024, help="bandwidth buffer size, MiB")
     ap.add_argument("--passes", type=int, default=3, help="bandwidth passes per sample (best)")
+    ap.add_argument("--linear-routing", default="on", choices=["on", "off"],
+                    help="as the server's: time the core against torch per shape at load")
+    ap.add_argument("--breakdown", action="store_true", help="then time each core call "
+                    "over one more generation (scripts/profile_step.py's wrappers)")
     ap.add_argument("--out", default=None, help="also write the JSON here")
     args = ap.parse_args()
     if args.tokens < 3 or args.repeats < 1:
@@ -255,7 +236,7 @@ def main() -> None:
     load0 = os.getloadavg()
     log(f"loading {args.model or 'the default model'}")
     llm = LLM(args.model, quantization="auto", num_threads=args.threads, max_model_len=2048,
-              kv_cache_memory=256 << 20)
+              kv_cache_memory=256 << 20, linear_routing=args.linear_routing == "on")
     eng = llm.engine
     threads = llmcore.get_num_threads()
     assert threads == torch.get_num_threads()
@@ -326,6 +307,9 @@ def main() -> None:
         "target_ratio_to_copy": TARGET,
         "meets_target": bool(achieved / statistics.median(copy) >= TARGET),
     }
+    if args.breakdown:
+        time.sleep(0.3)
+        out["breakdown"] = breakdown(llm, prompt, args.tokens, nbytes["by_op"])
     text = json.dumps(out, indent=2)
     print(text)
     if args.out:
