@@ -4,7 +4,7 @@ its time, against this machine's memory bandwidth measured in the same run.
 A decode step at concurrency 1 multiplies one row of activations by every weight matrix, so
 its floor is the time to stream those matrices once. This script
   1. measures the copy bandwidth (STREAM "copy": read + write bytes) and the read bandwidth
-     (a dot product of a buffer with itself, BLAS, one read) of a buffer far above the
+     (a SIMD maximum over a buffer, one read) of a buffer far above the
      caches (--bw-mib, 1 GiB by default), and the read bandwidth of a buffer the size of
      one step's weights (what a decode sees if the last-level cache holds part of them),
      with the thread count the engine runs (each thread its own slice; numpy releases the
