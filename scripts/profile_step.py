@@ -45,6 +45,48 @@ class Timers:
         return timed
 
 
+def instrument(eng: Any) -> Timers:
+    """Wraps the core's entry points with ``Timers`` (off until ``timers.on``), each linear
+    named by its projection, and makes the engine's forward pass take the wrapped ones."""
+    import llmcore
+
+    timers = Timers()
+    c = llmcore._C
+    mc = eng.model_config
+    # a fused matrix kept as parts of mixed formats (PackedParts) runs one product per part
+    shapes = {mc.q_size + 2 * mc.kv_size: "qkv_proj", mc.hidden_size: "o_or_down_proj",
+              2 * mc.intermediate_size: "gate_up_proj", mc.q_size: "qkv_proj",
+              mc.kv_size: "qkv_proj", mc.intermediate_size: "gate_up_proj"}
+
+    def lin_name(x: Any, w: Any, *rest: Any) -> str:
+        n = w.shape[0]
+        if n == mc.vocab_size:
+            return "lm_head"
+        if n == mc.hidden_size:
+            return "linear.o_proj" if x.shape[1] == mc.q_size else "linear.down_proj"
+        return "linear." + shapes.get(n, f"n{n}")
+
+    c.linear = timers.wrap(c.linear, lin_name)
+    # A shape the load-time routing sent to torch (actors.models.linear_routing) runs there
+    # instead, under the same name: the split is by projection, whichever kernel ran it.
+    from actors.models import linear_routing
+
+    linear_routing.torch_linear = timers.wrap(linear_routing.torch_linear, lin_name)
+    c.rms_norm = timers.wrap(c.rms_norm, "rms_norm")
+    c.rope = timers.wrap(c.rope, "rope")
+    c.silu_mul = timers.wrap(c.silu_mul, "silu_mul")
+    llmcore.kv_store = timers.wrap(llmcore.kv_store, "attention.kv_store")
+    llmcore.paged_attention = timers.wrap(llmcore.paged_attention, "attention.paged")
+    llmcore.AttentionPlan = timers.wrap(llmcore.AttentionPlan, "attention.plan")
+    llmcore.sample = timers.wrap(llmcore.sample, "sampling")
+    # The forward's per-layer plan holds the kernels it found at the first step: rebuilt,
+    # it takes the wrapped ones.
+    forget = getattr(eng.runner.model, "forget_plan", None)
+    if forget is not None:
+        forget()
+    return timers
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None)
@@ -94,40 +136,7 @@ def main() -> None:
         plain.append(time.perf_counter() - t)
     faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0) / args.steps
 
-    timers = Timers()
-    c = llmcore._C
-    mc = eng.model_config
-    # a fused matrix kept as parts of mixed formats (PackedParts) runs one product per part
-    shapes = {mc.q_size + 2 * mc.kv_size: "qkv_proj", mc.hidden_size: "o_or_down_proj",
-              2 * mc.intermediate_size: "gate_up_proj", mc.q_size: "qkv_proj",
-              mc.kv_size: "qkv_proj", mc.intermediate_size: "gate_up_proj"}
-
-    def lin_name(x: Any, w: Any, *rest: Any) -> str:
-        n = w.shape[0]
-        if n == mc.vocab_size:
-            return "lm_head"
-        if n == mc.hidden_size:
-            return "linear.o_proj" if x.shape[1] == mc.q_size else "linear.down_proj"
-        return "linear." + shapes.get(n, f"n{n}")
-
-    c.linear = timers.wrap(c.linear, lin_name)
-    # A shape the load-time routing sent to torch (actors.models.linear_routing) runs there
-    # instead, under the same name: the split is by projection, whichever kernel ran it.
-    from actors.models import linear_routing
-
-    linear_routing.torch_linear = timers.wrap(linear_routing.torch_linear, lin_name)
-    c.rms_norm = timers.wrap(c.rms_norm, "rms_norm")
-    c.rope = timers.wrap(c.rope, "rope")
-    c.silu_mul = timers.wrap(c.silu_mul, "silu_mul")
-    llmcore.kv_store = timers.wrap(llmcore.kv_store, "attention.kv_store")
-    llmcore.paged_attention = timers.wrap(llmcore.paged_attention, "attention.paged")
-    llmcore.AttentionPlan = timers.wrap(llmcore.AttentionPlan, "attention.plan")
-    llmcore.sample = timers.wrap(llmcore.sample, "sampling")
-    # The forward's per-layer plan holds the kernels it found at the first step: rebuilt,
-    # it takes the wrapped ones.
-    forget = getattr(eng.runner.model, "forget_plan", None)
-    if forget is not None:
-        forget()
+    timers = instrument(eng)
 
     wrapped = []
     timers.on = True

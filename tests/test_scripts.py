@@ -92,6 +92,30 @@ def test_profile_step_smoke() -> None:
     assert out["calls_per_step"] >= 10 * 30  # ten native calls per layer of the default model
 
 
+def test_bench_decode_bw_smoke() -> None:
+    out = run_json(str(SCRIPTS / "bench_decode_bw.py"), "--tokens", "4", "--repeats", "1",
+                   "--bw-mib", "16", "--passes", "1", "--linear-routing", "off", "--breakdown")
+    b, d = out["bytes_per_step"], out["decode"]
+    # The default model: 30 layers of Q4_1 matrices (20 bytes per 32 weights), the tied
+    # 49152 x 576 embedding as the LM head in Q8_0 (34 bytes per 32), a bf16 KV cache of
+    # 3 KV heads x 64 at the median context, one Q8_0 row looked up.
+    per_layer = (960 * 576 + 576 * 576 + 3072 * 576 + 576 * 1536) // 32 * 20
+    assert b["matrices"] == 30 * per_layer
+    assert b["lm_head"] == 49152 * 576 // 32 * 34 and b["embedding_row"] == 576 // 32 * 34
+    assert b["kv_cache"] == 30 * 2 * d["context_tokens_median"] * 3 * 64 * 2
+    assert b["total"] == sum(b[k] for k in ("matrices", "lm_head", "norms", "embedding_row",
+                                            "kv_cache"))
+    assert out["routes_m1"] == {}  # routing off: every product on the core's own kernel
+    achieved = b["total"] / d["inter_token_ms_median"] / 1e6
+    assert out["achieved_gb_s"] == pytest.approx(achieved, rel=0.01)
+    assert out["ratio_to_copy"] == pytest.approx(
+        out["achieved_gb_s"] / out["bandwidth"]["copy_gb_s"], rel=0.02)
+    assert out["cpu"]["threads"] == out["bandwidth"]["threads"] >= 1
+    ops = out["breakdown"]["ops"]
+    for name in ("lm_head", "linear.gate_up_proj", "attention.paged"):
+        assert ops[name]["bytes"] == b["by_op"][name] and ops[name]["gb_s"] > 0, name
+
+
 def test_gpu_check_script_parses() -> None:
     subprocess.run(["bash", "-n", str(SCRIPTS / "gpu_check.sh")], check=True)
 

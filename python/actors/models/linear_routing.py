@@ -13,7 +13,12 @@ core keeps) races its quantized kernel against the core's bf16 kernel on a bf16 
 and wins the memory-bound small M; the bf16 kernel (AVX512_BF16's dot products where the
 CPU has them) wins prefill and big batches, and there the product is exactly the bf16
 path's (the same bf16 matrix the unquantized load makes). The copy costs 2 bytes a weight
-beside the quantized one, for the shapes it wins somewhere. Every entry the budget did not
+beside the quantized one, for the shapes it wins somewhere. M = 1 is not raced for a
+quantized matrix: a single-sequence decode step streams every matrix once, the copy reads
+2-3.5x the bytes, and the race (one matrix, hot in cache, on a machine that may be busy)
+cannot see that; timed under load it sent small shapes to torch, and a step that hands the
+cores between torch's threads and the core's dozens of times ran 2-4x slower
+(scripts/bench_decode_bw.py). Every entry the budget did not
 reach stays on the core's own kernel, and so does a bf16 matrix on a CPU without native
 bf16 arithmetic (AVX512_BF16, AMX): there torch would round the fp32 activations to bf16,
 a loss the core's widening kernel does not have, and its speed swings with the machine's
@@ -163,7 +168,8 @@ def _time(fn: Callable[[], Any]) -> float:
 def measure(matrices: list[llmcore.PackedWeight], budget_s: float | None = None,
             force: str | None = None, fast_bf16: bool | None = None) -> RoutingTable:
     """Times the core against torch for each distinct (shape, format) among ``matrices`` at
-    every bucket, cheapest products first, until ``budget_s`` is spent (default
+    every bucket (a quantized one's M = 1 stays on its own kernel, untimed: see the module
+    doc), cheapest products first, until ``budget_s`` is spent (default
     DEFAULT_BUDGET_S, QUANT_BUDGET_S when quantized matrices race); a product whose
     predicted cost (from the same shape's smaller bucket) would overrun it is skipped.
 
@@ -197,7 +203,7 @@ def measure(matrices: list[llmcore.PackedWeight], budget_s: float | None = None,
         if force is not None:
             other = "core_bf16" if fmt in QUANTIZED else "torch"
             route = Route(n, k, fmt, m, other if force == "torch" else "core", None, None)
-        elif fmt in racing:
+        elif fmt in racing and not (fmt in QUANTIZED and m == BUCKETS[0]):
             prev = last.get(key)
             left = budget_s - (time.perf_counter() - t0)
             # Both kernels, warm-up included; cost grows about linearly in M here.
