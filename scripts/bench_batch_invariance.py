@@ -45,8 +45,7 @@ def log(msg: str) -> None:
 
 
 def prompts(tokenizer: Any, count: int, length: int) -> list[list[int]]:
-    words = ("river mountain ledger violet copper lantern harbor orchard signal meadow "
-             "archive tundra velvet quartz compass ember").split()
+    words = ["river", "mountain", "ledger", "violet", "copper", "lantern", "harbor", "orchard", "signal", "meadow", "archive", "tundra", "velvet", "quartz", "compass", "ember"]
     out = []
     for salt in range(count):
         rng = random.Random(salt)

@@ -10,13 +10,18 @@ what test_batch_invariance.py sees through the server."""
 
 from __future__ import annotations
 
+import itertools
+
 import llmcore
 import numpy as np
 import pytest
 import torch
-
-from actors.core.runner.attention_seams import (LayerAttention, PagedAttention, group_plans,
-                                                row_plans)
+from actors.core.runner.attention_seams import (
+    LayerAttention,
+    PagedAttention,
+    group_plans,
+    row_plans,
+)
 
 HEADS, KV_HEADS, HEAD, BS = 9, 3, 64, 16
 CONTEXT = 700  # past 2 x 256 positions: a lone decode row on 2 threads is split there
@@ -64,7 +69,7 @@ class Cache:
         k, v = (torch.cat(x) for x in zip(*(self.kv(s, np.arange(p, p + n))
                                              for s, p, n in parts)))
         out = seam.attn(0, q, k, v)
-        return [out[a:b] for a, b in zip(query_start[:-1], query_start[1:])]
+        return [out[a:b] for a, b in itertools.pairwise(query_start)]
 
 
 def _layers(window: int, softcap: float) -> LayerAttention:

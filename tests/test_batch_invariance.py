@@ -24,9 +24,7 @@ pytestmark = pytest.mark.slow
 
 NUM_PROMPTS = 32
 MAX_TOKENS = 24
-WORDS = ("river stone light garden paper window music winter market silver forest "
-         "engine letter morning harbor thunder candle orchard valley lantern bridge "
-         "meadow copper signal journey shadow island feather castle").split()
+WORDS = ["river", "stone", "light", "garden", "paper", "window", "music", "winter", "market", "silver", "forest", "engine", "letter", "morning", "harbor", "thunder", "candle", "orchard", "valley", "lantern", "bridge", "meadow", "copper", "signal", "journey", "shadow", "island", "feather", "castle"]
 
 
 def _prompts() -> list[str]:
