@@ -222,7 +222,8 @@ def bench_engine(args: argparse.Namespace) -> dict[str, Any]:
     for dtype, quantization in ENGINE_MODES:
         llm = LLM(dtype=dtype, quantization=quantization, num_threads=args.threads,
                   max_num_seqs=64, kv_cache_memory=256 << 20, max_model_len=2048,
-                  linear_routing=args.linear_routing == "on")
+                  linear_routing=args.linear_routing == "on",
+                  batch_invariant=args.linear_routing == "off")
         engines[(dtype, quantization)] = llm.engine
     rounds: list[list[dict[str, Any]]] = []
     for r in range(args.rounds):
@@ -269,8 +270,9 @@ def main() -> None:
     p.add_argument("--batch", type=int, nargs="+", default=[1, 64])
     p.add_argument("--new-tokens", type=int, default=24)
     p.add_argument("--rounds", type=int, default=3, help="engine rounds (all modes each)")
-    p.add_argument("--linear-routing", choices=["on", "off"], default="on",
-                   help="the engines' kernel routing (on: as the server starts)")
+    p.add_argument("--linear-routing", choices=["on", "off"], default="off",
+                   help="the engines' kernel routing. off: the core's kernels only, as the "
+                   "server starts (batch-invariant); on: routed, as with --no-batch-invariant")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     llmcore.set_num_threads(args.threads)

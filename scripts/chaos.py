@@ -526,8 +526,9 @@ async def pooling_flood(args, client: httpx.AsyncClient, cfg: dict) -> dict:
     }
     if stream_ref is not None:
         # The stream ran beside the flood: it must end whole. Its text equals the idle one
-        # only where a row's tokens do not depend on the batch (--linear-routing off), so
-        # that is reported, not checked; the same request alone afterwards must match.
+        # only where a row's tokens do not depend on the batch (the default; not with
+        # --no-batch-invariant), so that is reported, not checked; the same request alone
+        # afterwards must match.
         checks["canary_stream_completed"] = stream.get("status") == 200 \
             and stream["events"] > 0 and stream.get("finish_reason") in ("stop", "length") \
             and "error" not in stream

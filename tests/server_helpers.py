@@ -21,12 +21,11 @@ import httpx
 from subproc import child_env
 
 ROOT = Path(__file__).resolve().parents[1]
-# Small enough to start fast and to keep KV memory low; every server test uses these.
-# Linear routing off: one kernel per matrix at every batch size, so a request's tokens do not
-# depend on the batch it shared or on load-time timings, and a server's outputs equal
-# offline_llm()'s to the bit (routing itself: test_linear_routing, test_server_dev).
-BASE_ARGS = ("--max-model-len", "1024", "--kv-cache-memory", "256m", "--drain-timeout", "20",
-             "--linear-routing", "off")
+# Small enough to start fast and to keep KV memory low; every server test uses these. None
+# changes a request's numbers (tests/test_batch_invariance.py checks): the servers run the
+# default, batch-invariant mode, so a request's tokens do not depend on the batch it shared
+# and a server's outputs equal offline_llm()'s to the bit.
+BASE_ARGS = ("--max-model-len", "1024", "--kv-cache-memory", "256m", "--drain-timeout", "20")
 
 
 def free_port() -> int:

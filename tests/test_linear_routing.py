@@ -176,7 +176,9 @@ def test_quantized_matrices_on_a_torch_copy_compute_the_bf16_product(tiny_dir: P
 def test_flag() -> None:
     from server.cli import parse_args
 
-    assert parse_args([]).engine.linear_routing is True
+    default = parse_args([]).engine
+    assert default.linear_routing is True and default.batch_invariant is True
     assert parse_args(["--linear-routing", "off"]).engine.linear_routing is False
+    assert parse_args(["--no-batch-invariant"]).engine.batch_invariant is False
     with pytest.raises(SystemExit):
         parse_args(["--linear-routing", "maybe"])

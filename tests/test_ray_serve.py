@@ -43,9 +43,8 @@ except ImportError as exc:
 from server.ray_serve import DEFAULT_MAX_ONGOING_REQUESTS, build_app
 
 MODEL = "SmolLM2-135M-Instruct"
-# Routing off: the two replicas' greedy texts are compared, and each would time its own routes
-SERVER_ARGS = ("--max-model-len 1024 --kv-cache-memory 128m --max-num-seqs 8 --drain-timeout 10 "
-               "--linear-routing off")
+# The default, batch-invariant mode: the two replicas' greedy texts are compared
+SERVER_ARGS = "--max-model-len 1024 --kv-cache-memory 128m --max-num-seqs 8 --drain-timeout 10"
 BIN = Path(sys.executable).parent
 
 

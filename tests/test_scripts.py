@@ -62,6 +62,20 @@ def test_bench_moe_smoke() -> None:
 
 
 @pytest.mark.slow
+def test_bench_batch_invariance_smoke() -> None:
+    out = run_json(str(SCRIPTS / "bench_batch_invariance.py"), "--threads", "1", "--prompts",
+                   "4", "--prompt-tokens", "24", "--new-tokens", "4", "--rounds", "1")
+    assert set(out["median"]) == {"invariant", "routed", "core_attention"}
+    for mode, m in out["median"].items():
+        assert m["prefill_s"] > 0 and m["total_tok_s"] > 0, mode
+    assert out["ratio_to_invariant"]["invariant"]["total_tok_s"] == 1.0
+    # the batch-invariant mode routes nothing; the routed one has a table
+    assert out["linear_routing"]["invariant"] is None
+    assert out["linear_routing"]["routed"] is not None
+    assert out["outputs_differing_from_invariant"]["invariant"] == 0
+
+
+@pytest.mark.slow
 def test_bench_engine_quick() -> None:
     out = run_json(str(SCRIPTS / "bench_engine.py"), "--quick", "--kv-cache-memory",
                    str(256 << 20))

@@ -41,7 +41,7 @@ def server(profile_dir):
               "torch_profiler_with_stack": False}
     proc = ServerProcess("--enable-dev-endpoints", "--api-key", KEY,
                          "--profiler-config", json.dumps(config),
-                         "--linear-routing", "on").wait_ready()
+                         "--no-batch-invariant").wait_ready()
     yield proc
     proc.stop()
 
@@ -417,10 +417,12 @@ def test_server_info(c):
     assert info["system"]["rss_bytes"] > 0
     assert isinstance(c.get("/server_info", params={"config_format": "text"}).json()["config"],
                       str)
-    # The linear routing chosen at load: each of the default model's five matrix shapes
-    # (qkv, o, gate/up, down, the tied embedding as LM head) at every M bucket.
+    # The linear routing chosen at load (this server gives up batch invariance, so linear
+    # routing applies): each of the default model's five matrix shapes (qkv, o, gate/up,
+    # down, the tied embedding as LM head) at every M bucket.
     table = info["linear_routing"]
     assert info["config"]["engine"]["linear_routing"] is True
+    assert info["config"]["engine"]["batch_invariant"] is False
     # elapsed_s is 0 where nothing is raced (bf16 on a CPU without native bf16)
     assert table["buckets"] == [1, 8, 64, 256] and table["elapsed_s"] >= 0
     shapes = {(r["n"], r["k"]) for r in table["routes"]}

@@ -123,10 +123,21 @@ def build_parser() -> argparse.ArgumentParser:
       "matrices meet, rounded per block of 32 values: 'int16' (the default; logits within "
       "~0.01 of fp32 on the same weights, more accurate than a bf16 copy) or 'int8' "
       "(llama.cpp's q8 activations; ~1 logit of error, a little faster on AVX2-only CPUs)")
+    a("--batch-invariant", action=argparse.BooleanOptionalAction,
+      default=ENGINE.batch_invariant, help="a request's tokens and logprobs do not depend on "
+      "the batch it shares: greedy and seeded outputs are the same alone, among concurrent "
+      "requests, prefilled in chunks or from prefix-cache hits (the default). Each linear "
+      "matrix runs on the core's own kernel at every batch size and attention computes "
+      "every query row as a decode row. --no-batch-invariant gives that up for speed: "
+      "--linear-routing applies, and attention batches a prefill chunk's rows and splits "
+      "long contexts of small batches (docs/batch-invariance.md: what it costs)")
     a("--linear-routing", default="on" if ENGINE.linear_routing else "off",
-      choices=["on", "off"], help="'on': at load, time the core's linear kernels against "
-      "torch's on the model's shapes (about 1.5 s) and route each shape and batch size to the "
-      "faster; the table is logged and shown by /server_info. 'off': the core's kernels only")
+      choices=["on", "off"], help="with --no-batch-invariant, 'on': at load, time the core's "
+      "linear kernels against torch's (and a quantized matrix's kernel against the core's "
+      "bf16 kernel on a bf16 copy) on the model's shapes (about 1.5-3 s) and route each "
+      "shape and batch size to the faster, so one stream and a batch may run different "
+      "kernels with different rounding; the table is logged and shown by /server_info. "
+      "'off', or in the batch-invariant mode: the core's kernels only")
     a("--seed", type=check.in_range(check.integer, check.INT64_MIN, check.INT64_MAX),
       default=SERVER_SEED, help="engine seed for unseeded requests")
     a("--generation-config", type=check.generation_config, default=ENGINE.generation_config,
@@ -271,6 +282,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         quantization=resolve_quantization(args.quantization, args.model, args.dtype),
         quantization_activations=args.quantization_activations,
         linear_routing=args.linear_routing == "on",
+        batch_invariant=args.batch_invariant,
         max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,

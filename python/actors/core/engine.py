@@ -67,16 +67,25 @@ class LLMEngine:
         self.loaded = loaded
         self.linear_routing = None  # actors.models.linear_routing.RoutingTable, once timed
         route = getattr(loaded.model, "route_linears", None)
-        # float32 is the exact mode (the tests' and the references'): a shape routed to
-        # torch at one row count and not another would make a sequence's result depend on
-        # its batch, so float32 weights keep the core's kernels everywhere. Quantized
-        # weights (float32 activations) route: their large-M products may go to torch's
-        # bf16 GEMM on a bf16 copy (linear_routing).
-        if config.linear_routing and route is not None and (
+        # A shape routed away from the core's kernel at one row count and not another
+        # makes a sequence's result depend on its batch: every alternative (torch's GEMM,
+        # a quantized matrix's bf16 copy) computes a row differently from the core's
+        # kernel, which computes it the same at every row count. So routing runs only
+        # where batch invariance is given up (batch_invariant False), and never for
+        # float32 weights, the exact mode. Quantized weights (float32 activations) route
+        # there: their large-M products may go to a bf16 copy (linear_routing).
+        if config.batch_invariant and getattr(loaded.model, "routing", None) is not None:
+            raise ValueError("this model's linear products are routed (an engine without "
+                             "batch invariance shares its weights): a batch-invariant engine "
+                             "needs a model of its own")
+        if config.linear_routing and not config.batch_invariant and route is not None and (
                 loaded.dtype != torch.float32 or config.quantization is not None):
             self.linear_routing = route()
             if self.linear_routing is not None:
                 log.info("%s", self.linear_routing.summary())
+        elif config.linear_routing and config.batch_invariant:
+            log.info("batch-invariant: every linear matrix on the core's own kernel, not "
+                     "routed (--no-batch-invariant routes them)")
         mc = loaded.config
         self.model_config = mc
         self.model_dir: Path = loaded.model_dir
@@ -172,6 +181,7 @@ class LLMEngine:
             sliding_windows=mc.sliding_windows,
             fast_forward=config.structured_fast_forward,
             kv_groups=groups,
+            batch_invariant=config.batch_invariant,
         )
         # structured outputs: requests held until their grammar compiles, and the grammars
         # the runner builds each choice's matcher from (never from the cache)
