@@ -83,9 +83,13 @@ class LLMEngine:
             self.linear_routing = route()
             if self.linear_routing is not None:
                 log.info("%s", self.linear_routing.summary())
-        elif config.linear_routing and config.batch_invariant:
-            log.info("batch-invariant: every linear matrix on the core's own kernel, not "
-                     "routed (--no-batch-invariant routes them)")
+        elif config.batch_invariant and hasattr(loaded.model, "use_row_kernels"):
+            # each row's kernel family by its role, never by the row count (row_kernels)
+            copies = loaded.model.use_row_kernels()
+            log.info("batch-invariant: generated-token rows on each matrix's own kernel, "
+                     "prompt rows on the tiles%s (--no-batch-invariant routes by row count)",
+                     f" (bf16 copies of the quantized matrices, {copies / 2**20:.0f} MiB)"
+                     if copies else "")
         mc = loaded.config
         self.model_config = mc
         self.model_dir: Path = loaded.model_dir

@@ -26,12 +26,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from actors.models import decoder_native, linear_routing, weight_map
+from actors.models import decoder_native, linear_routing, row_kernels, weight_map
 from actors.models.attention import AttentionBackend, LayerAttentionSpec
 from actors.models.blocks import DecoderLayer, Embedding, RopeTables
 from actors.models.config import ModelConfig
 from actors.models.layers import (Linear, PackedParts, RMSNorm, _released, _widening, linear,
-                                  linear_packed)
+                                  linear_packed, linear_parts)
 from actors.models.rope import RotaryEmbedding
 
 
@@ -64,6 +64,11 @@ class DecoderForCausalLM(nn.Module):
         self._routed: dict[int, decoder_native.Plan] = {}  # M bucket -> plan, where routed
         self._dense: dict[int, torch.Tensor] = {}  # id(PackedWeight) -> its matrix for torch
         self._tied_packed: llmcore.PackedWeight | None = None
+        # row_kernels: each row's kernel family by its role (use_row_kernels), and the bf16
+        # copies of quantized matrices that prompt rows multiply (id of the stored matrix)
+        self._row_kernels = False
+        self._row_plan: decoder_native.Plan | None = None
+        self._prompt_copies: dict[int, llmcore.PackedWeight] = {}
         self.dtype = dtype
         self.compute_dtype = compute_dtype
         self._widen = _widening(dtype, compute_dtype)
@@ -127,7 +132,7 @@ class DecoderForCausalLM(nn.Module):
     def forget_plan(self) -> None:
         """The next forward pass builds its per-layer plan again, taking the core's kernels
         as they are then (scripts/profile_step.py wraps them with timers after warm-up)."""
-        self._plan, self._routed = None, {}
+        self._plan, self._routed, self._row_plan = None, {}, None
 
     def native_plan(self, rows: int) -> decoder_native.Plan:
         """The per-layer plan for a step of ``rows`` rows (decoder_native.build_plan), built
@@ -135,7 +140,11 @@ class DecoderForCausalLM(nn.Module):
         M bucket."""
         if self._plan is None:
             self._plan = decoder_native.build_plan(self)
-            self._routed = {}
+            self._routed, self._row_plan = {}, None
+        if self._row_kernels:
+            if self._row_plan is None:
+                self._row_plan = self._plan.routed(self._row_route)
+            return self._row_plan
         if self._routing is None:
             return self._plan
         b = linear_routing.bucket(rows)
@@ -153,6 +162,54 @@ class DecoderForCausalLM(nn.Module):
             return fn
         other = self._dense[id(weight)]
         return lambda x, _w, bias, out: linear_routing.apply(kernel, x, other, bias, out)
+
+    def use_row_kernels(self, prompt_copies: bool | None = None) -> int:
+        """From the next forward pass on, each product's rows take the kernel family of
+        their role (actors.models.row_kernels): generated-token rows the dot kernels on the
+        stored matrix, prompt rows the tiles, on a bf16 copy of each quantized matrix where
+        ``prompt_copies`` (default: row_kernels.prompt_copy_wanted). Returns the copies'
+        bytes. Exclusive with route_linears."""
+        if self._routing is not None:
+            raise ValueError("this model's products are routed by row count (route_linears)")
+        self._row_kernels = True
+        self._row_plan = None
+        if not self.native:
+            return 0
+        quantized = [w for w in self._all_packed() if w.dtype in linear_routing.QUANTIZED]
+        nbytes = sum(2 * w.shape[0] * w.shape[1] for w in quantized)
+        if prompt_copies is None:
+            prompt_copies = row_kernels.prompt_copy_wanted(nbytes)
+        if not prompt_copies:
+            return 0
+        for w in quantized:
+            if id(w) not in self._prompt_copies:
+                self._prompt_copies[id(w)] = linear_routing.alternative(w, "core_bf16")
+        return nbytes
+
+    def _all_packed(self) -> list[llmcore.PackedWeight]:
+        """Every packed matrix of the layers' dense products, fused parts one by one."""
+        plan = self._plan or decoder_native.build_plan(self)
+        out: list[llmcore.PackedWeight] = []
+        for lp in plan.layers:
+            for m in (lp.qkv, lp.o, lp.gate_up, lp.down):
+                if m is None:
+                    continue
+                out.extend(m[1].parts if isinstance(m[1], PackedParts)
+                           else [m[1]] if isinstance(m[1], llmcore.PackedWeight) else [])
+        return out
+
+    def _row_route(self, fn: object, weight: object) -> object:
+        """A plan entry's kernel under row_kernels (``fn`` is the core's)."""
+        copies = self._prompt_copies
+        if isinstance(weight, PackedParts):
+            prompt = PackedParts([copies.get(id(p), p) for p in weight.parts])
+            return row_kernels.split_kernel(
+                weight, prompt,
+                lambda x, w, b, o: linear_parts(x, w, b, o, kernel="dot"),
+                lambda x, w, b, o: linear_parts(x, w, b, o, kernel="tiles"))
+        if isinstance(weight, llmcore.PackedWeight):
+            return row_kernels.split_kernel(weight, copies.get(id(weight), weight))
+        return fn
 
     def _logits_matrix(self) -> llmcore.PackedWeight | None:
         if self._tied_packed is not None:
@@ -220,6 +277,9 @@ class DecoderForCausalLM(nn.Module):
             if kernel != "core":
                 out = hidden.new_empty((hidden.shape[0], head.shape[0]))
                 return linear_routing.apply(kernel, hidden, self._dense[id(head)], None, out)
+        if self._row_kernels and isinstance(head, llmcore.PackedWeight):  # one family: dots
+            return row_kernels.dot(hidden, head, None,
+                                   hidden.new_empty((hidden.shape[0], head.shape[0])))
         if self._tied_packed is not None:
             return linear_packed(hidden, self._tied_packed, None)
         if self.lm_head is not None:
@@ -243,6 +303,7 @@ class DecoderForCausalLM(nn.Module):
             return  # the portable packed kernel is far slower than torch's BLAS
         self._plan = None
         self._routing, self._routed, self._dense = None, {}, {}
+        self._row_plan, self._prompt_copies = None, {}
         for name, mod in self.named_modules():
             if isinstance(mod, Linear) and mod.packed is None:
                 mod.pack(prepacked.get(name))

@@ -56,10 +56,11 @@ class PackedParts:
 
 
 def linear_parts(x: torch.Tensor, w: PackedParts, bias: torch.Tensor | None,
-                 out: torch.Tensor) -> torch.Tensor:
-    """``out = x @ w^T (+ bias)``, one core product per part into its columns."""
+                 out: torch.Tensor, kernel: str = "auto") -> torch.Tensor:
+    """``out = x @ w^T (+ bias)``, one core product per part into its columns (``kernel``:
+    llmcore._C.linear's family choice)."""
     for p, (a, b) in zip(w.parts, w.bounds):
-        llmcore._C.linear(x, p, None if bias is None else bias[a:b], out[:, a:b])
+        llmcore._C.linear(x, p, None if bias is None else bias[a:b], out[:, a:b], kernel=kernel)
     return out
 
 

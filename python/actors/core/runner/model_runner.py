@@ -48,7 +48,7 @@ from actors.core.runner.sampler import (Sampler, SamplingHooks, SeqState, TokenM
                                         allowed_mask_of)
 from actors.messages import (Logprobs, NewSeq, PooledOutput, PromptLogprobs, SeqRef, StepPlan,
                              StepResult)
-from actors.models import lora
+from actors.models import lora, row_kernels
 from actors.models.pooling import PoolState, finish
 from actors.params.structured import StructuredSpec
 
@@ -260,7 +260,13 @@ class ModelRunner:
         ids_t = torch.tensor(token_ids, dtype=torch.long)
         prompt_lps: tuple[PromptLogprobs, ...] = ()
         pooled: tuple[PooledOutput, ...] = ()
-        with torch.inference_mode(), lora.active(self._lora_batch(plan, query_start)):
+        split = None
+        if self.batch_invariant and self.causal:  # each row's kernel family by its role
+            prompt_lens = np.fromiter((len(self._seqs[s.seq_id].prompt) for s in plan.seqs),
+                                      np.int64, num_seqs)
+            split = row_kernels.RowSplit.of(pos >= np.repeat(prompt_lens, np.diff(query_start)))
+        with (torch.inference_mode(), lora.active(self._lora_batch(plan, query_start)),
+              row_kernels.active(split)):
             if not sampling and not prompt_rows and not pool_rows:
                 # Only mid-prompt chunks (a prompt longer than the token budget): the KV
                 # is the whole result, no row reaches the LM head.
