@@ -4,9 +4,10 @@ offline engine takes to prefill the same prompts.
     python scripts/bench_burst.py [--bursts 2 8 32] [--prompt-tokens 250] [--max-tokens 128]
         [--repeats 3] [--url http://127.0.0.1:8000]
 
-Without --url it starts `python -m server` twice in the same run: once with
---admission-window-ms 0 (every step starts at once: the baseline) and once with the default
-admission window, and measures both; with --url it measures that server only. A burst is
+Without --url it starts `python -m server` twice: once with --admission-window-ms 0 (every
+step starts at once: the baseline) and once with the default admission window, and the two
+take turns burst by burst (so a change in the machine's load falls on both); with --url it
+measures that server only. A burst is
 N streaming /v1/completions (distinct ~prompt-tokens prompts, ignore_eos, greedy) whose
 bytes are written back to back on N connections opened beforehand (raw HTTP/1.1 through
 h11, so that the client's own per-request cost does not spread the burst out); a request's
@@ -26,6 +27,7 @@ JSON on stdout, progress on stderr.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -136,21 +138,27 @@ async def burst(url: str, prompts: list[str], max_tokens: int) -> dict:
             "admitted_sequences": int(after_seqs - seqs)}
 
 
-def measure(url: str, args, label: str) -> dict:
-    out = {}
+def measure(urls: dict[str, str], args) -> dict:
+    """Every burst size on every server, the servers taking turns burst by burst (in
+    alternating order), so that a change in the machine's load falls on all of them."""
+    out: dict[str, dict] = {label: {} for label in urls}
     first = 10_000  # prompts never met before: no prefix-cache hits between bursts
-    trio.run(burst, url, prompts_of(args.prompt_tokens, 2, first), 4)  # warm-up
-    first += 2
+    for url in urls.values():
+        trio.run(burst, url, prompts_of(args.prompt_tokens, 2, first), 4)  # warm-up
+        first += 2
     for n in args.bursts:
-        runs = []
+        runs: dict[str, list[dict]] = {label: [] for label in urls}
         for k in range(args.repeats):
-            log(f"{label}: burst of {n} ({k + 1}/{args.repeats})")
-            runs.append(trio.run(burst, url, prompts_of(args.prompt_tokens, n, first),
-                                 args.max_tokens))
-            first += n
-        ttfts = [t for r in runs for t in r["ttft_ms"]]
-        out[str(n)] = {"runs": runs, "ttft_median_ms": statistics.median(ttfts),
-                       "ttft_max_ms": max(ttfts)}
+            for label in (list(urls) if k % 2 == 0 else list(reversed(urls))):
+                log(f"{label}: burst of {n} ({k + 1}/{args.repeats})")
+                runs[label].append(trio.run(burst, urls[label],
+                                            prompts_of(args.prompt_tokens, n, first),
+                                            args.max_tokens))
+                first += n
+        for label, rs in runs.items():
+            ttfts = [t for r in rs for t in r["ttft_ms"]]
+            out[label][str(n)] = {"runs": rs, "ttft_median_ms": statistics.median(ttfts),
+                                  "ttft_max_ms": max(ttfts)}
     return out
 
 
@@ -160,7 +168,8 @@ def offline(args) -> dict:
     from actors.params.sampling import SamplingParams
 
     llm = LLM(max_model_len=args.max_model_len, kv_cache_memory=args.kv_cache_memory,
-              max_num_batched_tokens=args.max_num_batched_tokens)
+              max_num_batched_tokens=args.max_num_batched_tokens, quantization="auto",
+              linear_routing=args.linear_routing == "on")
     engine = llm.engine
     params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True, temperature=0.0)
     out = {}
@@ -216,35 +225,49 @@ def main() -> int:
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--kv-cache-memory", type=int, default=512 << 20)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--linear-routing", choices=["on", "off"], default="on",
+                   help="of the servers started here and the offline engine (on: the "
+                   "server's default; each process times its own table at load, which a busy "
+                   "machine may tilt; off: one kernel per matrix everywhere)")
     p.add_argument("--no-offline", action="store_true", help="skip the offline reference")
     args = p.parse_args()
     result: dict = {
         "cpu": cpu_model(), "cpu_threads": len(os.sched_getaffinity(0)),
         "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens,
         "repeats": args.repeats, "max_num_batched_tokens": args.max_num_batched_tokens,
+        "linear_routing": args.linear_routing,
+        "load_average_at_start": round(os.getloadavg()[0], 2),
     }
+    from llmcore.isa import current
+
+    result["isa"] = current()  # the kernels' instruction sets, the servers' too by default
     ref = {} if args.no_offline else offline(args)
     if ref:
         result["offline"] = ref
     if args.url:
-        configs = {"url": None}
+        result["served"] = measure({"url": check_loopback(args.url)}, args)
     else:
-        configs = {"window_off": ["--admission-window-ms", "0"], "window_on": []}
-    result["served"] = {}
-    for label, extra in configs.items():
-        if extra is None:
-            result["served"][label] = measure(check_loopback(args.url), args, label)
-            continue
-        srv = ServerUnderTest(["--max-model-len", str(args.max_model_len), "--kv-cache-memory",
-                               str(args.kv_cache_memory), "--max-num-batched-tokens",
-                               str(args.max_num_batched_tokens), *extra])
-        try:
-            log(f"{label}: starting python -m server {' '.join(extra)}")
-            srv.wait_ready()
-            result["served"][label] = measure(srv.url, args, label)
-        finally:
-            srv.stop()
-            srv.close()
+        with contextlib.ExitStack() as stack:
+            urls = {}
+            for label, extra in (("window_off", ["--admission-window-ms", "0"]),
+                                 ("window_on", [])):
+                srv = ServerUnderTest([
+                    "--max-model-len", str(args.max_model_len), "--kv-cache-memory",
+                    str(args.kv_cache_memory), "--max-num-batched-tokens",
+                    str(args.max_num_batched_tokens), "--linear-routing", args.linear_routing,
+                    *extra])
+                stack.callback(srv.close)
+                stack.callback(srv.stop)
+                log(f"{label}: starting python -m server {' '.join(extra)}")
+                srv.wait_ready()
+                urls[label] = srv.url
+                # The kernel each server routed each (shape, rows) to: a difference between
+                # the two would tilt the comparison.
+                result.setdefault("linear_routes", {})[label] = [
+                    line.strip() for line in srv.log_tail(1 << 20).splitlines()
+                    if line.startswith("  [")]
+            result["served"] = measure(urls, args)
+    result["load_average_at_end"] = round(os.getloadavg()[0], 2)
     for by_n in result["served"].values():
         for n, row in by_n.items():
             if n in ref:

@@ -3,7 +3,10 @@
 Without it, the first request of a burst starts a step alone the moment it is tokenized and
 the rest, tokenized while that step runs, wait for the next one: 8 requests sent at once
 got their first tokens after [154, 745 x 7] ms. One step holding all of their prompts
-(within max_num_batched_tokens) ends long before two steps would.
+(within max_num_batched_tokens) costs at most what the steps it replaces cost: where a step's
+time hardly grows with its tokens (an accelerator) every request of the burst gets about the
+first one's time; where it grows with them (a CPU) the burst shares one first-token time,
+the first request gives up its head start and the others lose a step boundary.
 
     ActorSystem.submit --arrived(prompts)--> Arrivals <--settled()-- engine actor (received)
                                                  ^                    tokenizer (refused, gone)

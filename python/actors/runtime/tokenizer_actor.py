@@ -3,7 +3,8 @@
 Two loops share the actor:
 - submissions: render (chat templates) and tokenize prompts in a worker thread, check them
   against the context, and admit one engine request per prompt, with the request's n choices,
-  to the engine actor;
+  to the engine actor; every request waiting at that moment goes in the same worker-thread
+  call (actors.runtime.prompt_prep), so a burst reaches the engine together;
 - batches: turn each engine step's token ids into text with each choice's incremental
   detokenizer (stop strings included) and push the result into the request's Outbox.
 
@@ -43,7 +44,7 @@ from actors.runtime.engine_actor import EngineActor
 log = logging.getLogger("actors.runtime.tokenizer")
 
 # Requests prepared in one trip to the worker thread, at most: a burst's prompts reach the
-# engine together, and one trip stays short (each prompt is bounded by the context).
+# engine together, and the requests behind a trip wait for at most this many renders.
 PREPARE_BATCH = 32
 
 
