@@ -168,7 +168,7 @@ def offline(args) -> dict:
     from actors.params.sampling import SamplingParams
 
     llm = LLM(max_model_len=args.max_model_len, kv_cache_memory=args.kv_cache_memory,
-              max_num_batched_tokens=args.max_num_batched_tokens, quantization="auto",
+              max_num_batched_tokens=args.max_num_batched_tokens, quantization=args.quantization,
               linear_routing=args.linear_routing == "on")
     engine = llm.engine
     params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True, temperature=0.0)
@@ -229,13 +229,16 @@ def main() -> int:
                    help="of the servers started here and the offline engine (on: the "
                    "server's default; each process times its own table at load, which a busy "
                    "machine may tilt; off: one kernel per matrix everywhere)")
+    p.add_argument("--quantization", default="auto", choices=["auto", "none", "gguf", "int8"],
+                   help="of the servers started here and the offline engine (none: the "
+                   "default model's matrices in bf16, the AMX kernel where the CPU has it)")
     p.add_argument("--no-offline", action="store_true", help="skip the offline reference")
     args = p.parse_args()
     result: dict = {
         "cpu": cpu_model(), "cpu_threads": len(os.sched_getaffinity(0)),
         "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens,
         "repeats": args.repeats, "max_num_batched_tokens": args.max_num_batched_tokens,
-        "linear_routing": args.linear_routing,
+        "linear_routing": args.linear_routing, "quantization": args.quantization,
         "load_average_at_start": round(os.getloadavg()[0], 2),
     }
     from llmcore.isa import current
@@ -255,6 +258,7 @@ def main() -> int:
                     "--max-model-len", str(args.max_model_len), "--kv-cache-memory",
                     str(args.kv_cache_memory), "--max-num-batched-tokens",
                     str(args.max_num_batched_tokens), "--linear-routing", args.linear_routing,
+                    "--quantization", args.quantization,
                     *extra])
                 stack.callback(srv.close)
                 stack.callback(srv.stop)
