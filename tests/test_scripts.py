@@ -96,6 +96,25 @@ def test_bench_serve_against_a_real_server() -> None:
     assert all(r["errors"] == 0 and r["output_tokens"] == 16 for r in out["served"])
 
 
+def test_bench_burst_against_a_real_server() -> None:
+    server = ServerProcess()
+    try:
+        server.wait_ready()
+        out = run_json(str(SCRIPTS / "bench_burst.py"), "--url", server.url, "--bursts", "2",
+                       "4", "--repeats", "1", "--max-tokens", "2", "--prompt-tokens", "40")
+    finally:
+        server.stop()
+    assert out["cpu_threads"] >= 1 and out["cpu"]
+    for n in ("2", "4"):
+        row = out["served"]["url"][n]
+        run = row["runs"][0]
+        assert len(run["ttft_ms"]) == int(n) and row["ttft_max_ms"] >= row["ttft_median_ms"] > 0
+        # Every sequence was admitted once, by one step or more (grouping is timing here).
+        assert run["admitted_sequences"] == int(n) and 1 <= run["admitting_steps"] <= int(n)
+        assert out["offline"][n]["offline_prefill_steps"] == 1
+        assert row["median_ttft_over_offline_prefill"] > 0
+
+
 def test_profile_step_smoke() -> None:
     out = run_json(str(SCRIPTS / "profile_step.py"), "--batch", "2", "--context", "20",
                    "--steps", "2")

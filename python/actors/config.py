@@ -8,10 +8,11 @@ server's ``--help`` reads these defaults without loading torch or transformers.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["EngineConfig", "GiB"]
+__all__ = ["AdmissionWindow", "EngineConfig", "GiB"]
 
 GiB = 1 << 30
 
@@ -74,3 +75,22 @@ class EngineConfig:
     max_loras: int = 1
     max_lora_rank: int = 16
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionWindow:
+    """How long an idle engine's first step may wait for the rest of a burst of requests
+    (actors.runtime.burst; the server's --admission-window-ms and --admission-quiet-ms)."""
+
+    cap_s: float = 0.050  # the most one wait lasts; 0: never wait
+    quiet_s: float = 0.0015  # a burst has ended once no request arrived for this long
+
+    def __post_init__(self) -> None:
+        for name in ("cap_s", "quiet_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"admission window {name} must be >= 0, got {value!r}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.cap_s > 0

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from actors.config import (
     QUANT_ACTIVATION_BITS,
+    AdmissionWindow,
     EngineConfig,
 )
 from actors.loader.dtype import QUANTIZATION_CHOICES, resolve_quantization
@@ -42,6 +43,7 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 # The engine's own defaults: actors.config imports nothing heavy, so --help stays fast.
 ENGINE = EngineConfig()
+WINDOW = AdmissionWindow()
 # The one engine default the server changes: vLLM's `serve` seeds with 0 by default.
 SERVER_SEED = 0
 
@@ -212,6 +214,14 @@ def build_parser() -> argparse.ArgumentParser:
       "Retry-After. Default: 2 x --max-num-seqs")
     a("--max-body-bytes", type=check.in_range(ft.size, 1), default="4m",
       help="largest request body (413 above)")
+    a("--admission-window-ms", type=check.milliseconds, default=WINDOW.cap_s * 1000,
+      help="when requests reach an idle engine, the most its first step waits for the rest "
+      "of the burst (those already being tokenized, or arriving within "
+      "--admission-quiet-ms of each other), so that they prefill in one step; at most a "
+      "quarter of a typical prefill step once one has run. 0: the first step starts at once")
+    a("--admission-quiet-ms", type=check.milliseconds, default=WINDOW.quiet_s * 1000,
+      help="a burst has ended once no request arrived for this long (what a lone request "
+      "may wait at most)")
     a("--drain-timeout", type=check.seconds, default=30.0,
       help="seconds in-flight requests may take to finish after SIGTERM/SIGINT")
     a("--max-connections", type=ft.positive, default=1024, help="open HTTP connections; "
@@ -331,6 +341,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         max_grammar_subschemas=args.max_grammar_subschemas,
         max_pending_grammars=args.max_pending_grammars,
         max_body_bytes=args.max_body_bytes,
+        admission_window=AdmissionWindow(args.admission_window_ms, args.admission_quiet_ms),
         drain_timeout=args.drain_timeout,
         max_connections=args.max_connections,
         h11_max_header_count=args.h11_max_header_count,

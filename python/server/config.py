@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from actors.config import EngineConfig
+from actors.config import AdmissionWindow, EngineConfig
 
 
 @dataclass
@@ -50,6 +50,8 @@ class ServerConfig:
     max_grammar_bytes: int = 1 << 20
     max_grammar_subschemas: int = 10_000
     max_pending_grammars: int = 32
+    # how long an idle engine's first step waits for the rest of a burst (actors.runtime.burst)
+    admission_window: AdmissionWindow = field(default_factory=AdmissionWindow)
     drain_timeout: float = 30.0
     # http
     max_connections: int = 1024  # open connections; beyond, new ones get 503 and close

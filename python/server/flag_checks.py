@@ -59,6 +59,17 @@ def seconds(text: str) -> float:
     return value
 
 
+def milliseconds(text: str) -> float:
+    """A finite, non-negative number of milliseconds, returned in seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise _fail(f"must be a finite number of milliseconds >= 0, got {text!r}")
+    return value / 1000
+
+
 def non_empty(text: str) -> str:
     if not text.strip():
         raise _fail("must not be empty")

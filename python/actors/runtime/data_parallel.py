@@ -40,6 +40,7 @@ from actors.core.process import EngineCoreDied
 from actors.core.protocol import EngineCore
 from actors.messages import Control, ControlResult, EngineInfo
 from actors.runtime.admission import Admission
+from actors.runtime.burst import DEFAULT_WINDOW, AdmissionWindow
 from actors.runtime.failures import ServerFailed
 from actors.errors import DuplicateRequest
 from actors.runtime.request import Registry, RequestState
@@ -227,10 +228,12 @@ async def run_data_parallel(
     capacity: int,
     model_name: str,
     on_fatal: Callable[[BaseException], None],
+    admission_window: AdmissionWindow = DEFAULT_WINDOW,
     task_status: trio.TaskStatus[DataParallelSystem] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Starts one actor system per core (engine label i) and reports the fan-out handle;
-    returns once every one has ended. `capacity` bounds the whole server."""
+    returns once every one has ended. `capacity` bounds the whole server; each engine
+    gathers its own bursts within `admission_window`."""
     stopped = trio.Event()
     try:
         async with trio.open_nursery() as nursery:
@@ -238,7 +241,8 @@ async def run_data_parallel(
             for i, core in enumerate(cores):
                 systems.append(await nursery.start(partial(
                     run_actor_system, core, tokenizer, capacity=capacity,
-                    model_name=model_name, on_fatal=on_fatal, engine_index=i)))
+                    model_name=model_name, on_fatal=on_fatal, engine_index=i,
+                    admission_window=admission_window)))
             for i, core in enumerate(cores):
                 nursery.start_soon(_watch, i, core, systems[i], on_fatal)
             nursery.start_soon(_cancel_when_stopped, systems, nursery.cancel_scope)

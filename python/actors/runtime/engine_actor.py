@@ -5,7 +5,8 @@
     admin --await control(Control)--> engine actor --ControlResult (one-shot reply)
 
 Operator commands (pause, sleep, wake_up, abort_requests and the core's own) are answered by
-the EngineControls half of the actor (actors.runtime.engine_controls).
+the EngineControls half of the actor (actors.runtime.engine_controls). When requests reach an
+idle engine, its first step waits (bounded) for the rest of their burst: actors.runtime.burst.
 
 The core is touched only here: ``add``, ``abort`` and ``control`` between steps on the Trio
 thread, ``step`` in a worker thread under a limiter of one (the core is not re-entrant, and
@@ -28,9 +29,8 @@ step) and ``bad_row`` (spoil one row before a step).
 from __future__ import annotations
 
 import logging
-import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 import trio
 
@@ -38,6 +38,7 @@ from actors.core.protocol import EngineCore
 from actors.errors import RequestRefused
 from actors.messages import Abort, Admit, Control, ControlResult, RequestOutput, TokenBatch
 from actors.runtime import faults
+from actors.runtime.burst import Arrivals
 from actors.runtime.engine_controls import EngineControls
 from actors.runtime.failures import EngineFailed, GenerationPaused
 from actors.runtime.faults import InjectedFault
@@ -45,15 +46,13 @@ from actors.runtime.metric_events import (
     EngineStats,
     GroupFinished,
     MetricEvent,
-    SequenceFinished,
     StepTokens,
+    sequence_finished,
 )
 from actors.runtime.outbox import ChoiceUpdate
 from actors.runtime.request import Choice, EngineRequest, Registry, RequestState
 
 log = logging.getLogger("actors.runtime.engine")
-
-FAULT_ENV = "LLMSERVE_FAULT_AFTER_STEPS"
 
 # Engine steps whose outputs may wait for detokenization at once: one being detokenized
 # while the next runs keeps the core busy without letting the tokenizer fall behind.
@@ -62,19 +61,6 @@ BATCH_CREDITS = 2
 
 class StepFailed(RuntimeError):
     """The core raised during a step: every in-flight request is lost."""
-
-
-def fault_after(environ: Mapping[str, str] = os.environ) -> int | None:
-    raw = environ.get(FAULT_ENV, "").strip()
-    if not raw:
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{FAULT_ENV} must be an integer, got {raw!r}") from None
-    if value < 0:
-        raise ValueError(f"{FAULT_ENV} must be >= 0, got {value}")
-    return value
 
 
 class EngineActor(EngineControls):
@@ -86,8 +72,12 @@ class EngineActor(EngineControls):
         batch_send: trio.MemorySendChannel[tuple[RequestOutput, ...]],
         metrics_send: trio.MemorySendChannel[MetricEvent],
         on_fatal: Callable[[BaseException], None],
+        arrivals: Arrivals | None = None,
     ) -> None:
+        """`arrivals` (shared with the front door and the tokenizer): an idle engine waits for
+        the rest of a burst (actors.runtime.burst); without it every step starts at once."""
         self._core = core
+        self._arrivals = arrivals
         self._registry = registry
         self._admit_recv = admit_recv
         self._batch_send = batch_send
@@ -115,11 +105,11 @@ class EngineActor(EngineControls):
         self._failed = False
         self._last_stats: EngineStats | None = None
         self.metrics_dropped = 0
-        self._fault_after = fault_after()
+        self._fault_after = faults.fault_after()
         self._steps = 0
         if self._fault_after is not None:
-            log.warning("%s=%d: engine steps after that many will fail", FAULT_ENV,
-                        self._fault_after)
+            log.warning("%s=%d: engine steps after that many will fail",
+                        faults.AFTER_STEPS_ENV, self._fault_after)
 
     # -- called from other actors in the same thread ------------------------------------
     def abort_nowait(self, req: EngineRequest, index: int | None = None) -> None:
@@ -160,14 +150,17 @@ class EngineActor(EngineControls):
     async def _receive_admits(self) -> None:
         async with self._admit_recv:
             async for req in self._admit_recv:
-                self._admitted.append(req)
+                received = [req]
                 # What else is queued, with no checkpoint between: a request's prompts,
                 # sent together, reach the core before the same step.
                 while True:
                     try:
-                        self._admitted.append(self._admit_recv.receive_nowait())
+                        received.append(self._admit_recv.receive_nowait())
                     except (trio.WouldBlock, trio.EndOfChannel):
                         break  # the loop itself ends at the end of the channel
+                self._admitted.extend(received)
+                if self._arrivals is not None:
+                    self._arrivals.settled(len(received))
                 self._wakeup.set()
         self._admit_closed = True
         self._wakeup.set()
@@ -184,16 +177,25 @@ class EngineActor(EngineControls):
             if not self.stepping_allowed or not core.has_unfinished():
                 if self._admit_closed and not self._admitted and not core.has_unfinished():
                     return
+                idle = self.stepping_allowed and not core.has_unfinished()
                 await self._wakeup.wait()
                 self._wakeup = trio.Event()
+                if idle and self._admitted:  # the first step waits for the rest of a burst
+                    await self._gather_burst()
                 continue
             await self.credits.acquire()
             started = time.monotonic()
             batch = await self._step()
             self._note_schedule(batch, started)
-            self._account(batch.outputs)
+            self._account(batch)
             self._batch_send.send_nowait(batch.outputs)  # never raises WouldBlock: credits
             faults.check("engine")
+
+    async def _gather_burst(self) -> None:
+        if self._arrivals is not None and self.admits_flow:
+            info = self._core.info
+            await self._arrivals.gather(self._admitted, info.max_num_batched_tokens,
+                                        info.max_num_seqs)
 
     def _step_in_thread(self) -> TokenBatch:
         self._steps += 1
@@ -297,6 +299,8 @@ class EngineActor(EngineControls):
             choice = self._choice(engine_id, index)
             if choice is not None:
                 choice.num_preemptions += 1
+        if batch.scheduled and self._arrivals is not None:
+            self._arrivals.note_step(time.monotonic() - started)
         for engine_id, index in batch.scheduled:
             found = self._registry.engine_requests.get(engine_id)
             if found is None:
@@ -311,10 +315,10 @@ class EngineActor(EngineControls):
             return None
         return found[1].choices[index]
 
-    def _account(self, outputs: tuple[RequestOutput, ...]) -> None:
+    def _account(self, batch: TokenBatch) -> None:
         now = time.monotonic()
         prompt = cached = generated = 0
-        for out in outputs:
+        for out in batch.outputs:
             found = self._registry.engine_requests.get(out.request_id)
             if found is None:
                 continue
@@ -337,7 +341,7 @@ class EngineActor(EngineControls):
                 generated += len(out.new_token_ids)
             if out.finished:
                 self._retire(req, choice, out.finish_reason or "stop")
-        self._emit(StepTokens(prompt, cached, generated))
+        self._emit(StepTokens(prompt, cached, generated, len(batch.scheduled)))
 
     # -- retirement --------------------------------------------------------------------
     def _fail_everything(self) -> None:
@@ -360,7 +364,7 @@ class EngineActor(EngineControls):
         choice.retired = True
         if choice.finish_reason is None:
             choice.finish_reason = reason
-        self._emit(_finished(req, choice, time.monotonic()))
+        self._emit(sequence_finished(req, choice, time.monotonic()))
         if req.live_choices():
             return
         req.done = True
@@ -378,22 +382,3 @@ class EngineActor(EngineControls):
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             pass
 
-
-def _finished(req: EngineRequest, choice: Choice, now: float) -> SequenceFinished:
-    scheduled, first, last = choice.scheduled_at, choice.first_token_at, choice.last_token_at
-    started = scheduled is not None and first is not None and last is not None
-    return SequenceFinished(
-        finish_reason=choice.finish_reason or "error",
-        num_prompt_tokens=len(req.prompt_token_ids),
-        num_generation_tokens=choice.num_generated,
-        num_cached_tokens=choice.num_cached_tokens,
-        num_preemptions=choice.num_preemptions,
-        max_tokens=req.params.max_tokens,
-        e2e_seconds=now - req.admitted_at,
-        queue_seconds=None if scheduled is None else scheduled - req.admitted_at,
-        ttft_seconds=None if first is None else first - req.admitted_at,
-        inter_token_seconds=tuple(choice.inter_token),
-        prefill_seconds=first - scheduled if started else None,  # type: ignore[operator]
-        decode_seconds=last - first if started else None,  # type: ignore[operator]
-        inference_seconds=last - scheduled if started else None,  # type: ignore[operator]
-    )

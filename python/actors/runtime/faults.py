@@ -26,6 +26,7 @@ engine core only, not a --data-parallel-size child.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Mapping
 from dataclasses import replace
@@ -34,11 +35,13 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from actors.core.protocol import EngineCore
 
-__all__ = ["FAULT_ENV", "InjectedFault", "check", "configure", "hit", "maybe_spoil_row"]
+__all__ = ["AFTER_STEPS_ENV", "FAULT_ENV", "InjectedFault", "check", "configure", "fault_after",
+           "hit", "maybe_spoil_row"]
 
 log = logging.getLogger("actors.runtime.faults")
 
 FAULT_ENV = "LLMSERVE_FAULT_INJECT"
+AFTER_STEPS_ENV = "LLMSERVE_FAULT_AFTER_STEPS"  # read by the engine actor when it is built
 POINTS = ("engine", "tokenizer", "metrics", "bad_row", "matcher_accept")
 
 _plan: dict[str, int] = {}
@@ -59,6 +62,20 @@ def parse(raw: str) -> dict[str, int]:
                              f"{', '.join(POINTS)} and N >= 1")
         plan[point] = int(count)
     return plan
+
+
+def fault_after(environ: Mapping[str, str] = os.environ) -> int | None:
+    """LLMSERVE_FAULT_AFTER_STEPS: every engine step after that many fails (None: unset)."""
+    raw = environ.get(AFTER_STEPS_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{AFTER_STEPS_ENV} must be an integer, got {raw!r}") from None
+    if value < 0:
+        raise ValueError(f"{AFTER_STEPS_ENV} must be >= 0, got {value}")
+    return value
 
 
 def configure(environ: Mapping[str, str]) -> None:

@@ -36,6 +36,7 @@ LATENCY_BUCKETS = (
 )  # fmt: skip
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 N_BUCKETS = (1, 2, 5, 10, 20)
+ADMITTED_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 PREEMPTION_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
 FINISH_REASONS = ("stop", "length", "abort", "error")
 PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
@@ -128,6 +129,11 @@ class MetricsActor:
         self.gen_len = hist("vllm:request_generation_tokens", "Generation length.", tokens)
         self.iteration_tokens = hist(
             "vllm:iteration_tokens_total", "Tokens per engine step.", ITERATION_TOKEN_BUCKETS
+        )
+        self.step_admitted = hist(
+            "llmserve_step_admitted_sequences",
+            "Sequences one engine step moved from waiting to running (steps admitting any).",
+            ADMITTED_BUCKETS,
         )
         self.max_gen_len = hist(
             "vllm:request_max_num_generation_tokens",
@@ -223,6 +229,8 @@ class MetricsActor:
             self.prompt_cached.labels(*lv).inc(cached)
             self.generation_tokens.labels(*lv).inc(generated)
             self.iteration_tokens.labels(*lv).observe(prompt + generated)
+            if event.num_admitted_sequences > 0:
+                self.step_admitted.labels(*lv).observe(event.num_admitted_sequences)
         elif isinstance(event, SequenceFinished):
             self._finished(event)
         elif isinstance(event, GroupFinished):

@@ -31,6 +31,7 @@ import trio
 from actors.core.protocol import EngineCore
 from actors.messages import Control, ControlResult, EngineInfo, RequestOutput
 from actors.runtime.admission import Admission
+from actors.runtime.burst import DEFAULT_WINDOW, AdmissionWindow, Arrivals
 from actors.runtime.engine_actor import BATCH_CREDITS, EngineActor
 from actors.runtime.failures import ServerFailed
 from actors.runtime.metric_events import MetricEvent
@@ -58,6 +59,7 @@ class ActorSystem:
     tokenizer: TokenizerActor
     metrics: MetricsActor
     _submit_send: trio.MemorySendChannel[RequestState]
+    arrivals: Arrivals  # prompts on their way to the engine (actors.runtime.burst)
     stopped: trio.Event = field(default_factory=trio.Event)  # every actor has ended
 
     @property
@@ -76,7 +78,12 @@ class ActorSystem:
         """Hands a registered request holding its admission slots to the tokenizer. Never
         blocks (the channel holds `capacity`); raises trio.ClosedResourceError once
         submissions are closed."""
-        await self._submit_send.send(state)
+        self.arrivals.arrived(len(state.prompts))  # before: the tokenizer may settle it at once
+        try:
+            await self._submit_send.send(state)
+        except BaseException:
+            self.arrivals.settled(len(state.prompts))
+            raise
 
     def abort(self, state: RequestState) -> None:
         """Ends every unfinished choice with finish_reason "abort" (a consumer still reading
@@ -102,6 +109,7 @@ async def run_actor_system(
     model_name: str,
     on_fatal: Callable[[BaseException], None],
     engine_index: int = 0,
+    admission_window: AdmissionWindow = DEFAULT_WINDOW,
     task_status: trio.TaskStatus[ActorSystem] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Starts engine -> tokenizer -> metrics and reports the handle; returns once every
@@ -116,13 +124,15 @@ async def run_actor_system(
     admit_send, admit_recv = trio.open_memory_channel[EngineRequest](capacity)
     batch_send, batch_recv = trio.open_memory_channel[tuple[RequestOutput, ...]](BATCH_CREDITS)
     metrics_send, metrics_recv = trio.open_memory_channel[MetricEvent](METRICS_CHANNEL_SIZE)
-    engine = EngineActor(core, registry, admit_recv, batch_send, metrics_send, on_fatal)
+    arrivals = Arrivals(admission_window)
+    engine = EngineActor(core, registry, admit_recv, batch_send, metrics_send, on_fatal,
+                         arrivals)
     tokenizer_actor = TokenizerActor(tokenizer, registry, engine, submit_recv, admit_send,
-                                     batch_recv, vocab_size=info.vocab_size)
+                                     batch_recv, vocab_size=info.vocab_size, arrivals=arrivals)
     metrics = MetricsActor(model_name, info.max_model_len, metrics_recv,
                            cache_info=cache_config_info(info), engine=engine_index)
     system = ActorSystem(info, registry, Admission(capacity), engine, tokenizer_actor,
-                         metrics, submit_send)
+                         metrics, submit_send, arrivals)
     supervised = partial(_supervised, registry, on_fatal)
     try:
         async with trio.open_nursery() as nursery:

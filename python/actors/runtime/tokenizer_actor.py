@@ -3,7 +3,8 @@
 Two loops share the actor:
 - submissions: render (chat templates) and tokenize prompts in a worker thread, check them
   against the context, and admit one engine request per prompt, with the request's n choices,
-  to the engine actor;
+  to the engine actor; every request waiting at that moment goes in the same worker-thread
+  call (actors.runtime.prompt_prep), so a burst reaches the engine together;
 - batches: turn each engine step's token ids into text with each choice's incremental
   detokenizer (stop strings included) and push the result into the request's Outbox.
 
@@ -25,24 +26,26 @@ import trio
 
 from actors.messages import RequestOutput
 from actors.runtime.failures import ClientGone, PrepareFailed, RowRefused
-from actors.errors import PromptTooLong, RequestRefused
-from actors.params.limits import RequestLimits
-from actors.params.pooling import check_pooling_prompt
-from actors.params.prompt import check_prompt
+from actors.errors import RequestRefused
 from actors.runtime import faults
+from actors.runtime.burst import Arrivals
 from actors.text.detokenizer import IncrementalDetokenizer, TokenTexts
 from actors.runtime.outbox import ChoiceUpdate, TokenLogprob
 from actors.runtime.prompt_bounds import PromptCharBound
+from actors.runtime.prompt_prep import PromptPreparer
 from actors.runtime.request import (
     Choice,
     EngineRequest,
-    PromptResult,
     Registry,
     RequestState,
 )
 from actors.runtime.engine_actor import EngineActor
 
 log = logging.getLogger("actors.runtime.tokenizer")
+
+# Requests prepared in one trip to the worker thread, at most: a burst's prompts reach the
+# engine together, and the requests behind a trip wait for at most this many renders.
+PREPARE_BATCH = 32
 
 
 class TokenizerActor:
@@ -56,7 +59,10 @@ class TokenizerActor:
         batch_recv: trio.MemoryReceiveChannel[tuple[RequestOutput, ...]],
         *,
         vocab_size: int,
+        arrivals: Arrivals | None = None,
     ) -> None:
+        """`arrivals`: settled here for every prompt that will never reach the engine."""
+        self._arrivals = arrivals
         self._tokenizer = tokenizer  # a transformers PreTrainedTokenizerFast
         self._backend = tokenizer.backend_tokenizer  # the Rust tokenizers.Tokenizer
         self._registry = registry
@@ -69,6 +75,7 @@ class TokenizerActor:
         # Logprob token texts, decoded here off the event loop; the HTTP side reads them.
         self.token_texts = TokenTexts(self._backend, vocab_size)
         self.prompt_bound = PromptCharBound(self._backend)
+        self._preparer = PromptPreparer(self._backend, self.prompt_bound, vocab_size)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED):
         async with trio.open_nursery() as nursery:
@@ -80,62 +87,57 @@ class TokenizerActor:
     async def _submissions(self) -> None:
         async with self._submit_recv, self._admit_send:
             async for state in self._submit_recv:
-                await self._admit(state)
+                states = [state]
+                # Whatever else is waiting (a burst) is prepared in the same trip to the
+                # worker thread and admitted together: the engine actor receives it as one.
+                while len(states) < PREPARE_BATCH:
+                    try:
+                        states.append(self._submit_recv.receive_nowait())
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
+                await self._admit(states)
 
-    async def _admit(self, state: RequestState) -> None:
-        if state.cancelled:
-            state.fail_before_start(ClientGone())
-            return
-        try:
-            results = await trio.to_thread.run_sync(
-                self._prepare, state, limiter=self._limiter
-            )
-        except RequestRefused as err:  # the prompt checks, or a render refusing the request
-            state.fail_before_start(err)
-            return
-        except Exception:
-            log.exception("preparing the prompt of %s failed", state.request_id)
-            state.fail_before_start(PrepareFailed())
-            return
-        state.prompt_results = results
-        self._make_engine_requests(state)
-        self._registry.add_engine_requests(state)
-        state.ready.set()
-        for req in state.engine_requests:
-            if state.cancelled or req.abort_requested:
-                req.done = True
-                for choice in req.choices:
-                    choice.retired = True
-                continue
-            # Never blocks (see the bound above), and no checkpoint between a request's
-            # prompts: the engine actor takes them all into the same step.
-            self._admit_send.send_nowait(req)
-        state.note_retired()
+    def _settle(self, prompts: int) -> None:
+        if self._arrivals is not None:
+            self._arrivals.settled(prompts)
 
-    def _prepare(self, state: RequestState) -> list[PromptResult]:
-        """Runs in a worker thread: render, tokenize and check every prompt (check_prompt,
-        the offline LLM's check too)."""
-        limits = RequestLimits(vocab_size=self._vocab_size, max_model_len=state.max_model_len)
-        results = []
-        for prompt in state.prompts:
-            text: str | None = None
-            if prompt.token_ids is not None:
-                ids = list(prompt.token_ids)
+    async def _admit(self, states: list[RequestState]) -> None:
+        live = []
+        for state in states:
+            if state.cancelled:
+                self._settle(len(state.prompts))
+                state.fail_before_start(ClientGone())
             else:
-                text = prompt.text if prompt.render is None else prompt.render()
-                too_long = None if state.params.truncate_prompt_tokens is not None else \
-                    self.prompt_bound.error(text, state.max_model_len)
-                if too_long is not None:  # cannot fit: refused without tokenizing
-                    raise PromptTooLong(too_long, param="prompt")
-                ids = self._backend.encode(
-                    text, add_special_tokens=prompt.add_special_tokens
-                ).ids
-            checked = (check_prompt(ids, state.params, limits) if state.pooling is None
-                       else check_pooling_prompt(ids, state.params, limits))
-            if text is None or checked is not ids:  # decoded only once its ids are known good
-                text = self._backend.decode(checked, skip_special_tokens=False)
-            results.append(PromptResult(checked, text))
-        return results
+                live.append(state)
+        if not live:
+            return
+        prepared = await trio.to_thread.run_sync(self._preparer.prepare_each, live,
+                                                 limiter=self._limiter)
+        for state, results in zip(live, prepared):
+            if isinstance(results, BaseException):
+                self._settle(len(state.prompts))
+                if isinstance(results, RequestRefused):  # the prompt checks, or the render
+                    state.fail_before_start(results)
+                else:
+                    log.error("preparing the prompt of %s failed", state.request_id,
+                              exc_info=results)
+                    state.fail_before_start(PrepareFailed())
+                continue
+            state.prompt_results = results
+            self._make_engine_requests(state)
+            self._registry.add_engine_requests(state)
+            state.ready.set()
+            for req in state.engine_requests:
+                if state.cancelled or req.abort_requested:
+                    self._settle(1)
+                    req.done = True
+                    for choice in req.choices:
+                        choice.retired = True
+                    continue
+                # Never blocks (see the bound above), and no checkpoint between prompts and
+                # requests: the engine actor takes them all into the same step.
+                self._admit_send.send_nowait(req)
+            state.note_retired()
 
     def _make_engine_requests(self, state: RequestState) -> None:
         """One engine request per prompt carrying all n choices: the engine runs the prompt
