@@ -84,12 +84,9 @@ class LLMEngine:
             if self.linear_routing is not None:
                 log.info("%s", self.linear_routing.summary())
         elif config.batch_invariant and hasattr(loaded.model, "use_row_kernels"):
-            # each row's kernel family by its role, never by the row count (row_kernels)
-            copies = loaded.model.use_row_kernels()
-            log.info("batch-invariant: generated-token rows on each matrix's own kernel, "
-                     "prompt rows on the tiles%s (--no-batch-invariant routes by row count)",
-                     f" (bf16 copies of the quantized matrices, {copies / 2**20:.0f} MiB)"
-                     if copies else "")
+            copies = loaded.model.use_row_kernels()  # kernels by row role (row_kernels)
+            log.info("batch-invariant: kernels by row role; prompt rows' bf16 copies: %d MiB",
+                     copies >> 20)
         mc = loaded.config
         self.model_config = mc
         self.model_dir: Path = loaded.model_dir
