@@ -67,13 +67,9 @@ class LLMEngine:
         self.loaded = loaded
         self.linear_routing = None  # actors.models.linear_routing.RoutingTable, once timed
         route = getattr(loaded.model, "route_linears", None)
-        # A shape routed away from the core's kernel at one row count and not another
-        # makes a sequence's result depend on its batch: every alternative (torch's GEMM,
-        # a quantized matrix's bf16 copy) computes a row differently from the core's
-        # kernel, which computes it the same at every row count. So routing runs only
-        # where batch invariance is given up (batch_invariant False), and never for
-        # float32 weights, the exact mode. Quantized weights (float32 activations) route
-        # there: their large-M products may go to a bf16 copy (linear_routing).
+        # Routing by row count makes a row's result depend on its batch (each alternative
+        # rounds differently), so it runs only without batch invariance and never for
+        # float32 weights; the invariant mode picks kernels by row role (row_kernels).
         if config.batch_invariant and getattr(loaded.model, "routing", None) is not None:
             raise ValueError("this model's linear products are routed (an engine without "
                              "batch invariance shares its weights): a batch-invariant engine "
