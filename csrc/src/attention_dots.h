@@ -110,7 +110,9 @@ inline void qk_all(const float* q, int rows, const KT* k, int n, float* s) {
 // and Ops::hsum8 adds the lanes in a fixed tree (16 lanes: lane i + 8 onto lane
 // i; then lanes 0-7 pairwise: ((0+1)+(2+3))+((4+5)+(6+7))). Here each lane's
 // chain runs down the rows i, i + W, ... of kt and the chains are added in the
-// same tree: W - 1 adds per W scores more than one chain over d would take.
+// same tree: W - 1 adds per W scores more than one chain over d would take
+// (about a quarter more work on q K^T at head size 64 with 16 lanes, an eighth
+// with 8), and the chains' sums pass through memory.
 
 // kt[d * kTile + j] (d < D, j < npad) = the tile's K rows, widened; rows past
 // n are zero. rowp[j] points at position j's K row.
@@ -148,35 +150,40 @@ inline void lane_chain(const float* q, const float* kt, int j0, int i,
     }
 }
 
-// a = the sum of hsum8's lanes [L, L + N) (of its eight: with 16 lanes, lane
-// i + 8 added onto lane i first), added in hsum8's tree.
-template <class Ops, int D, int RB, int JV, int L, int N>
-inline void lane_tree(const float* q, const float* kt, int j0, typename Ops::V (&a)[RB][JV]) {
-    static_assert(Ops::W == 8 || Ops::W == 16, "hsum8's tree is written for 8 or 16 lanes");
-    if constexpr (N == 1) {
-        lane_chain<Ops, D, RB, JV>(q, kt, j0, L, a);
-        if constexpr (Ops::W == 16) {
-            typename Ops::V b[RB][JV];
-            lane_chain<Ops, D, RB, JV>(q, kt, j0, L + 8, b);
-            for (int r = 0; r < RB; ++r)
-                for (int v = 0; v < JV; ++v) a[r][v] = Ops::add(a[r][v], b[r][v]);
-        }
-    } else {
-        typename Ops::V b[RB][JV];
-        lane_tree<Ops, D, RB, JV, L, N / 2>(q, kt, j0, a);
-        lane_tree<Ops, D, RB, JV, L + N / 2, N / 2>(q, kt, j0, b);
-        for (int r = 0; r < RB; ++r)
-            for (int v = 0; v < JV; ++v) a[r][v] = Ops::add(a[r][v], b[r][v]);
-    }
+// The sum of lanes [L, L + N) of hsum8's eight (f[i] for lane i), added in its tree.
+template <class Ops, int L, int N>
+inline typename Ops::V lane_tree(const typename Ops::V* f) {
+    if constexpr (N == 1)
+        return f[L];
+    else
+        return Ops::add(lane_tree<Ops, L, N / 2>(f), lane_tree<Ops, L + N / 2, N / 2>(f));
 }
 
+// The scores of RB rows and JV vectors of positions from j0: every lane chain
+// for all RB x JV at once (independent chains, which hide the FMA latency),
+// kept in `lanes` as hsum8's eight (with 16 lanes, lane i + 8's chain added
+// onto lane i's), then its tree over them per score.
 template <class Ops, int D, int RB, int JV>
 inline void qkt_block(const float* q, const float* kt, float* s, int j0) {
+    using V = typename Ops::V;
     constexpr int W = Ops::W;
-    typename Ops::V a[RB][JV];
-    lane_tree<Ops, D, RB, JV, 0, 8>(q, kt, j0, a);
+    static_assert(W == 8 || W == 16, "hsum8's tree is written for 8 or 16 lanes");
+    V lanes[8][RB][JV];
+    for (int i = 0; i < 8; ++i) lane_chain<Ops, D, RB, JV>(q, kt, j0, i, lanes[i]);
+    if constexpr (W == 16) {
+        for (int i = 0; i < 8; ++i) {
+            V a[RB][JV];
+            lane_chain<Ops, D, RB, JV>(q, kt, j0, i + 8, a);
+            for (int r = 0; r < RB; ++r)
+                for (int v = 0; v < JV; ++v) lanes[i][r][v] = Ops::add(lanes[i][r][v], a[r][v]);
+        }
+    }
     for (int r = 0; r < RB; ++r)
-        for (int v = 0; v < JV; ++v) Ops::store(s + r * kLd + j0 + v * W, a[r][v]);
+        for (int v = 0; v < JV; ++v) {
+            V f[8];
+            for (int i = 0; i < 8; ++i) f[i] = lanes[i][r][v];
+            Ops::store(s + r * kLd + j0 + v * W, lane_tree<Ops, 0, 8>(f));
+        }
 }
 
 template <class Ops, int D, int RB>
@@ -187,24 +194,34 @@ inline void qkt_rows(const float* q, const float* kt, int npad, float* s) {
     if (j0 < npad) qkt_block<Ops, D, RB, 1>(q, kt, s, j0);
 }
 
-// Rows per register block: the tree holds up to log2(8) + 2 partial sums per
-// score (one fewer without the 16-lane fold), RB x 2 of them, beside 2 kt
-// vectors and a broadcast.
+// Rows per register block: RB x 2 chains, 2 kt vectors and a broadcast (at
+// most 8: with 32 registers, 16 chains already hide the FMA latency).
 template <class Ops>
-constexpr int kTransposedRows = Ops::W == 16 ? 2 : 1;
+constexpr int kTransposedRows = (Ops::kRegs - 3) / 2 < 8 ? (Ops::kRegs - 3) / 2 : 8;
 // Rows per KV head from which an item takes this form: enough to amortize the
 // transpose of each K tile. Decode items (a few rows) keep the row-major form:
 // a transpose would cost about as much as their FMAs.
 template <class Ops>
-constexpr int kTransposedMinRows = Ops::kRegs >= 32 ? 16 : 12;
+constexpr int kTransposedMinRows = 2 * kTransposedRows<Ops>;
 
 template <class Ops, int D>
 inline void qkt_all(const float* q, int rows, const float* kt, int npad, float* s) {
     constexpr int RB = kTransposedRows<Ops>;
-    static_assert(RB == 1 || RB == 2, "remainder dispatch below handles one row");
+    static_assert(RB >= 1 && RB <= 8, "remainder dispatch below handles up to 7");
     int r0 = 0;
     for (; r0 + RB <= rows; r0 += RB) qkt_rows<Ops, D, RB>(q + r0 * D, kt, npad, s + r0 * kLd);
-    if (r0 < rows) qkt_rows<Ops, D, 1>(q + r0 * D, kt, npad, s + r0 * kLd);
+    const float* qr = q + r0 * D;
+    float* sr = s + r0 * kLd;
+    switch (rows - r0) {
+        case 1: qkt_rows<Ops, D, 1>(qr, kt, npad, sr); break;
+        case 2: if constexpr (RB > 2) qkt_rows<Ops, D, 2>(qr, kt, npad, sr); break;
+        case 3: if constexpr (RB > 3) qkt_rows<Ops, D, 3>(qr, kt, npad, sr); break;
+        case 4: if constexpr (RB > 4) qkt_rows<Ops, D, 4>(qr, kt, npad, sr); break;
+        case 5: if constexpr (RB > 5) qkt_rows<Ops, D, 5>(qr, kt, npad, sr); break;
+        case 6: if constexpr (RB > 6) qkt_rows<Ops, D, 6>(qr, kt, npad, sr); break;
+        case 7: if constexpr (RB > 7) qkt_rows<Ops, D, 7>(qr, kt, npad, sr); break;
+        default: break;
+    }
 }
 
 // acc[r][c0*W .. (c0+CB)*W) += sum_j p[r][j] v_j over n positions.
