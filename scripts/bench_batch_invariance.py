@@ -2,11 +2,12 @@
 (distinct; prefix caching off, so every round computes them all), greedy, --new-tokens each, in three engine modes on the default
 model (or --model) as the server loads it (--quantization auto):
 
-  invariant       the default (EngineConfig.batch_invariant): every matrix on the core's
-                  own kernel, attention one row per sequence (attention_seams.row_plans)
-  routed          --no-batch-invariant: linear routing timed at load, attention as the core
-                  batches it (prefill chunks' rows together, split long contexts)
-  core_attention  --no-batch-invariant --linear-routing off: the attention's share alone
+  invariant       the default (EngineConfig.batch_invariant): each row's linear kernels by
+                  its role (actors.models.row_kernels), nothing routed by timing
+  routed          --no-batch-invariant: linear routing timed at load
+  core_attention  --no-batch-invariant --linear-routing off: every matrix on the core's
+                  own kernel for every row
+(The core's attention is the same in all three: it gives a row the same bits in any call.)
 
 Each mode loads its own copy of the model (routing changes a model for every engine that
 shares it). --rounds rounds run every mode in turn, the order reversed every other round

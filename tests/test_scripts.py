@@ -62,6 +62,16 @@ def test_bench_moe_smoke() -> None:
 
 
 @pytest.mark.slow
+def test_bench_attention_rows_smoke() -> None:
+    out = run_json(str(SCRIPTS / "bench_attention_rows.py"), "--threads", "1", "--repeats", "1")
+    us = out["us"]
+    for case in ("prefill_8x250", "decode_32x300", "decode_1x2000"):
+        for dtype in ("bfloat16", "float32"):
+            for mode in ("core", "row_plans"):
+                key = f"{case}/{dtype}/{mode}"
+                assert us[key] > 0 and us[f"{key}/min"] > 0 and us[f"{key}/cpu"] > 0
+
+
 def test_bench_batch_invariance_smoke() -> None:
     out = run_json(str(SCRIPTS / "bench_batch_invariance.py"), "--threads", "1", "--prompts",
                    "4", "--prompt-tokens", "24", "--new-tokens", "4", "--rounds", "1")

@@ -1,5 +1,13 @@
 // CPU paged attention: cuts a call into work items, runs them on the worker
 // pool with the best instruction set, and merges split-K partial results.
+//
+// How a call is cut (items per sequence, KV heads merged into one item or not,
+// long contexts split or not: by the call's size and the thread count) never
+// changes a row's bits: the kernel computes a row the same way in any item
+// (attention_kernel.h), and a split context is merged as the kernel folds an
+// unsplit one. A query row's output is thus the same alone, in any batch, in a
+// prefill chunk or as a decode row (for one instruction set; the variants
+// differ from each other).
 #include "attention_cpu.h"
 
 #include <algorithm>
@@ -16,9 +24,9 @@ namespace lc::attn {
 
 namespace {
 
-// A split item reads at least this many context positions; below it the
-// merge costs more than the parallelism gains.
-constexpr int32_t kMinSplit = 256;
+// A context is split only when it has at least this many positions per part;
+// below it the merge costs more than the parallelism gains.
+constexpr int32_t kMinSplit = kChunk;
 // Calls cheaper than this many multiply-adds run on the calling thread:
 // waking the pool costs more than it saves.
 constexpr int64_t kSerialMacs = int64_t(1) << 18;
@@ -31,6 +39,7 @@ IsaSetting& isa_setting() {
 }
 
 using RunItem = void (*)(const Job&, const WorkItem&, const WorkItem*);
+using MergeSplit = void (*)(const Job&, const WorkItem&, int32_t);
 
 RunItem kernel_for(Isa isa) {
     switch (isa) {
@@ -43,12 +52,24 @@ RunItem kernel_for(Isa isa) {
     }
 }
 
+MergeSplit merge_for(Isa isa) {
+    switch (isa) {
+        case Isa::kAvx512:
+            return merge_split_avx512;
+        case Isa::kAvx2:
+            return merge_split_avx2;
+        default:
+            return merge_split_scalar;
+    }
+}
+
 int64_t item_cost(const WorkItem& it) { return int64_t(it.rows()) * (it.ctx_end - it.ctx_begin); }
 
-// Items whose context was split, and the output rows their partials merge into.
+// An item whose context was split: its first part and its chunk slots (the
+// parts' partials follow the first part's, in position order).
 struct SplitGroup {
     int64_t first_item;
-    int32_t num_items;
+    int32_t chunks;
 };
 
 // Base items: sequence x KV heads x query-token block (x head chunk when a
@@ -87,7 +108,10 @@ std::vector<WorkItem> make_items(const lc_attn_plan& plan, int32_t num_kv_heads,
 }
 
 // Split the context of long items when there are too few items to keep
-// every thread busy (e.g. one sequence decoding a long context).
+// every thread busy (e.g. one sequence decoding a long context). Parts are cut
+// at multiples of kChunk and store one partial per chunk they touch, so the
+// merge folds the chunks exactly as the unsplit kernel would: whether and
+// where a context is split changes no bits.
 std::vector<WorkItem> split_items(const std::vector<WorkItem>& base, int threads, int32_t head_size,
                                   std::vector<SplitGroup>& groups, int64_t& partial_floats) {
     const int64_t target = 8 * int64_t(threads);
@@ -98,63 +122,24 @@ std::vector<WorkItem> split_items(const std::vector<WorkItem>& base, int threads
     for (const WorkItem& it : base) {
         const int32_t len = it.ctx_end - it.ctx_begin;
         const int64_t splits = std::min<int64_t>(want, len / kMinSplit);
-        if (splits <= 1) {
+        const int32_t c0 = it.ctx_begin / kChunk, c1 = (it.ctx_end - 1) / kChunk + 1;
+        const int32_t per = int32_t((c1 - c0 + splits - 1) / std::max<int64_t>(splits, 1));
+        if (splits <= 1 || per >= c1 - c0) {
             items.push_back(it);
             continue;
         }
-        int32_t chunk = int32_t((len + splits - 1) / splits);
-        chunk = (chunk + kTile - 1) / kTile * kTile;
-        groups.push_back({int64_t(items.size()), 0});
-        for (int32_t b = it.ctx_begin; b < it.ctx_end; b += chunk) {
+        groups.push_back({int64_t(items.size()), c1 - c0});
+        for (int32_t c = c0; c < c1; c += per) {
             WorkItem part = it;
-            part.ctx_begin = b;
-            part.ctx_end = std::min(it.ctx_end, b + chunk);
+            part.ctx_begin = std::max(it.ctx_begin, c * kChunk);
+            part.ctx_end = std::min(it.ctx_end, (c + per) * kChunk);
             part.partial = partial_floats;
-            partial_floats += int64_t(it.rows()) * partial_row_floats(head_size);
+            partial_floats +=
+                int64_t(std::min(per, c1 - c)) * it.rows() * partial_row_floats(head_size);
             items.push_back(part);
-            ++groups.back().num_items;
         }
     }
     return items;
-}
-
-// out row = sum_i e^(m_i - M) acc_i / sum_i e^(m_i - M) l_i over the splits.
-void merge_group(const Job& job, const WorkItem* items, const SplitGroup& g) {
-    const WorkItem& first = items[g.first_item];
-    const int32_t d = job.head_size;
-    const int64_t row_floats = partial_row_floats(d);
-    const int32_t rows = first.rows();
-    const int32_t group = job.num_heads / job.num_kv_heads;
-    const int32_t q0 = job.plan->query_start[first.seq];
-    std::vector<float> acc(size_t(d), 0.0f);
-    for (int32_t r = 0; r < rows; ++r) {
-        float mx = -INFINITY;
-        for (int32_t i = 0; i < g.num_items; ++i)
-            mx = std::max(mx, job.partials[items[g.first_item + i].partial + r * row_floats]);
-        float l = 0.0f;
-        std::fill(acc.begin(), acc.end(), 0.0f);
-        if (mx != -INFINITY) {
-            for (int32_t i = 0; i < g.num_items; ++i) {
-                const float* p = job.partials + items[g.first_item + i].partial + r * row_floats;
-                if (p[0] == -INFINITY) continue;
-                const float w = std::exp(p[0] - mx);
-                l += w * p[1];
-                for (int32_t k = 0; k < d; ++k) acc[size_t(k)] += w * p[2 + k];
-            }
-        }
-        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-        const int32_t t = first.row_token(r);
-        const int32_t h = first.row_head(r, group);
-        const int64_t base =
-            int64_t(q0 + first.tok_begin + t) * job.out_stride_t + int64_t(h) * job.out_stride_h;
-        if (job.out_dtype == LC_DTYPE_BF16) {
-            uint16_t* o = static_cast<uint16_t*>(job.out) + base;
-            for (int32_t k = 0; k < d; ++k) o[k] = f32_to_bf16(acc[size_t(k)] * inv);
-        } else {
-            float* o = static_cast<float*>(job.out) + base;
-            for (int32_t k = 0; k < d; ++k) o[k] = acc[size_t(k)] * inv;
-        }
-    }
 }
 
 }  // namespace
@@ -187,7 +172,8 @@ void paged_attention_cpu(const lc_attn_plan& plan, const lc_tensor& q, const lc_
     job.scale = params.scale;
     job.sliding_window = params.sliding_window;
     job.softcap = params.softcap;
-    const RunItem run = kernel_for(current_isa());
+    const Isa isa = current_isa();
+    const RunItem run = kernel_for(isa);
 
     const int threads = num_threads();
     const int32_t group = job.num_heads / job.num_kv_heads;
@@ -238,8 +224,10 @@ void paged_attention_cpu(const lc_attn_plan& plan, const lc_tensor& q, const lc_
         }
     });
     if (!groups.empty()) {
+        const MergeSplit merge = merge_for(isa);
         parallel_for(int64_t(groups.size()), 4, [&](int64_t b, int64_t e) {
-            for (int64_t g = b; g < e; ++g) merge_group(job, items.data(), groups[size_t(g)]);
+            for (int64_t g = b; g < e; ++g)
+                merge(job, items[size_t(groups[size_t(g)].first_item)], groups[size_t(g)].chunks);
         });
     }
 }

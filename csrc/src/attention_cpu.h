@@ -27,6 +27,11 @@ namespace lc::attn {
 
 constexpr int kMaxRows = 32;  // query rows per work item (bounds the scratch on the stack)
 constexpr int kTile = 64;     // context positions per online-softmax step
+// Context positions per chunk: a row's softmax state restarts at every
+// multiple of kChunk and the chunks' states are folded in position order, so
+// a split context (cut at chunk boundaries) gives the bits of an unsplit one.
+constexpr int kChunk = 256;
+static_assert(kChunk % kTile == 0, "a tile never straddles two chunks");
 
 struct WorkItem {
     int32_t seq = 0;
@@ -38,7 +43,7 @@ struct WorkItem {
     int32_t tok_count = 0;
     int32_t ctx_begin = 0;
     int32_t ctx_end = 0;
-    int64_t partial = -1;  // float offset of this item's partial results; -1 = write out
+    int64_t partial = -1;  // float offset of this item's first chunk's partials; -1 = write out
 
     int32_t rows() const { return kv_count * tok_count * head_count; }
     int32_t row_token(int32_t r) const { return r / head_count % tok_count; }
@@ -48,8 +53,8 @@ struct WorkItem {
     }
 };
 
-// Partial results of a split row: [m, l, acc[head_size]] (max logit, sum of
-// exp, unnormalized output).
+// Partial results of a split row, one per chunk of its context:
+// [m, l, acc[head_size]] (max logit, sum of exp, unnormalized output).
 inline int64_t partial_row_floats(int32_t head_size) { return int64_t(head_size) + 2; }
 
 struct Job {
@@ -78,6 +83,13 @@ struct Job {
 void run_item_scalar(const Job& job, const WorkItem& item, const WorkItem* next);
 void run_item_avx2(const Job& job, const WorkItem& item, const WorkItem* next);
 void run_item_avx512(const Job& job, const WorkItem& item, const WorkItem* next);
+// Writes the output rows of a split item from its parts' partials: `first` is
+// its first part, and `chunks` chunk slots follow first.partial. Per
+// instruction set, as run_item_*: the fold gives the bits the unsplit item's
+// kernel would.
+void merge_split_scalar(const Job& job, const WorkItem& first, int32_t chunks);
+void merge_split_avx2(const Job& job, const WorkItem& first, int32_t chunks);
+void merge_split_avx512(const Job& job, const WorkItem& first, int32_t chunks);
 
 using Isa = lc::Isa;
 using lc::isa_name;

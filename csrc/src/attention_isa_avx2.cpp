@@ -83,6 +83,10 @@ void run_item_avx2(const Job& job, const WorkItem& item, const WorkItem* next) {
     kernel::run_item_any<Avx2Ops>(job, item, next);
 }
 
+void merge_split_avx2(const Job& job, const WorkItem& first, int32_t chunks) {
+    kernel::merge_split_any<Avx2Ops>(job, first, chunks);
+}
+
 }  // namespace lc::attn
 
 #if defined(__clang__)
@@ -95,6 +99,9 @@ void run_item_avx2(const Job& job, const WorkItem& item, const WorkItem* next) {
 
 namespace lc::attn {
 void run_item_avx2(const Job&, const WorkItem&, const WorkItem*) {
+    fail(LC_ERR_INTERNAL, "AVX2 kernel called on a non-x86 build");
+}
+void merge_split_avx2(const Job&, const WorkItem&, int32_t) {
     fail(LC_ERR_INTERNAL, "AVX2 kernel called on a non-x86 build");
 }
 }  // namespace lc::attn

@@ -114,6 +114,10 @@ void run_item_avx512(const Job& job, const WorkItem& item, const WorkItem* next)
     kernel::run_item_any<Avx512Ops>(job, item, next);
 }
 
+void merge_split_avx512(const Job& job, const WorkItem& first, int32_t chunks) {
+    kernel::merge_split_any<Avx512Ops>(job, first, chunks);
+}
+
 }  // namespace lc::attn
 
 #if defined(__clang__)
@@ -127,6 +131,9 @@ void run_item_avx512(const Job& job, const WorkItem& item, const WorkItem* next)
 
 namespace lc::attn {
 void run_item_avx512(const Job&, const WorkItem&, const WorkItem*) {
+    fail(LC_ERR_INTERNAL, "AVX-512 kernel called on a non-x86 build");
+}
+void merge_split_avx512(const Job&, const WorkItem&, int32_t) {
     fail(LC_ERR_INTERNAL, "AVX-512 kernel called on a non-x86 build");
 }
 }  // namespace lc::attn

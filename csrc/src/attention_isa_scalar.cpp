@@ -48,4 +48,8 @@ void run_item_scalar(const Job& job, const WorkItem& item, const WorkItem* next)
     kernel::run_item_any<ScalarOps>(job, item, next);
 }
 
+void merge_split_scalar(const Job& job, const WorkItem& first, int32_t chunks) {
+    kernel::merge_split_any<ScalarOps>(job, first, chunks);
+}
+
 }  // namespace lc::attn

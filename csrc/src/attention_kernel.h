@@ -31,221 +31,13 @@
 // scalar kernel could run AVX-512 code. The isa_objects ctest checks this.
 #pragma once
 
+#include "attention_dots.h"
+
 namespace lc::attn::kernel {
 namespace {
 
-constexpr int kLd = kTile + 16;  // logits row stride: a segment's last 8-group may spill
 constexpr int kMaxSegs = kTile;  // block segments per tile (block_size 1: one per position)
 constexpr float kNegInf = -__builtin_inff();
-
-// The widest x among `most`, most/2, ..., 1 such that an rb x x block of
-// accumulators, the smaller operand set held in registers and one streamed
-// operand fit in `regs` vector registers.
-static constexpr int fit_pow2(int rb, int regs, int most) {
-    for (int x = most; x > 1; x /= 2)
-        if (rb * x + (rb < x ? rb : x) + 1 <= regs) return x;
-    return 1;
-}
-// As fit_pow2, any width up to `most`.
-static constexpr int fit_any(int rb, int regs, int most) {
-    for (int x = most; x > 1; --x)
-        if (rb * x + (rb < x ? rb : x) + 1 <= regs) return x;
-    return 1;
-}
-
-// res[r][jj + b] = lane-wise partial dot products of q row r with k row jj + b.
-// The smaller of the two operand sets stays in registers per chunk.
-template <class Ops, int D, int RB, int JB, class KT>
-inline void qk_block(const float* q, const KT* k, typename Ops::V (*res)[8], int jj) {
-    using V = typename Ops::V;
-    constexpr int W = Ops::W, NC = D / W;
-    V a[RB][JB];
-    for (int r = 0; r < RB; ++r)
-        for (int b = 0; b < JB; ++b) a[r][b] = Ops::zero();
-    for (int c = 0; c < NC; ++c) {
-        if constexpr (RB <= JB) {
-            V qq[RB];
-            for (int r = 0; r < RB; ++r) qq[r] = Ops::load(q + r * D + c * W);
-            for (int b = 0; b < JB; ++b) {
-                const V kk = Ops::load(k + (jj + b) * D + c * W);
-                for (int r = 0; r < RB; ++r) a[r][b] = Ops::fma(qq[r], kk, a[r][b]);
-            }
-        } else {
-            V kk[JB];
-            for (int b = 0; b < JB; ++b) kk[b] = Ops::load(k + (jj + b) * D + c * W);
-            for (int r = 0; r < RB; ++r) {
-                const V qq = Ops::load(q + r * D + c * W);
-                for (int b = 0; b < JB; ++b) a[r][b] = Ops::fma(qq, kk[b], a[r][b]);
-            }
-        }
-    }
-    for (int r = 0; r < RB; ++r)
-        for (int b = 0; b < JB; ++b) res[r][jj + b] = a[r][b];
-}
-
-// s[r * kLd + j] = q_r . k_j for RB rows and n positions (k rows contiguous).
-// Writes up to 7 entries past n in each row (zeros); kLd leaves room.
-template <class Ops, int D, int RB, class KT>
-inline void qk_rows(const float* q, const KT* k, int n, float* s) {
-    using V = typename Ops::V;
-    constexpr int JB = fit_pow2(RB, Ops::kRegs, 8);
-    V res[RB][8];
-    for (int j0 = 0; j0 < n; j0 += 8) {
-        const int jn = n - j0 < 8 ? n - j0 : 8;
-        const KT* kg = k + j0 * D;
-        int jj = 0;
-        for (; jj + JB <= jn; jj += JB) qk_block<Ops, D, RB, JB>(q, kg, res, jj);
-        for (; jj < jn; ++jj) qk_block<Ops, D, RB, 1>(q, kg, res, jj);
-        for (; jj < 8; ++jj)
-            for (int r = 0; r < RB; ++r) res[r][jj] = Ops::zero();
-        for (int r = 0; r < RB; ++r) Ops::hsum8(res[r], s + r * kLd + j0);
-    }
-}
-
-// Calls F<RB>(r0) over all rows in register blocks of Ops::kRowBlock rows.
-template <class Ops, class F>
-inline void row_blocks(int rows, F&& f) {
-    constexpr int RB = Ops::kRowBlock;
-    static_assert(RB >= 1 && RB <= 4, "row_blocks handles remainders up to 3");
-    int r0 = 0;
-    for (; r0 + RB <= rows; r0 += RB) f(std::integral_constant<int, RB>(), r0);
-    switch (rows - r0) {
-        case 1: f(std::integral_constant<int, 1>(), r0); break;
-        case 2: if constexpr (RB > 2) f(std::integral_constant<int, 2>(), r0); break;
-        case 3: if constexpr (RB > 3) f(std::integral_constant<int, 3>(), r0); break;
-        default: break;
-    }
-}
-
-template <class Ops, int D, class KT>
-inline void qk_all(const float* q, int rows, const KT* k, int n, float* s) {
-    row_blocks<Ops>(rows, [&](auto rb, int r0) {
-        qk_rows<Ops, D, decltype(rb)::value>(q + r0 * D, k, n, s + r0 * kLd);
-    });
-}
-
-// ---- q K^T against a transposed tile (many rows per KV head: prefill) ----
-// With kt[d * kTile + j] = k_j[d], the scores of RB rows and JV*W positions are
-// a small matrix product: per dimension, JV loads of kt, RB broadcasts of q and
-// RB*JV FMAs, written straight into s with no horizontal sums (the row-major
-// form needs a transposing reduction per 8 scores, which made q K^T cost 2-3x
-// p V per FMA).
-
-// kt[d * kTile + j] (d < D, j < npad) = the tile's K rows, widened; rows past
-// n are zero. rowp[j] points at position j's K row.
-template <class Ops, int D, class KT>
-inline void transpose_tile(const KT* const* rowp, int n, int npad, float* kt) {
-    using V = typename Ops::V;
-    constexpr int W = Ops::W;
-    for (int j0 = 0; j0 < npad; j0 += W) {
-        for (int d0 = 0; d0 < D; d0 += W) {
-            V blk[W];
-            for (int i = 0; i < W; ++i)
-                blk[i] = j0 + i < n ? Ops::load(rowp[j0 + i] + d0) : Ops::zero();
-            Ops::transpose(blk);
-            for (int i = 0; i < W; ++i) Ops::store(kt + (d0 + i) * kTile + j0, blk[i]);
-        }
-    }
-}
-
-template <class Ops, int D, int RB, int JV>
-inline void qkt_block(const float* q, const float* kt, float* s, int j0) {
-    using V = typename Ops::V;
-    constexpr int W = Ops::W;
-    V a[RB][JV];
-    for (int r = 0; r < RB; ++r)
-        for (int v = 0; v < JV; ++v) a[r][v] = Ops::zero();
-    for (int d = 0; d < D; ++d) {
-        V kk[JV];
-        for (int v = 0; v < JV; ++v) kk[v] = Ops::load(kt + d * kTile + j0 + v * W);
-        for (int r = 0; r < RB; ++r) {
-            const V qq = Ops::set1(q[r * D + d]);
-            for (int v = 0; v < JV; ++v) a[r][v] = Ops::fma(qq, kk[v], a[r][v]);
-        }
-    }
-    for (int r = 0; r < RB; ++r)
-        for (int v = 0; v < JV; ++v) Ops::store(s + r * kLd + j0 + v * W, a[r][v]);
-}
-
-template <class Ops, int D, int RB>
-inline void qkt_rows(const float* q, const float* kt, int npad, float* s) {
-    constexpr int W = Ops::W;
-    int j0 = 0;
-    for (; j0 + 2 * W <= npad; j0 += 2 * W) qkt_block<Ops, D, RB, 2>(q, kt, s, j0);
-    if (j0 < npad) qkt_block<Ops, D, RB, 1>(q, kt, s, j0);
-}
-
-// Rows per register block: RB x 2 accumulators, 2 kt vectors and a broadcast
-// (at most 8: with 32 registers, 16 accumulators already hide the FMA latency).
-template <class Ops>
-constexpr int kTransposedRows = (Ops::kRegs - 3) / 2 < 8 ? (Ops::kRegs - 3) / 2 : 8;
-
-template <class Ops, int D>
-inline void qkt_all(const float* q, int rows, const float* kt, int npad, float* s) {
-    constexpr int RB = kTransposedRows<Ops>;
-    static_assert(RB >= 1 && RB <= 8, "remainder dispatch below handles up to 7");
-    int r0 = 0;
-    for (; r0 + RB <= rows; r0 += RB) qkt_rows<Ops, D, RB>(q + r0 * D, kt, npad, s + r0 * kLd);
-    const float* qr = q + r0 * D;
-    float* sr = s + r0 * kLd;
-    switch (rows - r0) {
-        case 1: qkt_rows<Ops, D, 1>(qr, kt, npad, sr); break;
-        case 2: if constexpr (RB > 2) qkt_rows<Ops, D, 2>(qr, kt, npad, sr); break;
-        case 3: if constexpr (RB > 3) qkt_rows<Ops, D, 3>(qr, kt, npad, sr); break;
-        case 4: if constexpr (RB > 4) qkt_rows<Ops, D, 4>(qr, kt, npad, sr); break;
-        case 5: if constexpr (RB > 5) qkt_rows<Ops, D, 5>(qr, kt, npad, sr); break;
-        case 6: if constexpr (RB > 6) qkt_rows<Ops, D, 6>(qr, kt, npad, sr); break;
-        case 7: if constexpr (RB > 7) qkt_rows<Ops, D, 7>(qr, kt, npad, sr); break;
-        default: break;
-    }
-}
-
-// acc[r][c0*W .. (c0+CB)*W) += sum_j p[r][j] v_j over n positions.
-template <class Ops, int D, int RB, int CB, class KT>
-inline void pv_block(const float* p, const KT* v, int n, float* acc, int c0) {
-    using V = typename Ops::V;
-    constexpr int W = Ops::W;
-    V a[RB][CB];
-    for (int r = 0; r < RB; ++r)
-        for (int c = 0; c < CB; ++c) a[r][c] = Ops::load(acc + r * D + (c0 + c) * W);
-    for (int j = 0; j < n; ++j) {
-        if constexpr (RB <= CB) {
-            V pr[RB];
-            for (int r = 0; r < RB; ++r) pr[r] = Ops::set1(p[r * kLd + j]);
-            for (int c = 0; c < CB; ++c) {
-                const V vv = Ops::load(v + j * D + (c0 + c) * W);
-                for (int r = 0; r < RB; ++r) a[r][c] = Ops::fma(pr[r], vv, a[r][c]);
-            }
-        } else {
-            V vv[CB];
-            for (int c = 0; c < CB; ++c) vv[c] = Ops::load(v + j * D + (c0 + c) * W);
-            for (int r = 0; r < RB; ++r) {
-                const V pr = Ops::set1(p[r * kLd + j]);
-                for (int c = 0; c < CB; ++c) a[r][c] = Ops::fma(pr, vv[c], a[r][c]);
-            }
-        }
-    }
-    for (int r = 0; r < RB; ++r)
-        for (int c = 0; c < CB; ++c) Ops::store(acc + r * D + (c0 + c) * W, a[r][c]);
-}
-
-// Every column chunk from C0 on, in passes as wide as the registers allow.
-template <class Ops, int D, int RB, int C0, class KT>
-inline void pv_cols(const float* p, const KT* v, int n, float* acc) {
-    constexpr int NC = D / Ops::W;
-    if constexpr (C0 < NC) {
-        constexpr int CB = fit_any(RB, Ops::kRegs, NC - C0);
-        pv_block<Ops, D, RB, CB>(p, v, n, acc, C0);
-        pv_cols<Ops, D, RB, C0 + CB>(p, v, n, acc);
-    }
-}
-
-template <class Ops, int D, class KT>
-inline void pv_all(const float* p, int rows, const KT* v, int n, float* acc) {
-    row_blocks<Ops>(rows, [&](auto rb, int r0) {
-        pv_cols<Ops, D, decltype(rb)::value, 0>(p + r0 * kLd, v, n, acc + r0 * D);
-    });
-}
 
 template <class Ops>
 inline float row_max(const float* x, int npad) {
@@ -392,6 +184,44 @@ struct Prefetcher {
 // of K (and as much of V) in flight, at least a block.
 constexpr int kPrefetchBytes = 12 << 10;
 
+// Folds one chunk's state (m, l, a) of a row into the row's running total
+// (M, L, A): A = A e^(M - M') + a e^(m - M'), likewise L, M' = max(M, m). The
+// kernel (an unsplit item) and merge_split (the parts of a split one) both
+// fold a row's chunks with this, in position order, from an empty total.
+template <class Ops, int D>
+inline void fold_chunk(float& M, float& L, float* A, float m, float l, const float* a) {
+    if (m == kNegInf) return;  // nothing visible in the chunk
+    if (M == kNegInf) {
+        M = m;
+        L = l;
+        for (int d = 0; d < D; d += Ops::W) Ops::store(A + d, Ops::load(a + d));
+        return;
+    }
+    const float mx = M > m ? M : m;
+    const float x = __builtin_expf(M - mx), y = __builtin_expf(m - mx);
+    M = mx;
+    L = __builtin_fmaf(L, x, l * y);
+    const auto vx = Ops::set1(x), vy = Ops::set1(y);
+    for (int d = 0; d < D; d += Ops::W)
+        Ops::store(A + d, Ops::fma(Ops::load(A + d), vx, Ops::mul(Ops::load(a + d), vy)));
+}
+
+// out row r of item `it` = A / L.
+template <int D>
+inline void write_row(const Job& job, const WorkItem& it, int r, const float* A, float L) {
+    const int32_t q0 = job.plan->query_start[it.seq];
+    const int64_t base = int64_t(q0 + it.tok_begin + it.row_token(r)) * job.out_stride_t +
+                         it.row_head(r, job.num_heads / job.num_kv_heads) * job.out_stride_h;
+    const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+    if (job.out_dtype == LC_DTYPE_BF16) {
+        uint16_t* o = static_cast<uint16_t*>(job.out) + base;
+        for (int d = 0; d < D; ++d) o[d] = f32_to_bf16(A[d] * inv);
+    } else {
+        float* o = static_cast<float*>(job.out) + base;
+        for (int d = 0; d < D; ++d) o[d] = A[d] * inv;
+    }
+}
+
 template <class Ops, int D, class KT>
 void run_item(const Job& job, const WorkItem& it, const WorkItem* next) {
     constexpr int W = Ops::W;
@@ -408,18 +238,18 @@ void run_item(const Job& job, const WorkItem& it, const WorkItem* next) {
     // Many row blocks per KV head: widen a bf16 tile once into `kv` rather
     // than once per row block.
     const bool widen_tile = kWiden && hrows > 2 * Ops::kRowBlock;
-    // Enough rows to amortize a transpose of each K tile (fp32 or bf16 cache).
-    // Decode items (a few rows) keep the row-major form: a transpose would cost
-    // about as much as their FMAs.
-    const bool transposed = Ops::kTransposedQk && hrows >= 2 * kTransposedRows<Ops>;
+    // Enough rows to amortize a transpose of each K tile (fp32 or bf16 cache);
+    // either form gives the same scores.
+    const bool transposed = Ops::kTransposedQk && hrows >= kTransposedMinRows<Ops>;
 
     alignas(64) float q[kMaxRows * D];
-    alignas(64) float acc[kMaxRows * D];
+    alignas(64) float acc[kMaxRows * D];   // this chunk's p V
+    alignas(64) float tacc[kMaxRows * D];  // the chunks before it, folded
     alignas(64) float s[kMaxRows * kLd];
     alignas(64) float kv[kWiden ? kTile * D : 1];
     alignas(64) float kt[Ops::kTransposedQk ? kTile * D : 1];
     const KT* rowp[kTile];
-    float m[kMaxRows], l[kMaxRows];
+    float m[kMaxRows], l[kMaxRows], tm[kMaxRows], tl[kMaxRows];
     int32_t lo[kMaxRows], hi[kMaxRows];  // visible positions of row r: [lo, hi]
     Seg<KT> segs[kMaxSegs];
 
@@ -433,9 +263,29 @@ void run_item(const Job& job, const WorkItem& it, const WorkItem* next) {
         hi[r] = first_pos + t;
         lo[r] = job.sliding_window > 0 ? hi[r] - job.sliding_window + 1 : 0;
         if (lo[r] < 0) lo[r] = 0;
-        m[r] = kNegInf;
-        l[r] = 0.0f;
+        m[r] = tm[r] = kNegInf;
+        l[r] = tl[r] = 0.0f;
     }
+
+    // Ends the current chunk: a split part stores each chunk's state in its
+    // own slot (merge_split folds them), an unsplit item folds it here.
+    float* slot = it.partial >= 0 ? job.partials + it.partial : nullptr;
+    auto end_chunk = [&] {
+        for (int r = 0; r < rows; ++r) {
+            if (slot != nullptr) {
+                float* dst = slot + r * partial_row_floats(D);
+                dst[0] = m[r];
+                dst[1] = l[r];
+                for (int d = 0; d < D; ++d) dst[2 + d] = acc[r * D + d];
+            } else {
+                fold_chunk<Ops, D>(tm[r], tl[r], tacc + r * D, m[r], l[r], acc + r * D);
+            }
+            for (int d = 0; d < D; ++d) acc[r * D + d] = 0.0f;
+            m[r] = kNegInf;
+            l[r] = 0.0f;
+        }
+        if (slot != nullptr) slot += rows * partial_row_floats(D);
+    };
 
     std::optional<ItemCache<KT>> next_cache;
     if (next != nullptr && next->ctx_end > next->ctx_begin) next_cache.emplace(job, *next, D);
@@ -457,6 +307,7 @@ void run_item(const Job& job, const WorkItem& it, const WorkItem* next) {
     vpf.values = true;
 
     for (int32_t t0 = it.ctx_begin, t1; t0 < it.ctx_end; t0 = t1) {
+        if (t0 % kChunk == 0 && t0 > it.ctx_begin) end_chunk();
         t1 = tile_end(t0, it.ctx_end);
         const int n = t1 - t0;
         const int npad = (n + W - 1) / W * W;
@@ -524,27 +375,27 @@ void run_item(const Job& job, const WorkItem& it, const WorkItem* next) {
                 if (widen_tile) pv_all<Ops, D>(pk, hrows, kv, n, ak);
         }
     }
+    end_chunk();
+    if (slot == nullptr)
+        for (int r = 0; r < rows; ++r) write_row<D>(job, it, r, tacc + r * D, tl[r]);
+}
 
-    if (it.partial >= 0) {
-        float* dst = job.partials + it.partial;
-        for (int r = 0; r < rows; ++r, dst += D + 2) {
-            dst[0] = m[r];
-            dst[1] = l[r];
-            for (int d = 0; d < D; ++d) dst[2 + d] = acc[r * D + d];
+// The output rows of a split item from its parts' chunk states: `first` is
+// its first part, whose partials are followed by the other parts', `chunks`
+// slots of first.rows() rows in all, in position order.
+template <class Ops, int D>
+void merge_split(const Job& job, const WorkItem& first, int32_t chunks) {
+    alignas(64) float A[D];
+    const int64_t row_floats = partial_row_floats(D);
+    const float* slots = job.partials + first.partial;
+    const int64_t slot_floats = first.rows() * row_floats;
+    for (int r = 0; r < first.rows(); ++r) {
+        float M = kNegInf, L = 0.0f;
+        for (int32_t c = 0; c < chunks; ++c) {
+            const float* p = slots + c * slot_floats + r * row_floats;
+            fold_chunk<Ops, D>(M, L, A, p[0], p[1], p + 2);
         }
-        return;
-    }
-    for (int r = 0; r < rows; ++r) {
-        const int64_t base = int64_t(q0 + it.tok_begin + it.row_token(r)) * job.out_stride_t +
-                             it.row_head(r, group) * job.out_stride_h;
-        const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-        if (job.out_dtype == LC_DTYPE_BF16) {
-            uint16_t* o = static_cast<uint16_t*>(job.out) + base;
-            for (int d = 0; d < D; ++d) o[d] = f32_to_bf16(acc[r * D + d] * inv);
-        } else {
-            float* o = static_cast<float*>(job.out) + base;
-            for (int d = 0; d < D; ++d) o[d] = acc[r * D + d] * inv;
-        }
+        write_row<D>(job, first, r, A, L);
     }
 }
 
@@ -561,6 +412,12 @@ void run_item_any(const Job& job, const WorkItem& it, const WorkItem* next) {
         run_item_kt<Ops, uint16_t>(job, it, next);
     else
         run_item_kt<Ops, float>(job, it, next);
+}
+
+template <class Ops>
+void merge_split_any(const Job& job, const WorkItem& first, int32_t chunks) {
+    HeadSizes::visit(job.head_size,
+                     [&](auto d) { merge_split<Ops, decltype(d)::value>(job, first, chunks); });
 }
 
 }  // namespace

@@ -42,9 +42,9 @@ class EngineConfig:
     # 1.5 s) and route each (shape, M bucket) to the faster (actors.models.linear_routing)
     linear_routing: bool = True
     # A request's numbers do not depend on the batch it shares (the concurrency, chunked
-    # prefill, prefix-cache hits): the attention computes every row as a decode row
-    # (actors.core.runner.attention_seams.row_plans) and linear routing keeps each matrix
-    # on kernels with its own kernel's per-row numerics (actors.models.linear_routing).
+    # prefill, prefix-cache hits): each row's linear kernels are chosen by its role, never
+    # by the row count (actors.models.row_kernels), and nothing is routed by timing; the
+    # core's attention gives a row the same bits in any call by itself.
     batch_invariant: bool = True
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     max_num_seqs: int = 128

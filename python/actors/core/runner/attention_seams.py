@@ -26,7 +26,7 @@ from actors.core.kv_groups import KVGroups
 from actors.core.runner.cross_kv import CrossKVPool
 
 __all__ = ["CrossPagedAttention", "EncoderAttention", "LayerAttention", "PagedAttention",
-           "group_plans", "row_plans"]
+           "group_plans"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,61 +88,20 @@ def group_plans(tables: np.ndarray, query_start: np.ndarray, seq_lens: np.ndarra
     return plans
 
 
-def row_plans(tables: np.ndarray, owner: np.ndarray, pos: np.ndarray, num_blocks: int,
-              threads: int) -> tuple[list[llmcore.AttentionPlan], int]:
-    """Per KV cache group, a plan that attends every query row as a sequence of its own
-    (one query at position p over p + 1 positions, its sequence's block table), and the
-    rows it holds: the step's, padded with idle rows up to ``INVARIANT_ROWS_PER_THREAD *
-    threads``. ``tables`` as ``group_plans`` left them (freed entries at block 0).
-
-    What this buys is batch invariance (``EngineConfig.batch_invariant``): the core's
-    attention computes a row the same way wherever it sits except in two cases that depend
-    on the rest of the call. An item of many rows (a prefill chunk's query tokens) forms q
-    K^T on a transposed tile, a different summation order from the row-major dot products
-    of an item of a few rows (decode), so a token's attention output, and from there every
-    later token, would depend on where the step's chunk boundaries fell. A call of fewer
-    items than ``4 x threads`` (a few sequences decoding) splits long contexts into parts
-    merged afterwards (split-K), as a batch of many sequences does not. One row per
-    sequence gives every row the decode form, and the padding keeps every call at
-    ``4 x threads`` items or more (csrc/src/attention_cpu.cpp: the item count below which
-    it splits, and the sequence count from which it merges KV heads into one item). The
-    idle rows read position 0 of block 0 and are dropped. Cost: the K/V tile of a prefill
-    chunk is read once per query token instead of once per ten, and q K^T runs without the
-    transposed tile (scripts/bench_batch_invariance.py measures the whole)."""
-    t = len(pos)
-    rows = max(t, INVARIANT_ROWS_PER_THREAD * threads)
-    query_start = np.arange(rows + 1, dtype=np.int32)
-    seq_lens = np.ones(rows, dtype=np.int32)
-    seq_lens[:t] = pos + 1
-    slots = np.zeros(rows, dtype=np.int64)  # unused: the step's own plan stores the K/V
-    plans = []
-    for table in tables:
-        per_row = np.zeros((rows, table.shape[1]), dtype=np.int32)
-        per_row[:t] = table[owner]
-        plans.append(llmcore.AttentionPlan(query_start, seq_lens, per_row, slots,
-                                           num_blocks=num_blocks))
-    return plans, rows
-
-
-# Rows per core thread a batch-invariant attention call holds at least (row_plans).
-INVARIANT_ROWS_PER_THREAD = 4
-
-
 class PagedAttention:
     """The model's attention seam for one step: store new K/V, attend over the cache.
 
-    ``attend``: the plans the attention reads with, when not the storing ``plans`` (the
-    batch-invariant ``row_plans``), and the rows they hold (q is padded to that many)."""
+    The core's attention gives a query row the same bits whatever else the call holds
+    (csrc/src/attention_cpu.cpp), so the step's own plan serves the batch-invariant mode
+    too."""
 
-    __slots__ = ("attend", "k_caches", "layers", "plans", "rows", "v_caches")
+    __slots__ = ("k_caches", "layers", "plans", "v_caches")
 
-    def __init__(self, plans: list, k_caches, v_caches, layers: LayerAttention,
-                 attend: tuple[list, int] | None = None) -> None:
+    def __init__(self, plans: list, k_caches, v_caches, layers: LayerAttention) -> None:
         self.plans = plans  # per KV cache group
         self.k_caches = k_caches  # per slot
         self.v_caches = v_caches
         self.layers = layers
-        self.attend, self.rows = attend if attend is not None else (plans, 0)
 
     def attn(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         la = self.layers
@@ -150,15 +109,10 @@ class PagedAttention:
         slot = la.slot_of[layer]
         kc, vc = self.k_caches[slot], self.v_caches[slot]
         llmcore.kv_store(self.plans[group], k, v, kc, vc)
-        t = q.shape[0]
-        if self.rows > t:  # idle rows after the step's
-            padded = q.new_zeros((self.rows, *q.shape[1:]))
-            padded[:t] = q
-            q = padded
         out = torch.empty_like(q)
-        llmcore.paged_attention(self.attend[group], q, kc, vc, out, la.scales[layer],
+        llmcore.paged_attention(self.plans[group], q, kc, vc, out, la.scales[layer],
                                 la.windows[layer], la.softcaps[layer])
-        return out[:t]
+        return out
 
 
 class CrossPagedAttention(PagedAttention):
@@ -169,9 +123,8 @@ class CrossPagedAttention(PagedAttention):
     __slots__ = ("cross_plan", "pool")
 
     def __init__(self, plans: list, k_caches, v_caches, layers: LayerAttention,
-                 pool: CrossKVPool, row_seq_ids: np.ndarray,
-                 attend: tuple[list, int] | None = None) -> None:
-        super().__init__(plans, k_caches, v_caches, layers, attend)
+                 pool: CrossKVPool, row_seq_ids: np.ndarray) -> None:
+        super().__init__(plans, k_caches, v_caches, layers)
         self.pool = pool
         self.cross_plan = pool.plan(row_seq_ids.tolist())
 

@@ -35,14 +35,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-import llmcore
 import numpy as np
 import torch
 
 from actors.core.kv_groups import KVGroups
 from actors.core.runner.attention_seams import (CrossPagedAttention, EncoderAttention,
-                                                LayerAttention, PagedAttention, group_plans,
-                                                row_plans)
+                                                LayerAttention, PagedAttention, group_plans)
 from actors.core.runner.cross_kv import CrossKVPool
 from actors.core.runner.sampler import (Sampler, SamplingHooks, SeqState, TokenMask,
                                         allowed_mask_of)
@@ -79,8 +77,9 @@ class ModelRunner:
                  fast_forward: bool = True, kv_groups: KVGroups | None = None,
                  batch_invariant: bool = True) -> None:
         self.model = model
-        # Each attention row computed as a sequence of its own (attention_seams.row_plans),
-        # so that its result does not depend on the rest of the step.
+        # Each row's linear kernels chosen by its role (actors.models.row_kernels), so that
+        # its result does not depend on the rest of the step; the core's attention gives a
+        # row the same bits in any call by itself.
         self.batch_invariant = batch_invariant
         self.vocab_size = vocab_size
         self.num_blocks = num_blocks
@@ -246,14 +245,12 @@ class ModelRunner:
             owner = np.repeat(np.arange(num_seqs), np.diff(query_start))
             plans = group_plans(block_tables, query_start, seq_lens, owner, pos,
                                 self.block_size, self.num_blocks)
-            attend = (row_plans(block_tables, owner, pos, self.num_blocks,
-                                llmcore.get_num_threads()) if self.batch_invariant else None)
             if self.encoder_decoder:
                 seq_ids = np.fromiter((s.seq_id for s in plan.seqs), np.int64, num_seqs)
                 seam = CrossPagedAttention(plans, self.k_caches, self.v_caches, self.layers,
-                                           self._cross, seq_ids[owner], attend)
+                                           self._cross, seq_ids[owner])
             else:
-                seam = PagedAttention(plans, self.k_caches, self.v_caches, self.layers, attend)
+                seam = PagedAttention(plans, self.k_caches, self.v_caches, self.layers)
         else:
             seam = EncoderAttention(query_start, self.layers.default_scale)
         logits_rows = torch.from_numpy(query_start[1:][sampling].astype(np.int64) - 1)
