@@ -48,6 +48,7 @@
 #pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma")
 #endif
 
+#include "amx_tiles.h"
 #include "linear_bf16_pack.h"
 
 namespace lc::linear {
@@ -60,23 +61,12 @@ constexpr int64_t kTileK = 32;                // k per tile product
 constexpr int64_t kTileElems = kTileK * kNR;  // bf16 per B tile (1 KiB)
 static_assert(kTileK == weight::kBf16RowAlign, "bf16 panels hold whole B tiles");
 
-// ldtilecfg's 64-byte operand (palette 1).
-struct alignas(64) TileConfig {
-    uint8_t palette = 1, start_row = 0;
-    uint8_t reserved[14] = {};
-    uint16_t colsb[16] = {};
-    uint8_t rows[16] = {};
-};
-
 // C (0-3) and A (4-5) tiles of `rows` rows; B (6-7) of 16 pair rows. Every tile
 // row is 64 bytes (16 fp32, or 32 bf16).
 void configure(int rows) {
-    TileConfig cfg;
-    for (int t = 0; t < 8; ++t) {
-        cfg.colsb[t] = 64;
-        cfg.rows[t] = uint8_t(t < 6 ? rows : kTileRows);
-    }
-    _tile_loadconfig(&cfg);
+    amx::TileConfig cfg;
+    for (int t = 0; t < 8; ++t) cfg.set(t, t < 6 ? rows : kTileRows, 64);
+    amx::load(cfg);
 }
 
 // out[m0 + r][n0 + c] = c_tile[r][c] + bias for r < nrows, c < ncols: store_row's

@@ -85,14 +85,21 @@ bool cpu_has_avx512_vnni();
 
 namespace {  // internal linkage: each ISA's translation unit gets its own copy
 
+struct NoHook {
+    void operator()() const {}
+};
+
 // Calls micro(panel, m0, rows, valid columns) over the job's panels and rows
-// in cache-friendly order, spread over the worker pool.
-template <int MR, class Micro>
-void drive_quant(const Job& job, Micro&& micro) {
+// in cache-friendly order, spread over the worker pool; each worker calls enter()
+// before its share and leave() after (the tile kernels load and release their
+// tile configuration there).
+template <int MR, class Micro, class Enter = NoHook, class Leave = NoHook>
+void drive_quant(const Job& job, Micro&& micro, Enter enter = {}, Leave leave = {}) {
     const lc_weight& w = *job.packed;
     const int64_t panel_bytes = quant::panel_bytes(w.qtype, job.K);
     const int64_t group = std::max<int64_t>(1, (int64_t(192) << 10) / panel_bytes);
     for_tiles(job, w.panels, job.M * job.K * weight::kPanel, [&](int64_t p0, int64_t p1) {
+        enter();
         for (int64_t g0 = p0; g0 < p1; g0 += group) {
             const int64_t g1 = std::min(p1, g0 + group);
             for (int64_t m0 = 0; m0 < job.M; m0 += MR) {
@@ -102,6 +109,7 @@ void drive_quant(const Job& job, Micro&& micro) {
                           int(std::min<int64_t>(weight::kPanel, job.N - p * weight::kPanel)));
             }
         }
+        leave();
     });
 }
 

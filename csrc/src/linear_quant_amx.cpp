@@ -24,6 +24,7 @@
 // core, int16 activations gaining more than int8 (scripts/bench_linear_amx.py).
 #include "linear_quant.h"
 
+#include "amx_tiles.h"
 #include "cpu_isa.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -49,29 +50,20 @@ namespace {
 
 constexpr int kTileRows = 16;
 
-// ldtilecfg's 64-byte operand (palette 1).
-struct alignas(64) TileConfig {
-    uint8_t palette = 1;
-    uint8_t start_row = 0;
-    uint8_t reserved[14] = {};
-    uint16_t colsb[16] = {};
-    uint8_t rows[16] = {};
-};
-
 // Tile registers. int8 activations: C tmm0 (even blocks) / tmm1 (odd), A tmm2 / tmm3,
 // B tmm4 / tmm5, so consecutive blocks share no tile and their products overlap.
 // int16 (hi, lo): C tmm0, tmm1 (even) / tmm5, tmm6 (odd), A tmm2, tmm3 (shared),
 // B tmm4 / tmm7. C: 16 rows x 16 int32; A: 16 rows x 32 bytes; B: 8 rows x 64
 // bytes (32 quants of 16 columns).
 void configure_tiles(bool wide) {
-    TileConfig cfg;
-    const auto set = [&](int t, int rows, int colsb) { cfg.rows[t] = uint8_t(rows), cfg.colsb[t] = uint16_t(colsb); };
-    set(0, kTileRows, 64), set(1, kTileRows, 64), set(2, kTileRows, 32), set(3, kTileRows, 32), set(4, 8, 64);
+    amx::TileConfig cfg;
+    cfg.set(0, kTileRows, 64), cfg.set(1, kTileRows, 64), cfg.set(2, kTileRows, 32);
+    cfg.set(3, kTileRows, 32), cfg.set(4, 8, 64);
     if (wide)
-        set(5, kTileRows, 64), set(6, kTileRows, 64), set(7, 8, 64);
+        cfg.set(5, kTileRows, 64), cfg.set(6, kTileRows, 64), cfg.set(7, 8, 64);
     else
-        set(5, 8, 64);
-    _tile_loadconfig(&cfg);
+        cfg.set(5, 8, 64);
+    amx::load(cfg);
 }
 
 // The activations as byte planes: row m, element k at m * K + k.
@@ -245,26 +237,13 @@ void run_type(const Job& job, const QuantX& qx, const Planes& a, int64_t p, int6
 void run_quant_amx(const Job& job, const QuantX& qx) {
     thread_local PlaneBuf buf;
     const Planes a = make_planes(job, qx, buf);
-    const lc_weight& w = *job.packed;
-    const int64_t panel_bytes = quant::panel_bytes(w.qtype, job.K);
-    const int64_t group = std::max<int64_t>(1, (int64_t(192) << 10) / panel_bytes);
-    // drive_quant's order (panel groups that stay in L2, all rows over a group), with the
-    // tile configuration loaded and released by each worker around its share
-    for_tiles(job, w.panels, job.M * job.K * weight::kPanel, [&](int64_t p0, int64_t p1) {
-        configure_tiles(a.lo != nullptr);
-        for (int64_t g0 = p0; g0 < p1; g0 += group) {
-            const int64_t g1 = std::min(p1, g0 + group);
-            for (int64_t m0 = 0; m0 < job.M; m0 += kTileRows) {
-                const int rows = int(std::min<int64_t>(kTileRows, job.M - m0));
-                for (int64_t p = g0; p < g1; ++p) {
-                    const int nvalid = int(std::min<int64_t>(weight::kPanel, job.N - p * weight::kPanel));
-                    a.lo ? run_type<true>(job, qx, a, p, m0, rows, nvalid)
-                         : run_type<false>(job, qx, a, p, m0, rows, nvalid);
-                }
-            }
-        }
-        _tile_release();
-    });
+    drive_quant<kTileRows>(
+        job,
+        [&](int64_t p, int64_t m0, int rows, int nvalid) {
+            a.lo ? run_type<true>(job, qx, a, p, m0, rows, nvalid)
+                 : run_type<false>(job, qx, a, p, m0, rows, nvalid);
+        },
+        [&] { configure_tiles(a.lo != nullptr); }, [] { _tile_release(); });
 }
 
 }  // namespace lc::linear
