@@ -99,7 +99,7 @@ class EngineConfig:
     disable_hybrid_kv_cache_manager: bool = flag(False, help="keep every KV block of a "
         "model's sliding-window layers for the whole sequence instead of freeing what their "
         "windows have left (default: off)")
-    seed: int | None = flag(None, type="integer", low=-(2**63), high=2**63 - 1,
+    seed: int | None = flag(None, type="integer", low=-(2**63), high=2**63 - 1,  # an int64
                             cli_default=0,  # as `vllm serve`
                             help="engine seed for unseeded requests")
     scheduling_policy: str = flag(

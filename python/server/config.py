@@ -15,8 +15,8 @@ from pathlib import Path
 
 from actors.config import AdmissionWindow, EngineConfig
 from actors.flag_spec import Flag, flag
-from server.state_dir import STATE_DIR_ENV
 
+from server.state_dir import STATE_DIR_ENV
 
 # Environment variables that stand in for flags (read by server.cli).
 KEY_ENV_VARS = ("LLMSERVE_API_KEY", "VLLM_API_KEY")  # --api-key
