@@ -75,7 +75,6 @@ def _resolve(args: argparse.Namespace, values: dict[str, Any]) -> None:
         os.environ.get(DEV_MODE_ENV, "").strip() in ("1", "true", "True"))
     values["allow_runtime_lora_updating"] = values["allow_runtime_lora_updating"] or (
         os.environ.get(RUNTIME_LORA_ENV, "").strip().lower() in ("1", "true"))
-    values["lora_modules"] = list(values["lora_modules"])
 
 
 def parse_args(argv: list[str] | None = None) -> ServerConfig:

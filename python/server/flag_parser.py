@@ -100,7 +100,7 @@ def _add(parser: argparse.ArgumentParser, f: dataclasses.Field, spec: Flag) -> N
     help_text = spec.help() if callable(spec.help) else spec.help
     help_text = help_text.replace("{default}", str(_shown(spec, default)))
     kw: dict[str, Any] = {"help": help_text}
-    if spec.switch or (f.type == "bool" and spec.choices is None):
+    if spec.switch or (f.type in ("bool", bool) and spec.choices is None):
         kw["action"] = argparse.BooleanOptionalAction if spec.negatable else "store_true"
         kw["default"] = False if spec.switch else default
     else:
@@ -136,7 +136,7 @@ def field_values(cls: type, args: argparse.Namespace) -> dict[str, Any]:
         value = getattr(args, dest(f, spec))
         if isinstance(spec.choices, Mapping):
             value = spec.choices[value]
-        elif f.type == "float" and isinstance(value, int):
+        elif f.type in ("float", float) and isinstance(value, int):  # an integer flag
             value = float(value)
         assert f.name not in values, f"two config fields named {f.name}"
         values[f.name] = value
