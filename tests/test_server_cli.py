@@ -4,6 +4,8 @@
                own defaults (no copy to drift); no torch or transformers is imported
     engine     the engine flags land in ServerConfig.engine, the object the engine is built
                from, and nowhere else
+    metadata   the parser is the config fields' flag metadata: each declared range and
+               choice is what the parser enforces, and no flags means every field's default
 """
 
 from __future__ import annotations
@@ -105,6 +107,68 @@ def test_engine_flags_fill_server_config_engine():
         enable_prefix_caching=False, seed=-5, scheduling_policy="priority",
         generation_config="vllm", max_logprobs=-1)
 
+
+def flagged() -> list:
+    from server.config import ServerConfig
+    from server.flag_parser import flagged_fields
+
+    return list(flagged_fields(ServerConfig))
+
+
+def test_no_flags_give_every_fields_own_default():
+    from actors.config import AdmissionWindow
+    from server.cli import parse_args
+    from server.config import ServerConfig
+
+    cfg, defaults = parse_args([]), ServerConfig()
+    # resolved by the command line: the name a model is served by, the store's file
+    resolved = {"engine", "served_model_names", "responses_store"}
+    for f in dataclasses.fields(ServerConfig):
+        if f.name not in resolved:
+            assert getattr(cfg, f.name) == getattr(defaults, f.name), f.name
+    assert cfg.admission_window == AdmissionWindow()  # 50 ms and 1.5 ms, in seconds
+
+
+def test_each_declared_range_is_what_the_parser_enforces(capsys):
+    from server.cli import parse_args
+    from server.flag_parser import VALUE_TYPES
+
+    checked = 0
+    for f, (spec, *_) in flagged():
+        name = spec.name or "--" + f.name.replace("_", "-")
+        for bound, outside in ((spec.low, -1), (spec.high, 1)):
+            if bound is None:
+                continue
+            assert parse_args([name, str(bound)]) is not None
+            with pytest.raises(SystemExit) as exc:
+                parse_args([name, str(bound + outside)])
+            assert exc.value.code == 2
+            assert f"argument {name}" in capsys.readouterr().err
+            checked += 1
+        assert spec.type is None or spec.type in VALUE_TYPES, (f.name, spec.type)
+    assert checked >= 20
+
+
+def test_each_declared_choice_is_accepted_and_no_other(capsys):
+    from server.cli import parse_args
+
+    def value(cfg, name):
+        return getattr(cfg.engine, name) if hasattr(cfg.engine, name) else getattr(cfg, name)
+
+    for f, (spec, *_) in flagged():
+        if spec.choices is None:
+            continue
+        name = spec.name or "--" + f.name.replace("_", "-")
+        for word in spec.choices:
+            expected = spec.choices[word] if isinstance(spec.choices, dict) else word
+            if f.name == "quantization":  # resolved against the (default) model
+                from actors.loader.dtype import resolve_quantization
+
+                expected = resolve_quantization(word, None, "auto")
+            assert value(parse_args([name, word]), f.name) == expected, (name, word)
+        with pytest.raises(SystemExit):
+            parse_args([name, "no-such-choice"])
+        assert "invalid choice" in capsys.readouterr().err
 
 
 def test_an_unusable_responses_store_is_refused_at_start(tmp_path, capsys):

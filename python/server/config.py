@@ -1,7 +1,9 @@
 """ServerConfig: every setting of `python -m server`, resolved from the command line.
 
 The engine's settings are not repeated here: ``ServerConfig.engine`` is the EngineConfig
-the engine is built from (``actors.config``, which imports nothing heavy).
+the engine is built from (``actors.config``, which imports nothing heavy). Each field the
+command line sets carries its flag (``actors.flag_spec``); ``server.flag_parser`` builds the
+parser from them and ``server.cli`` resolves the few settings that are more than one flag.
 """
 
 from __future__ import annotations
@@ -12,6 +14,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from actors.config import AdmissionWindow, EngineConfig
+from actors.flag_spec import Flag, flag
+
+from server.state_dir import STATE_DIR_ENV
+
+# Environment variables that stand in for flags (read by server.cli).
+KEY_ENV_VARS = ("LLMSERVE_API_KEY", "VLLM_API_KEY")  # --api-key
+DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"  # --enable-dev-endpoints
+RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"  # --allow-runtime-lora-updating
+
+
+def _tool_call_parser_help() -> str:
+    from server.api.openai.tool_parsers import tool_parser_names
+
+    return ("how the model writes tool calls: one of "
+            f"{', '.join(tool_parser_names())}; it serves tool_choice 'required' and named "
+            "functions (constrained decoding), and with --enable-auto-tool-choice also "
+            "'auto'. Default: none")
 
 
 @dataclass
@@ -19,64 +38,144 @@ class ServerConfig:
     # Every engine setting (model, context, KV cache, scheduling, seed, generation
     # defaults, max_logprobs): the engine is built from this very object.
     engine: EngineConfig = field(default_factory=EngineConfig)
-    served_model_names: list[str] = field(default_factory=lambda: ["default"])
-    host: str = "127.0.0.1"
-    port: int = 8000
-    api_keys: list[str] = field(default_factory=list)
+    # The first is reported in responses and metrics; the command line's default is a
+    # named model's name, else [] (the model's stem, found at load).
+    served_model_names: list[str] = flag(
+        factory=lambda: ["default"], name="--served-model-name", nargs="+",
+        type="non_empty", cli_default=None, help="names clients use for the model "
+        "(aliases); the first is reported in responses and metrics. Default: the model's "
+        "name")
+    host: str = flag("127.0.0.1", type="non_empty", help="interface to bind")
+    port: int = flag(8000, type="integer", low=0, high=65535,
+                     help="port to bind (0 picks a free one)")
+    api_keys: list[str] = flag(
+        factory=list, name="--api-key", nargs="+", type="non_empty", cli_default=None,
+        help="API keys; every route except /health and /ping then needs one. Also read "
+        f"from {' or '.join(KEY_ENV_VARS)}. Default: none (no authentication)")
     # chat
-    chat_template: str | None = None
-    chat_template_content_format: str = "auto"
-    trust_request_chat_template: bool = False
+    chat_template: str | None = flag(None, type="chat_template", help="chat template file "
+        "or literal Jinja text. Default: the tokenizer's")
+    chat_template_content_format: str = flag(
+        "auto", choices=("auto", "string", "openai"),
+        help="how message content is passed to the template")
+    trust_request_chat_template: bool = flag(
+        False, help="allow requests to supply their own chat_template")
     # tool calling: tool_choice "auto" and the parser that reads every tool choice's output
-    enable_auto_tool_choice: bool = False
-    tool_call_parser: str | None = None
+    enable_auto_tool_choice: bool = flag(False, help="let requests use tool_choice 'auto' "
+        "(the model decides; needs --tool-call-parser)")
+    tool_call_parser: str | None = flag(None, metavar="NAME", help=_tool_call_parser_help)
     # scale-out: /render, /derender, /inference/v1/generate and abort (403 when off)
-    enable_scale_out: bool = False
-    tokens_only: bool = False  # the generate routes on, stop strings and text output off
+    enable_scale_out: bool = flag(False, help="serve the scale-out routes: "
+        "/v1/chat/completions/render, /v1/completions/render, their /derender, "
+        "/inference/v1/generate and /inference/v1/abort_requests (403 otherwise)")
+    tokens_only: bool = flag(False, help="serve the tokens-in/tokens-out routes (as "
+        "--enable-scale-out, plus /abort_requests without an API key); generate then "
+        "returns token ids only and refuses stop strings")
     # the Responses API's store (server.responses_store): None keeps no responses (the
     # CLI's default is a file in the state directory); bounded by count, bytes (the JSON
     # kept) and age (0: none). Each API key's client holds at most count/keys and bytes/keys.
-    responses_store: Path | None = None
-    responses_store_max_count: int = 10_000
-    responses_store_max_bytes: int = 1 << 30
-    responses_store_max_age: float = 30 * 24 * 3600.0
+    responses_store: Path | None = flag(
+        None, type="path", metavar="PATH", help="SQLite file that keeps the Responses API's "
+        f"responses (GET, previous_response_id, background). Default: ${STATE_DIR_ENV}"
+        "/responses.sqlite, else ~/.local/state/llmserve/responses.sqlite",
+        also=(Flag(name="--no-responses-store", switch=True, help="keep no responses: store "
+                   "is ignored, background and previous_response_id find nothing"),))
+    responses_store_max_count: int = flag(
+        10_000, type="integer", low=1, help="responses kept; beyond, the oldest are evicted. "
+        "With --api-key, each key's client may hold count/keys, and a client's writes evict "
+        "its own oldest first")
+    responses_store_max_bytes: int = flag(
+        1 << 30, type="size", low=1, help="bytes of responses kept (their JSON; k/m/g "
+        "suffixes), shared among the keys as the count is; a response larger than one key's "
+        "share is not kept")
+    responses_store_max_age: float = flag(30 * 24 * 3600.0, type="integer", low=0,
+        help="seconds a response is kept (0: no age bound)")
     # engine cores, each in its own process with its own KV cache (1: one core, in-process)
-    data_parallel_size: int = 1
+    data_parallel_size: int = flag(
+        1, aliases=("-dp",), type="integer", low=1, high=64, help="engine cores, each in its "
+        "own process with its own KV cache, behind this one HTTP server; requests go to the "
+        "least loaded (queued + running). 1: one in-process core")
     # limits and admission
-    max_queued_requests: int | None = None  # None: 2 x max_num_seqs
-    max_body_bytes: int = 4 * 1024 * 1024
+    max_queued_requests: int | None = flag(
+        None, type="integer", low=0, help="sequences allowed to wait beyond --max-num-seqs "
+        "before new requests get 503 + Retry-After. Default: 2 x --max-num-seqs")
+    max_body_bytes: int = flag(4 * 1024 * 1024, type="size", low=1,
+                               help="largest request body (413 above)")
     # structured outputs: a constraint's bytes and subschemas (beyond: 400) and the grammar
     # compiles queued or running (beyond: 503); as actors.core.structured.cache's defaults
-    max_grammar_bytes: int = 1 << 20
-    max_grammar_subschemas: int = 10_000
-    max_pending_grammars: int = 32
+    max_grammar_bytes: int = flag(
+        1 << 20, type="size", low=1, help="largest output constraint (JSON schema, regex, "
+        "grammar, choices, structural tag; a forced tool choice's schema) in bytes, k/m "
+        "suffixes; larger is a 400 naming the field, before it is compiled. Default: "
+        "{default}")
+    max_grammar_subschemas: int = flag(
+        10_000, type="integer", low=1, help="most subschemas (JSON objects but the values of "
+        "const, enum, default and examples) in a constraint's JSON schema or structural "
+        "tag; more is a 400 naming the field, before it is compiled")
+    max_pending_grammars: int = flag(
+        32, type="integer", low=1, help="grammar compiles queued or running at once "
+        "(smallest constraint first); a new one beyond takes the place of a larger queued "
+        "one, or is a 503 with Retry-After. A compile that cannot start within 10 s is a 503 "
+        "too, and one whose requests have all gone is dropped")
     # how long an idle engine's first step waits for the rest of a burst (actors.runtime.burst)
     admission_window: AdmissionWindow = field(default_factory=AdmissionWindow)
-    drain_timeout: float = 30.0
+    drain_timeout: float = flag(30.0, type="seconds", help="seconds in-flight requests may "
+        "take to finish after SIGTERM/SIGINT")
     # http
-    max_connections: int = 1024  # open connections; beyond, new ones get 503 and close
-    h11_max_header_count: int = 100  # headers in a request; beyond, 431
-    max_buffered_bytes: int = 8 * 1024 * 1024  # output held for one slow client
-    max_total_buffered_bytes: int = 256 * 1024 * 1024  # output held for all slow clients
-    enable_request_id_headers: bool = False
-    allowed_origins: list[str] = field(default_factory=list)
-    enable_log_requests: bool = False
-    log_level: str = "info"
-    log_json: bool = False
+    max_connections: int = flag(1024, type="positive", help="open HTTP connections; beyond, "
+        "a new connection gets 503 and is closed (keep it below `ulimit -n`)")
+    h11_max_header_count: int = flag(100, type="positive",
+                                     help="headers allowed in a request (431 above)")
+    max_buffered_bytes: int = flag(
+        8 * 1024 * 1024, type="size", help="output held for one client that reads slower "
+        "than it is generated (its send queue and pending output); above, its connection is "
+        "dropped and its request aborted")
+    max_total_buffered_bytes: int = flag(
+        256 * 1024 * 1024, type="size", help="the same for all clients together; above, the "
+        "clients holding the most are dropped first")
+    enable_request_id_headers: bool = flag(
+        False, help="echo X-Request-Id (or a new id) on every response")
+    allowed_origins: list[str] = flag(factory=list, type="json_list", help="CORS origins "
+        'allowed, as a JSON list (e.g. \'["https://a.example"]\')')
+    enable_log_requests: bool = flag(False, negatable=True, help="log one line per request")
+    log_level: str = flag("info", choices=("debug", "info", "warning", "error", "critical"),
+                          help="log level")
+    log_json: bool = flag(False, help="log as JSON lines")
     # operator routes (server/api/dev.py, profile.py) and the vendored Swagger UI at /docs
-    enable_dev_endpoints: bool = False  # --enable-dev-endpoints or VLLM_SERVER_DEV_MODE=1
-    profiler_config: dict[str, object] | None = None  # --profiler-config: /start_profile
-    enable_offline_docs: bool = False
-    # pooling (server/api/pooling.py): --runner pooling serves the pooling routes only;
-    # --pooler-config (vLLM's JSON) sets the pooling and, on a generative model, adds the
-    # pooling routes beside generation
-    runner: str = "auto"  # auto | generate | pooling
-    pooler_config: str | None = None
-    max_pooling_inputs: int = 2048  # inputs (or documents) per pooling request; beyond, 400
-    # LoRA (server/api/lora.py): adapters loaded at start (name, path); the runtime load and
-    # unload routes (--allow-runtime-lora-updating or VLLM_ALLOW_RUNTIME_LORA_UPDATING=1)
-    lora_modules: list[tuple[str, str]] = field(default_factory=list)
-    allow_runtime_lora_updating: bool = False
+    enable_dev_endpoints: bool = flag(False, help="serve the operator routes (/pause, "
+        "/resume, /sleep, /wake_up, /abort_requests, /reset_prefix_cache, /update_weights, "
+        "/weight_info, /server_info, /collective_rpc ...); also on with "
+        f"{DEV_MODE_ENV}=1. Behind the API key when one is set")
+    profiler_config: dict[str, object] | None = flag(
+        None, type="profiler_config", metavar="JSON", help="serve /start_profile and "
+        '/stop_profile, as vLLM spells it: {"profiler": "torch", "torch_profiler_dir": '
+        'DIR} (optional torch_profiler_with_stack, _record_shapes, _with_memory, '
+        "_with_flops, _use_gzip). Default: none")
+    enable_offline_docs: bool = flag(False, help="serve /docs as Swagger UI from assets "
+        "shipped in the package (no CDN); otherwise /docs is a plain operation list")
+    # pooling (server/api/pooling.py)
+    runner: str = flag(
+        "auto", choices=("auto", "generate", "pooling"), help="what the model serves: "
+        "'pooling' the pooling routes only (/v1/embeddings, /pooling, /v2/embed, score and "
+        "rerank), 'generate' the generation routes; 'auto' is pooling for an encoder (BERT) "
+        "and generate otherwise")
+    pooler_config: str | None = flag(
+        None, metavar="JSON", help="pooling as vLLM spells it: '{\"pooling_type\": "
+        '"LAST"|"MEAN"|"CLS", "use_activation" (or "normalize"): true}\'; on a generative '
+        "model it also serves the pooling routes beside generation. Default: the model's "
+        "sentence-transformers pooling, else LAST, normalized")
+    max_pooling_inputs: int = flag(
+        2048, type="integer", low=1, help="inputs one pooling request may carry (embeddings "
+        "input, /v2/embed texts, score and rerank documents, each list); more is a 400 "
+        "naming the field, before any tokenizing (2048 is the OpenAI embeddings API's own "
+        "limit)")
+    # LoRA (server/api/lora.py): adapters loaded at start (name, path)
+    lora_modules: list[tuple[str, str]] = flag(
+        factory=list, nargs="+", type="lora_module", metavar="NAME=PATH", help="adapters "
+        'loaded at start: name=path, or vLLM\'s JSON {"name": ..., "path": ...}')
+    allow_runtime_lora_updating: bool = flag(False, help="serve /v1/load_lora_adapter and "
+        f"/v1/unload_lora_adapter; also on with {RUNTIME_LORA_ENV}=1. Behind the API key "
+        "when one is set")
 
     # A read-only view for the wiring that names the model; it holds nothing, so it
     # cannot drift from ``engine``.

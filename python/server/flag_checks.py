@@ -2,6 +2,8 @@
 
 Each check runs while the command line is parsed, so a bad value ends the process with
 argparse's usage message and exit code 2 instead of a traceback after the model has loaded.
+The config fields name them (``type="dtype"``, ``low=1``) and ``server.flag_parser`` applies
+them.
 Values that need the model to judge (a --max-model-len beyond its positions, a KV cache too
 small for one sequence) are the engine's to refuse at load.
 """
@@ -21,7 +23,6 @@ N = TypeVar("N", int, float)
 DTYPES = ("auto", "float32", "bfloat16")
 DTYPE_ALIASES = {"float": "float32"}
 UNSUPPORTED_DTYPES = ("float16", "half")
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 def _fail(message: str) -> argparse.ArgumentTypeError:
