@@ -21,6 +21,7 @@ through the core's packed kernels (``pack_weights``), as the decoders' do.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -61,7 +62,7 @@ class BertModel(nn.Module):
     is_causal = False
 
     # HF name fragment inside "encoder.layer.{i}." -> (our name, q/k/v shard or None)
-    _NAMES = {
+    _NAMES: ClassVar[dict[str, tuple[str, int | None]]] = {
         "attention.self.query.": ("qkv.", 0),
         "attention.self.key.": ("qkv.", 1),
         "attention.self.value.": ("qkv.", 2),
@@ -72,11 +73,11 @@ class BertModel(nn.Module):
         "output.LayerNorm.": ("out_norm.", None),
     }
     # HF names outside the layers -> ours
-    _TOP = {"embeddings.word_embeddings.weight": "word",
-            "embeddings.position_embeddings.weight": "position",
-            "embeddings.token_type_embeddings.weight": "token_type",
-            "embeddings.LayerNorm.weight": "embed_norm.weight",
-            "embeddings.LayerNorm.bias": "embed_norm.bias"}
+    _TOP: ClassVar[dict[str, str]] = {"embeddings.word_embeddings.weight": "word",
+                                      "embeddings.position_embeddings.weight": "position",
+                                      "embeddings.token_type_embeddings.weight": "token_type",
+                                      "embeddings.LayerNorm.weight": "embed_norm.weight",
+                                      "embeddings.LayerNorm.bias": "embed_norm.bias"}
 
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype = torch.float32,
                  max_positions: int | None = None) -> None:
