@@ -21,11 +21,13 @@ through the core's packed kernels (``pack_weights``), as the decoders' do.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from actors.loader.weights import Place, load_checkpoint
 from actors.models.attention import AttentionBackend
 from actors.models.config import ModelConfig
 from actors.models.llama import Linear, _param
@@ -60,7 +62,7 @@ class BertModel(nn.Module):
     is_causal = False
 
     # HF name fragment inside "encoder.layer.{i}." -> (our name, q/k/v shard or None)
-    _NAMES = {
+    _NAMES: ClassVar[dict[str, tuple[str, int | None]]] = {
         "attention.self.query.": ("qkv.", 0),
         "attention.self.key.": ("qkv.", 1),
         "attention.self.value.": ("qkv.", 2),
@@ -70,6 +72,12 @@ class BertModel(nn.Module):
         "output.dense.": ("down.", None),
         "output.LayerNorm.": ("out_norm.", None),
     }
+    # HF names outside the layers -> ours
+    _TOP: ClassVar[dict[str, str]] = {"embeddings.word_embeddings.weight": "word",
+                                      "embeddings.position_embeddings.weight": "position",
+                                      "embeddings.token_type_embeddings.weight": "token_type",
+                                      "embeddings.LayerNorm.weight": "embed_norm.weight",
+                                      "embeddings.LayerNorm.bias": "embed_norm.bias"}
 
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype = torch.float32,
                  max_positions: int | None = None) -> None:
@@ -110,42 +118,30 @@ class BertModel(nn.Module):
             if isinstance(mod, Linear) and mod.packed is None:
                 mod.pack()
 
-    @torch.no_grad()
+    @staticmethod
+    def _hf_name(hf_name: str) -> str:
+        name = hf_name.removeprefix("bert.")
+        return name.replace(".gamma", ".weight").replace(".beta", ".bias")
+
+    def _our_name(self, hf_name: str) -> Place | None:
+        name = self._hf_name(hf_name)
+        if name in self._TOP:
+            return self._TOP[name], None
+        if name.startswith("encoder.layer."):
+            index, _, rest = name.removeprefix("encoder.layer.").partition(".")
+            for frag, (dst, shard) in self._NAMES.items():
+                if rest.startswith(frag):
+                    return f"layers.{index}.{dst}{rest[len(frag):]}", shard
+        return None
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copies HF-named tensors in; raises on a tensor with no home, a shape that
-        does not fit, or a parameter never written."""
-        params = dict(self.named_parameters())
+        """Copies HF-named tensors in (loader/weights.py); raises on a tensor with no
+        home, a shape that does not fit, or a parameter never written."""
         h = self.config.hidden_size
-        top = {"embeddings.word_embeddings.weight": "word",
-               "embeddings.position_embeddings.weight": "position",
-               "embeddings.token_type_embeddings.weight": "token_type",
-               "embeddings.LayerNorm.weight": "embed_norm.weight",
-               "embeddings.LayerNorm.bias": "embed_norm.bias"}
-        written: set[str] = set()
-        for hf_name, tensor in weights:
-            name = hf_name.removeprefix("bert.")
-            name = name.replace(".gamma", ".weight").replace(".beta", ".bias")
-            if name.startswith(("pooler.", "cls.")) or name.endswith("position_ids"):
-                continue  # heads sentence embeddings do not use; a buffer
-            ours, shard = top.get(name), None
-            if ours is None and name.startswith("encoder.layer."):
-                index, _, rest = name.removeprefix("encoder.layer.").partition(".")
-                for frag, (dst, sh) in self._NAMES.items():
-                    if rest.startswith(frag):
-                        ours, shard = f"layers.{index}.{dst}{rest[len(frag):]}", sh
-                        break
-            if ours is None or ours not in params:
-                raise KeyError(f"checkpoint tensor {hf_name!r} has no matching parameter")
-            dst_t = params[ours] if shard is None else params[ours].narrow(0, shard * h, h)
-            if tuple(dst_t.shape) != tuple(tensor.shape):
-                raise ValueError(f"{hf_name}: checkpoint shape {tuple(tensor.shape)} != "
-                                 f"expected {tuple(dst_t.shape)}")
-            dst_t.copy_(tensor)
-            written.add(ours if shard is None else f"{ours}#{shard}")
-        missing = []
-        for name, _ in self.named_parameters():
-            parts = [f"{name}#{i}" for i in range(3)] if ".qkv." in name else [name]
-            missing += [p for p in parts if p not in written]
-        if missing:
-            shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
-            raise ValueError(f"checkpoint lacks {len(missing)} tensors: {shown}")
+
+        def skip(hf_name: str) -> bool:  # heads sentence embeddings do not use; a buffer
+            name = self._hf_name(hf_name)
+            return name.startswith(("pooler.", "cls.")) or name.endswith("position_ids")
+
+        load_checkpoint(self, weights, self._our_name,
+                        lambda name: (h, h, h) if ".qkv." in name else None, skip=skip)

@@ -5,7 +5,8 @@ gate/up are fused (``qkv_proj``, ``gate_up_proj``: each part fills a slice of ro
 family may use other names for the same modules (Mixtral's ``block_sparse_moe``, its
 experts' ``w1``/``w3``/``w2``: families/*.py ``renames``), and a norm that scales by
 (1 + w) (Gemma) stores the 1 folded in. Phi-3 ships q/k/v and gate/up already fused, under
-our own names.
+our own names. This module says how the names map; the copy, the shape checks and the
+check that nothing was left unwritten are loader/weights.py's.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from actors.loader.weights import load_checkpoint
 from actors.models.families import family
 from actors.models.layers import RMSNorm
 
@@ -31,12 +33,20 @@ FUSED = {
 }
 
 
-def our_name(model_type: str, hf_name: str) -> tuple[str | None, int | None]:
-    """(our parameter name, shard index within a fused one or None) for a checkpoint name;
-    (None, None) for a tensor the family does not run (a vision tower's)."""
+def skipped(model_type: str, hf_name: str, tied: bool) -> bool:
+    """Whether a checkpoint tensor is one the model does not load: rotary tables, the
+    stored copy of a tied LM head, a tensor the family does not run (a vision tower's)."""
+    if "rotary_emb.inv_freq" in hf_name:
+        return True
+    if hf_name == "lm_head.weight" and tied:
+        return True  # some checkpoints store the tied copy as well
     fam = family(model_type)
-    if fam is not None and any(s in hf_name for s in fam.skips):
-        return None, None
+    return fam is not None and any(s in hf_name for s in fam.skips)
+
+
+def our_name(model_type: str, hf_name: str) -> tuple[str, int | None]:
+    """(our parameter name, shard index within a fused one or None) for a checkpoint name."""
+    fam = family(model_type)
     name = hf_name
     for old, new in (fam.renames if fam is not None else ()):
         name = name.replace(old, new)
@@ -46,59 +56,28 @@ def our_name(model_type: str, hf_name: str) -> tuple[str | None, int | None]:
     return name, None
 
 
-def shard_range(model: DecoderForCausalLM, name: str, shard: int) -> tuple[int, int]:
+def part_rows(model: DecoderForCausalLM, name: str) -> tuple[int, ...] | None:
+    """The rows of each part of a fused parameter (q/k/v, gate/up, an expert's gate/up);
+    None for one that is not fused."""
     c = model.config
     if ".qkv_proj." in name:
-        sizes = [c.q_size, c.kv_size, c.kv_size]
-    elif ".experts." in name:
-        assert c.arch.moe is not None
-        sizes = [c.arch.moe.intermediate_size] * 2
-    else:
-        sizes = [c.intermediate_size, c.intermediate_size]
-    return sum(sizes[:shard]), sizes[shard]
+        return c.q_size, c.kv_size, c.kv_size
+    if ".gate_up_proj." in name:
+        if ".experts." in name:
+            assert c.arch.moe is not None
+            return (c.arch.moe.intermediate_size,) * 2
+        return (c.intermediate_size,) * 2
+    return None
 
 
-@torch.no_grad()
 def load(model: DecoderForCausalLM, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-    params = dict(model.named_parameters(remove_duplicate=False))
-    norms = {f"{n}.weight": m for n, m in model.named_modules() if isinstance(m, RMSNorm)}
-    written: set[str] = set()
     c = model.config
-    for hf_name, tensor in weights:
-        if "rotary_emb.inv_freq" in hf_name:
-            continue
-        if hf_name == "lm_head.weight" and c.tie_word_embeddings:
-            continue  # some checkpoints store the tied copy as well
-        name, shard = our_name(c.model_type, hf_name)
-        if name is None:
-            continue
-        if name not in params:
-            raise KeyError(f"checkpoint tensor {hf_name!r} has no matching parameter")
-        dst = params[name]
-        if shard is not None:
-            dst = dst.narrow(0, *shard_range(model, name, shard))
-        if tuple(dst.shape) != tuple(tensor.shape):
-            raise ValueError(
-                f"{hf_name}: checkpoint shape {tuple(tensor.shape)} "
-                f"!= expected {tuple(dst.shape)}"
-            )
-        if name in norms:
-            tensor = norms[name].fold_offset(tensor)
-        dst.copy_(tensor)
-        written.add(name if shard is None else f"{name}#{shard}")
-    check_complete(model, written)
+    norms = {f"{n}.weight": m for n, m in model.named_modules() if isinstance(m, RMSNorm)}
 
+    def convert(name: str, tensor: torch.Tensor) -> torch.Tensor:
+        return norms[name].fold_offset(tensor) if name in norms else tensor
 
-def check_complete(model: DecoderForCausalLM, written: set[str]) -> None:
-    missing = []
-    for name, _ in model.named_parameters():
-        if ".qkv_proj." in name and name not in written:
-            parts = [f"{name}#{i}" for i in range(3)]
-        elif ".gate_up_proj." in name and name not in written:
-            parts = [f"{name}#{i}" for i in range(2)]
-        else:
-            parts = [name]
-        missing += [p for p in parts if p not in written]
-    if missing:
-        shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
-        raise ValueError(f"checkpoint lacks {len(missing)} tensors: {shown}")
+    load_checkpoint(model, weights, lambda hf: our_name(c.model_type, hf),
+                    lambda name: part_rows(model, name),
+                    skip=lambda hf: skipped(c.model_type, hf, c.tie_word_embeddings),
+                    convert=convert)

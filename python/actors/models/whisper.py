@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from actors.loader.weights import Place, load_checkpoint
 from actors.models.attention import AttentionBackend, LayerAttentionSpec
 from actors.models.config import ModelConfig
 from actors.models.llama import Linear, _param, _released, _widening, linear, linear_packed
@@ -255,7 +256,8 @@ class WhisperForConditionalGeneration(nn.Module):
             "model.decoder.layer_norm.weight": "dec_norm.weight",
             "model.decoder.layer_norm.bias": "dec_norm.bias"}
 
-    def _our_name(self, hf: str) -> tuple[str, int | None] | None:
+    def _our_name(self, hf_name: str) -> Place | None:
+        hf = hf_name.removeprefix("model.") if hf_name.startswith("model.model.") else hf_name
         if hf in self._TOP:
             return self._TOP[hf], None
         for prefix, ours, table in (("model.encoder.layers.", "enc_layers", self._ENC),
@@ -268,42 +270,23 @@ class WhisperForConditionalGeneration(nn.Module):
                     return f"{ours}.{index}.{hit[0]}.{leaf}", hit[1]
         return None
 
-    @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copies HF-named tensors in (``proj_out.weight``, the tied copy, is skipped).
-        Raises on a tensor with no home, a shape that does not fit, or a parameter never
-        written; a fused q/k/v bias whose k part is absent (Whisper has none) is zero."""
-        params = dict(self.named_parameters())
+        """Copies HF-named tensors in (loader/weights.py; ``proj_out.weight``, the tied
+        copy, is skipped). Raises on a tensor with no home, a shape that does not fit, or
+        a parameter never written; a fused q/k/v bias whose k part is absent (Whisper
+        has none) is zero."""
         d = self.config.hidden_size
-        written: set[str] = set()
-        for hf_name, tensor in weights:
-            if hf_name == "proj_out.weight":
-                continue
-            found = self._our_name(hf_name.removeprefix("model.") if hf_name.startswith(
-                "model.model.") else hf_name)
-            if found is None or found[0] not in params:
-                raise KeyError(f"checkpoint tensor {hf_name!r} has no matching parameter")
-            name, shard = found
-            dst = params[name] if shard is None else params[name].narrow(0, shard * d, d)
-            if tuple(dst.shape) != tuple(tensor.shape):
-                raise ValueError(f"{hf_name}: checkpoint shape {tuple(tensor.shape)} != "
-                                 f"expected {tuple(dst.shape)}")
-            dst.copy_(tensor)
-            written.add(name if shard is None else f"{name}#{shard}")
-        missing = []
-        for name, p in self.named_parameters():
-            # Whisper's k projections have no bias: the k slice of a fused bias is zero.
-            k_shard = 1 if name.endswith(".qkv.bias") else 0
-            unwritten = f"{name}#{k_shard}" not in written
-            if name.endswith((".qkv.bias", ".cross_kv.bias")) and unwritten:
-                p.narrow(0, k_shard * d, d).zero_()
-                written.add(f"{name}#{k_shard}")
-            parts = [name]
+
+        def parts(name: str) -> tuple[int, ...] | None:
             if ".qkv." in name:
-                parts = [f"{name}#{i}" for i in range(3)]
-            elif ".cross_kv." in name:
-                parts = [f"{name}#{i}" for i in range(2)]
-            missing += [q for q in parts if q not in written]
-        if missing:
-            shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
-            raise ValueError(f"checkpoint lacks {len(missing)} tensors: {shown}")
+                return d, d, d
+            return (d, d) if ".cross_kv." in name else None
+
+        def absent_zero(name: str) -> tuple[int, ...]:
+            # Whisper's k projections have no bias: the k slice of a fused bias is zero.
+            if name.endswith(".qkv.bias"):
+                return (1,)
+            return (0,) if name.endswith(".cross_kv.bias") else ()
+
+        load_checkpoint(self, weights, self._our_name, parts,
+                        skip=lambda hf: hf == "proj_out.weight", absent_zero=absent_zero)
