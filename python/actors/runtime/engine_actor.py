@@ -168,7 +168,7 @@ class EngineActor(EngineControls):
                         admits += 1
                     elif isinstance(m, AbortChoices):
                         self._note_abort(m)
-                    else:
+                    elif isinstance(m, NoMoreAdmits):
                         self._admit_closed = True
                 if admits and self._arrivals is not None:
                     self._arrivals.settled(admits)
