@@ -5,29 +5,36 @@ results of one encode per text."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import trio
 import trio.testing
 
 from actors.config import AdmissionWindow
 from actors.errors import PromptTooLong, RequestRefused, TokenOutOfVocab
-from actors.messages import RequestOutput
+from actors.messages import Admit
 from actors.params.sampling import SamplingParams
 from actors.runtime.burst import STEP_FRACTION, Arrivals
 from actors.runtime.engine_actor import BATCH_CREDITS, EngineActor
-from actors.runtime.metric_events import StepTokens
+from actors.runtime.messages import (
+    AbortChoices,
+    BatchMessage,
+    EngineInbox,
+    NoMoreAdmits,
+    StepTokens,
+)
 from actors.runtime.prompt_bounds import PromptCharBound
 from actors.runtime.prompt_prep import PromptPreparer
-from actors.runtime.request import Choice, EngineRequest, PromptInput, Registry, RequestState
+from actors.runtime.request import PromptInput, RequestState
 from server_helpers import default_tokenizer, offline_llm
 
 WINDOW = AdmissionWindow(cap_s=0.050, quiet_s=0.002)
 PARAMS = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
 
 
-def _req(name: str, tokens: int, n: int = 1) -> EngineRequest:
-    return EngineRequest(f"{name}-0", 0, PARAMS, [1] * tokens, admitted_at=0.0,
-                         choices=[Choice(i, i) for i in range(n)])
+def _req(name: str, tokens: int, n: int = 1) -> Admit:
+    return Admit(f"{name}-0", (1,) * tokens, replace(PARAMS, n=n), arrival_time=0.0)
 
 
 def _run(fn) -> None:
@@ -85,7 +92,7 @@ def test_waits_for_requests_being_tokenized_then_for_quiet():
         async with trio.open_nursery() as nursery:
             nursery.start_soon(front_door_and_tokenizer)
             waited = await arrivals.gather(admitted, 2048, 128)
-        assert [r.engine_id for r in admitted] == ["a-0", "b-0", "b1-0", "c-0", "d-0"]
+        assert [r.request_id for r in admitted] == ["a-0", "b-0", "b1-0", "c-0", "d-0"]
         assert waited == pytest.approx(0.0108 + 0.002)  # d's arrival, then a quiet gap
         assert arrivals.pending == 0
 
@@ -121,14 +128,15 @@ def test_a_full_step_ends_the_wait():
     _run(main)
 
 
-def _actor(core, registry: Registry, arrivals: Arrivals):
-    admit_send, admit_recv = trio.open_memory_channel[EngineRequest](8)
-    batch_send, batch_recv = trio.open_memory_channel[tuple[RequestOutput, ...]](BATCH_CREDITS)
+def _actor(core, arrivals: Arrivals):
+    inbox_send, inbox_recv = trio.open_memory_channel[EngineInbox](8)
+    batch_send, batch_recv = trio.open_memory_channel[BatchMessage](BATCH_CREDITS)
+    credits = trio.Semaphore(BATCH_CREDITS)
     metrics_send, metrics_recv = trio.open_memory_channel[object](10_000)
     fatal: list[BaseException] = []
-    actor = EngineActor(core, registry, admit_recv, batch_send, metrics_send, fatal.append,
+    actor = EngineActor(core, inbox_recv, batch_send, credits, metrics_send, fatal.append,
                         arrivals)
-    return actor, admit_send, batch_recv, metrics_recv, fatal
+    return actor, inbox_send, batch_recv, credits, metrics_recv, fatal
 
 
 def test_engine_actor_takes_a_burst_into_its_first_step():
@@ -139,25 +147,20 @@ def test_engine_actor_takes_a_burst_into_its_first_step():
     ids = default_tokenizer()("Once upon a time", add_special_tokens=False)["input_ids"]
     # A cap and gap far beyond any scheduling delay: the test never depends on timing.
     arrivals = Arrivals(AdmissionWindow(cap_s=600, quiet_s=0))
-    registry = Registry()
     admitted: list[int] = []
+    retired: dict[str, str] = {}
 
-    def request(rid: str) -> tuple[RequestState, EngineRequest]:
-        state = RequestState(rid, [], PARAMS, max_model_len=1024)
-        req = EngineRequest(f"{rid}-0", 0, PARAMS, list(ids), admitted_at=state.arrival,
-                            choices=[Choice(0, 0)])
-        state.engine_requests.append(req)
-        registry.add(state)
-        registry.add_engine_requests(state)
-        return state, req
+    def admit(rid: str) -> Admit:
+        return Admit(f"{rid}-0", tuple(ids), PARAMS, arrival_time=0.0)
 
     async def main() -> None:
-        actor, admit_send, batch_recv, metrics_recv, fatal = _actor(core, registry, arrivals)
+        actor, inbox, batch_recv, credits, metrics_recv, fatal = _actor(core, arrivals)
 
         async def consume() -> None:
             async with batch_recv:
-                async for _ in batch_recv:
-                    actor.credits.release()
+                async for message in batch_recv:
+                    retired.update((r.engine_id, r.reason) for r in message.retired)
+                    credits.release()
 
         async def metrics() -> None:
             async for event in metrics_recv:
@@ -168,26 +171,24 @@ def test_engine_actor_takes_a_burst_into_its_first_step():
             await nursery.start(actor.run)
             nursery.start_soon(consume)
             nursery.start_soon(metrics)
-            states = [request(r) for r in ("a", "b", "c", "d")]
             arrivals.arrived(4)
-            await admit_send.send(states[0][1])
+            await inbox.send(admit("a"))
             await trio.testing.wait_all_tasks_blocked()
             assert not core.has_unfinished() and arrivals.pending == 3  # waiting, not stepping
-            actor.abort_nowait(states[1][1])
-            await admit_send.send(states[1][1])
-            await admit_send.send(states[2][1])
+            await inbox.send(admit("b"))
+            await inbox.send(AbortChoices("b-0", None, "abort"))
+            await inbox.send(admit("c"))
             await trio.testing.wait_all_tasks_blocked()
             assert not core.has_unfinished()
-            await admit_send.send(states[3][1])
-            await admit_send.aclose()
+            await inbox.send(admit("d"))
+            await inbox.send(NoMoreAdmits())
             with trio.fail_after(120):
-                for state, _ in states:
-                    await state.retired.wait()
+                while len(retired) < 4:
+                    await trio.sleep(0.01)
             nursery.cancel_scope.cancel()
         assert not fatal
         assert admitted == [3]  # a, c and d in one step; b aborted before the core saw it
-        finish = [req.choices[0].finish_reason for _, req in states]
-        assert finish == ["length", "abort", "length", "length"]
+        assert retired == {"a-0": "length", "b-0": "abort", "c-0": "length", "d-0": "length"}
         assert arrivals.pending == 0 and not core.has_unfinished()
 
     trio.run(main)

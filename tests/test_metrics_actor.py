@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import trio
 
-from actors.runtime.metric_events import StepTokens
+from actors.runtime.messages import StepTokens
 from actors.runtime.metrics_actor import MetricsActor
 from server_helpers import metric
 

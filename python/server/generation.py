@@ -34,7 +34,7 @@ from actors.errors import RequestRefused
 from actors.params.encoder import EncoderInput
 from actors.params.pooling import PoolingSpec
 from actors.params.sampling import SamplingParams
-from actors.runtime.failures import GenerationPaused, Outcome
+from actors.runtime.failures import Outcome
 from actors.runtime.outbox import Outbox, OutboxFailed
 from actors.runtime.request import PromptInput, RequestState
 from server.errors import APIError, api_error_of, bad_request, overloaded, status_of
@@ -63,6 +63,19 @@ def new_request_id(header: str | None, body: str | None) -> str:
     if body:
         return body
     return uuid.uuid4().hex
+
+
+def request_names(ids: list[str]) -> list[str]:
+    """The ids an operator's abort names, as the runtime matches them (a request's internal
+    id or the client's id before it): each id as given, and the client's id inside the
+    response ids built from it (cmpl-{id}, chatcmpl-{id})."""
+    names = []
+    for name in ids:
+        names.append(name)
+        for prefix in ("chatcmpl-", "cmpl-"):
+            if name.startswith(prefix):
+                names.append(name[len(prefix):])
+    return names
 
 
 class Generation:
@@ -99,10 +112,11 @@ class Generation:
         if not srv.health.serving:
             raise APIError(503, "The server is not accepting requests now.",
                            headers={"Retry-After": "5"})
-        if srv.actors.engine.refusing_new:  # type: ignore[union-attr]
+        paused = srv.actors.refusal()  # type: ignore[union-attr]
+        if paused is not None:
             # /pause (abort or wait): refused before any response starts, as the engine
             # refuses an admit that was already on its way.
-            raise api_error_of(GenerationPaused())
+            raise api_error_of(paused)
         capacity = srv.admission.capacity  # type: ignore[union-attr]
         if self.slots > capacity:
             # Waiting cannot help: the server could not hold this request even when idle.

@@ -38,7 +38,7 @@ from collections.abc import Sequence
 import trio
 
 from actors.config import AdmissionWindow
-from actors.runtime.request import EngineRequest
+from actors.messages import Admit
 
 __all__ = ["DEFAULT_WINDOW", "STEP_FRACTION", "AdmissionWindow", "Arrivals"]
 
@@ -84,7 +84,7 @@ class Arrivals:
             cap = min(cap, STEP_FRACTION * self.typical_step_s)
         return cap
 
-    async def gather(self, admitted: Sequence[EngineRequest], max_tokens: int,
+    async def gather(self, admitted: Sequence[Admit], max_tokens: int,
                      max_seqs: int) -> float:
         """Waits while the rest of a burst is on its way (see the module's rules); returns
         the seconds waited. `admitted`: the requests the first step will take, watched as
@@ -110,10 +110,10 @@ class Arrivals:
         return trio.current_time() - start
 
 
-def _fills(admitted: Sequence[EngineRequest], max_tokens: int, max_seqs: int) -> bool:
+def _fills(admitted: Sequence[Admit], max_tokens: int, max_seqs: int) -> bool:
     """Whether these requests alone fill one step (prefix-cache hits aside)."""
     seqs = tokens = 0
     for req in admitted:
-        seqs += len(req.choices)
+        seqs += req.params.n
         tokens += len(req.prompt_token_ids)
     return seqs >= max_seqs or tokens >= max_tokens

@@ -32,7 +32,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -41,10 +41,15 @@ from actors.core.protocol import EngineCore
 from actors.messages import Control, ControlResult, EngineInfo
 from actors.runtime.admission import Admission
 from actors.runtime.burst import DEFAULT_WINDOW, AdmissionWindow
-from actors.runtime.failures import ServerFailed
+from actors.runtime.failures import GenerationPaused, ServerFailed
+from actors.runtime.prompt_bounds import PromptCharBound
 from actors.errors import DuplicateRequest
 from actors.runtime.request import Registry, RequestState
 from actors.runtime.system import ActorSystem, run_actor_system
+from actors.text.detokenizer import TokenTexts
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 __all__ = ["DataParallelSystem", "run_data_parallel"]
 
@@ -142,17 +147,6 @@ def merge_expositions(parts: Sequence[bytes]) -> bytes:
     return ("\n".join(out) + "\n").encode()
 
 
-class _EngineFlags:
-    """What the front end asks of "the engine" before admitting: any engine refusing."""
-
-    def __init__(self, systems: Sequence[ActorSystem]) -> None:
-        self._systems = systems
-
-    @property
-    def refusing_new(self) -> bool:
-        return any(s.engine.refusing_new for s in self._systems)
-
-
 @dataclass(eq=False)
 class DataParallelSystem:
     """The handle a front end holds, shaped as ActorSystem's, over N actor systems."""
@@ -161,7 +155,6 @@ class DataParallelSystem:
     admission: Admission
     registry: DataParallelRegistry
     metrics: DataParallelMetrics
-    engine: _EngineFlags
     stopped: trio.Event = field(default_factory=trio.Event)
 
     @property
@@ -173,12 +166,16 @@ class DataParallelSystem:
         return self.admission.capacity
 
     @property
-    def token_texts(self) -> Any:
+    def token_texts(self) -> TokenTexts:
         return self.systems[0].token_texts
 
     @property
-    def prompt_bound(self) -> Any:
+    def prompt_bound(self) -> PromptCharBound:
         return self.systems[0].prompt_bound
+
+    def refusal(self) -> GenerationPaused | None:
+        """Any engine refusing new requests (the operator's pause applies to every one)."""
+        return next((r for r in (s.refusal() for s in self.systems) if r is not None), None)
 
     async def submit(self, state: RequestState) -> None:
         i = self.registry.engine_of(state)
@@ -223,7 +220,7 @@ class DataParallelSystem:
 
 async def run_data_parallel(
     cores: Sequence[EngineCore],
-    tokenizer: Any,
+    tokenizer: PreTrainedTokenizerFast,
     *,
     capacity: int,
     model_name: str,
@@ -248,7 +245,7 @@ async def run_data_parallel(
             nursery.start_soon(_cancel_when_stopped, systems, nursery.cancel_scope)
             task_status.started(DataParallelSystem(
                 systems, Admission(capacity), DataParallelRegistry([s.registry for s in systems]),
-                DataParallelMetrics(systems), _EngineFlags(systems), stopped))
+                DataParallelMetrics(systems), stopped))
     finally:
         stopped.set()
         for core in cores:

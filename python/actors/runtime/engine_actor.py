@@ -1,12 +1,18 @@
 """The engine actor: owns the EngineCore, feeds it admits, aborts and controls, runs its steps.
 
-    tokenizer --EngineRequest (admit channel)--> engine actor --TokenBatch (batch)--> tokenizer
-    HTTP / tokenizer --abort_nowait()--> engine actor (a list, never blocks)
+    tokenizer --Admit | AbortChoices | NoMoreAdmits (inbox)--> engine actor
+    engine actor --Delivery(outputs, retired) | EngineDown (batch)--> tokenizer
     admin --await control(Control)--> engine actor --ControlResult (one-shot reply)
 
-Operator commands (pause, sleep, wake_up, abort_requests and the core's own) are answered by
-the EngineControls half of the actor (actors.runtime.engine_controls). When requests reach an
-idle engine, its first step waits (bounded) for the rest of their burst: actors.runtime.burst.
+The messages are actors.runtime.messages'. The actor writes no request state: the
+tokenizer actor owns each request, its choices and its Outbox, and learns from a Retired
+(beside the step's outputs) that the engine will never touch a choice again, and from a
+Refused why an admit was turned down. What the actor keeps per admitted prompt (whether
+the core holds it, which choices live, their timing for the metrics) is its own ledger
+(actors.runtime.accounting). Whether it steps and takes new requests is the pause machine
+(actors.runtime.pause_states), driven by the operator commands of actors.runtime
+.engine_controls. When requests reach an idle engine, its first step waits (bounded) for
+the rest of their burst: actors.runtime.burst.
 
 The core is touched only here: ``add``, ``abort`` and ``control`` between steps on the Trio
 thread, ``step`` in a worker thread under a limiter of one (the core is not re-entrant, and
@@ -15,9 +21,11 @@ is never cancelled midway: it leaves the core consistent.
 
 The tokenizer <-> engine cycle has one edge that never blocks: the batch channel is written
 with ``send_nowait`` only after taking a credit that the tokenizer returns once it has
-processed a batch, so at most BATCH_CREDITS batches exist and the channel (of that size) is
-never full. Shutdown needs no sentinel: the admit channel closes when the tokenizer's submit
-loop ends; the actor then finishes what the core holds and closes the batch channel.
+processed a message, so at most BATCH_CREDITS messages exist and the channel (of that size)
+is never full. Retirements between steps ride on the next step's Delivery, or on their own
+(taking a credit) when no step follows. Shutdown: the inbox carries NoMoreAdmits once the
+tokenizer's submissions have ended; the actor then finishes what the core holds and closes
+the batch channel (and the metrics channel), which ends the tokenizer's and metrics' loops.
 
 Fault injection (for the server's failure tests, off unless set): LLMSERVE_FAULT_AFTER_STEPS=N,
 read once when the actor is built, makes every step after the N-th raise inside the worker
@@ -36,21 +44,25 @@ import trio
 
 from actors.core.protocol import EngineCore
 from actors.errors import RequestRefused
-from actors.messages import Abort, Admit, Control, ControlResult, RequestOutput, TokenBatch
+from actors.messages import Abort, Admit, Control, ControlResult, EngineStats, TokenBatch
 from actors.runtime import faults
+from actors.runtime.accounting import Entry, Ledger
 from actors.runtime.burst import Arrivals
 from actors.runtime.engine_controls import EngineControls
 from actors.runtime.failures import EngineFailed, GenerationPaused
 from actors.runtime.faults import InjectedFault
-from actors.runtime.metric_events import (
-    EngineStats,
-    GroupFinished,
+from actors.runtime.messages import (
+    AbortChoices,
+    BatchMessage,
+    Delivery,
+    EngineDown,
+    EngineInbox,
     MetricEvent,
-    StepTokens,
-    sequence_finished,
+    NoMoreAdmits,
+    Refused,
+    Retired,
 )
-from actors.runtime.outbox import ChoiceUpdate
-from actors.runtime.request import Choice, EngineRequest, Registry, RequestState
+from actors.runtime.pause_states import PauseStates
 
 log = logging.getLogger("actors.runtime.engine")
 
@@ -67,38 +79,39 @@ class EngineActor(EngineControls):
     def __init__(
         self,
         core: EngineCore,
-        registry: Registry,
-        admit_recv: trio.MemoryReceiveChannel[EngineRequest],
-        batch_send: trio.MemorySendChannel[tuple[RequestOutput, ...]],
+        inbox: trio.MemoryReceiveChannel[EngineInbox],
+        batch_send: trio.MemorySendChannel[BatchMessage],
+        credits: trio.Semaphore,
         metrics_send: trio.MemorySendChannel[MetricEvent],
         on_fatal: Callable[[BaseException], None],
         arrivals: Arrivals | None = None,
     ) -> None:
-        """`arrivals` (shared with the front door and the tokenizer): an idle engine waits for
-        the rest of a burst (actors.runtime.burst); without it every step starts at once."""
+        """`credits` (BATCH_CREDITS, returned by the reader of `batch_send`): one is taken
+        before each send. `arrivals` (shared with the front door and the tokenizer): an
+        idle engine waits for the rest of a burst (actors.runtime.burst); without it every
+        step starts at once."""
         self._core = core
         self._arrivals = arrivals
-        self._registry = registry
-        self._admit_recv = admit_recv
+        self._inbox = inbox
         self._batch_send = batch_send
+        self._credits = credits
         self._metrics_send = metrics_send
         self._on_fatal = on_fatal
         self._limiter = trio.CapacityLimiter(1)
-        self.credits = trio.Semaphore(BATCH_CREDITS)
-        # Admitted requests not yet handed to the core. Bounded by admission capacity:
-        # each choice holds a slot that is not returned before it retires.
-        self._admitted: list[EngineRequest] = []
-        # (request, choice index or None: all of them); at most one entry per live choice
-        # and one per live request, so bounded the same way.
-        self._aborts: list[tuple[EngineRequest, int | None]] = []
+        self._ledger = Ledger()
+        # Received admits not yet handed to the core. Bounded by admission capacity: each
+        # choice holds a slot that is not returned before it retires.
+        self._admitted: list[Admit] = []
+        # Aborts of requests the core holds, applied before the next step: at most one per
+        # live choice and one per live request (the tokenizer sends each once).
+        self._aborts: list[AbortChoices] = []
+        # Retirements (and refusals) not yet sent: one per live choice at most.
+        self._outgoing: list[Retired | Refused] = []
         # Operator commands and their one-shot replies; one per awaiting caller.
         self._controls: list[tuple[Control, trio.MemorySendChannel[ControlResult]]] = []
-        # Pauses and sleeps of mode "wait", answered once the core has drained.
-        self._draining: list[tuple[Control, trio.MemorySendChannel[ControlResult]]] = []
-        self._pause_mode: str | None = None  # the operator's /pause, until /resume
-        self.refusing_new = False  # admits fail with GenerationPaused (pause abort|wait)
-        self._holding = False  # nothing steps and admits wait (pause keep, drained pause)
-        self._sleep_level: int | None = None  # asleep at that level until wake_up
+        self._pause: PauseStates[tuple[Control, trio.MemorySendChannel[ControlResult]]] = (
+            PauseStates(busy=core.has_unfinished, abort_all=self._abort_everything,
+                        reset_cache=self._reset_cache))
         self._wakeup = trio.Event()
         self._admit_closed = False
         self._stepping = True  # False once the loop has ended (finished or failed)
@@ -111,28 +124,17 @@ class EngineActor(EngineControls):
             log.warning("%s=%d: engine steps after that many will fail",
                         faults.AFTER_STEPS_ENV, self._fault_after)
 
-    # -- called from other actors in the same thread ------------------------------------
-    def abort_nowait(self, req: EngineRequest, index: int | None = None) -> None:
-        """Stops every choice of `req`, or only choice `index` (a stop string matched).
-        Never blocks; applied before the next step."""
-        if index is None:
-            if req.done or req.abort_requested:
-                return
-            req.abort_requested = True
-        else:
-            choice = req.choices[index]
-            if choice.retired or choice.abort_requested:
-                return
-            choice.abort_requested = True
-        self._aborts.append((req, index))
-        self._wakeup.set()
+    def refusal(self) -> GenerationPaused | None:
+        """Why a new request would be refused now (paused in abort or wait mode), else None:
+        the front door answers it before any response starts."""
+        return self._pause.refusal()
 
     # -- the actor -------------------------------------------------------------------
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED):
         # Closing both channels on the way out ends the tokenizer's batch loop and the
         # metrics actor: shutdown cascades by closure.
         async with self._batch_send, self._metrics_send, trio.open_nursery() as nursery:
-            nursery.start_soon(self._receive_admits)
+            nursery.start_soon(self._receive)
             task_status.started()
             try:
                 await self._loop()
@@ -147,22 +149,31 @@ class EngineActor(EngineControls):
                 self._answer_stopped()
             nursery.cancel_scope.cancel()
 
-    async def _receive_admits(self) -> None:
-        async with self._admit_recv:
-            async for req in self._admit_recv:
-                received = [req]
+    async def _receive(self) -> None:
+        async with self._inbox:
+            async for message in self._inbox:
+                received = [message]
                 # What else is queued, with no checkpoint between: a request's prompts,
                 # sent together, reach the core before the same step.
                 while True:
                     try:
-                        received.append(self._admit_recv.receive_nowait())
+                        received.append(self._inbox.receive_nowait())
                     except (trio.WouldBlock, trio.EndOfChannel):
                         break  # the loop itself ends at the end of the channel
-                self._admitted.extend(received)
-                if self._arrivals is not None:
-                    self._arrivals.settled(len(received))
+                admits = 0
+                for m in received:
+                    if isinstance(m, Admit):
+                        self._ledger.add(m)
+                        self._admitted.append(m)
+                        admits += 1
+                    elif isinstance(m, AbortChoices):
+                        self._note_abort(m)
+                    elif isinstance(m, NoMoreAdmits):
+                        self._admit_closed = True
+                if admits and self._arrivals is not None:
+                    self._arrivals.settled(admits)
                 self._wakeup.set()
-        self._admit_closed = True
+        self._admit_closed = True  # the tokenizer has ended
         self._wakeup.set()
 
     async def _loop(self) -> None:
@@ -172,27 +183,37 @@ class EngineActor(EngineControls):
             self._apply_admits()
             await self._answer_controls()
             self._publish_stats()
-            if self._admit_closed and (self._holding or self._sleep_level is not None):
+            if self._admit_closed and self._pause.stopped_at_shutdown:
                 self._release_for_shutdown()
-            if not self.stepping_allowed or not core.has_unfinished():
+            stepping = self._pause.stepping_allowed
+            if not stepping or not core.has_unfinished():
+                if self._outgoing:  # no step follows to carry them
+                    await self._credits.acquire()
+                    self._send(Delivery((), self._take_outgoing()))
+                    continue
                 if self._admit_closed and not self._admitted and not core.has_unfinished():
                     return
-                idle = self.stepping_allowed and not core.has_unfinished()
                 await self._wakeup.wait()
                 self._wakeup = trio.Event()
-                if idle and self._admitted:  # the first step waits for the rest of a burst
+                if stepping and self._admitted:  # the first step waits for the rest of a burst
                     await self._gather_burst()
                 continue
-            await self.credits.acquire()
+            await self._credits.acquire()
             started = time.monotonic()
             batch = await self._step()
-            self._note_schedule(batch, started)
-            self._account(batch)
-            self._batch_send.send_nowait(batch.outputs)  # never raises WouldBlock: credits
+            self._account(batch, started)
+            self._send(Delivery(batch.outputs, self._take_outgoing()))
             faults.check("engine")
 
+    def _send(self, message: BatchMessage) -> None:
+        self._batch_send.send_nowait(message)  # never raises WouldBlock: credits
+
+    def _take_outgoing(self) -> tuple[Retired | Refused, ...]:
+        outgoing, self._outgoing = self._outgoing, []
+        return tuple(outgoing)
+
     async def _gather_burst(self) -> None:
-        if self._arrivals is not None and self.admits_flow:
+        if self._arrivals is not None and self._pause.admits_flow:
             info = self._core.info
             await self._arrivals.gather(self._admitted, info.max_num_batched_tokens,
                                         info.max_num_seqs)
@@ -212,76 +233,83 @@ class EngineActor(EngineControls):
             raise StepFailed(f"engine step failed: {type(exc).__name__}") from exc
 
     # -- between steps -------------------------------------------------------------------
+    def _note_abort(self, message: AbortChoices) -> None:
+        """Records an abort at once (its reason is the choice's finish reason from now on);
+        the core hears of it before the next step. An abort of what already retired (its
+        Admit came first on this inbox, so it is not unknown) is ignored."""
+        entry = self._ledger.get(message.engine_id)
+        if entry is None:
+            return
+        if message.index is None:
+            if entry.abort_requested:
+                return
+            entry.abort_requested = True
+            clocks = [entry.choices[i] for i in entry.live()]
+        else:
+            clocks = [entry.choices[message.index]]
+            if clocks[0].retired:
+                return
+        for clock in clocks:
+            if clock.finish_reason is None:
+                clock.finish_reason = message.reason
+        self._aborts.append(message)
+        self._wakeup.set()
+
     def _apply_admits(self) -> None:
         admitted, self._admitted = self._admitted, []
-        for req in admitted:
-            if req.abort_requested or req.done:
-                self._retire_all(req, "abort")
+        for admit in admitted:
+            entry = self._ledger.get(admit.request_id)
+            if entry is None:
                 continue
-            if self.refusing_new:
-                found = self._registry.engine_requests.get(req.engine_id)
-                if found is not None:
-                    found[0].outbox.fail(GenerationPaused())
-                self._retire_all(req, "abort")
+            if entry.abort_requested:
+                self._retire_all(entry, "abort")
                 continue
-            if not self.admits_flow:  # held until resume or wake_up
-                self._admitted.append(req)
+            refusal = self._pause.refusal()
+            if refusal is not None:
+                self._outgoing.append(Refused(admit.request_id, refusal))
+                self._retire_all(entry, "abort")
+                continue
+            if not self._pause.admits_flow:  # held until resume or wake_up
+                self._admitted.append(admit)
                 continue
             try:
-                self._core.add(Admit(req.engine_id, tuple(req.prompt_token_ids), req.params,
-                                     pooling=req.pooling,
-                                     encoder_input=req.encoder_input,
-                                     arrival_time=req.admitted_at,
-                                     priority=req.params.priority,
-                                     lora_id=req.params.lora_id))
+                self._core.add(admit)
             except RequestRefused as exc:  # the core's own checks; the edge should catch these
-                log.warning("engine refused %s: %s", req.engine_id, exc)
-                found = self._registry.engine_requests.get(req.engine_id)
-                if found is not None:
-                    found[0].outbox.fail(RequestRefused("the request was refused by the engine",
-                                                        exc.param))
-                self._retire_all(req, "error")
+                log.warning("engine refused %s: %s", admit.request_id, exc)
+                self._outgoing.append(Refused(admit.request_id, RequestRefused(
+                    "the request was refused by the engine", exc.param)))
+                self._retire_all(entry, "error")
                 continue
-            req.in_engine = True
+            entry.in_engine = True
 
     def _apply_aborts(self) -> None:
         aborts, self._aborts = self._aborts, []
-        for req, index in aborts:
-            if not req.in_engine or req.done:
-                continue  # its Admit has not been applied yet (it retires there) or it is gone
-            self._core.abort(Abort(req.engine_id, index))
+        for message in aborts:
+            entry = self._ledger.get(message.engine_id)
+            if entry is None or not entry.in_engine:
+                continue  # not in the core yet (it retires at admission) or gone
+            self._core.abort(Abort(message.engine_id, message.index))
             # The core reports nothing for what it aborts: those choices retire here.
-            for choice in req.live_choices() if index is None else [req.choices[index]]:
-                self._retire(req, choice, choice.finish_reason or "abort")
+            for i in entry.live() if message.index is None else [message.index]:
+                self._retire(message.engine_id, i, "abort")
 
-    # -- whether it steps, aborts ------------------------------------------------------
-    @property
-    def stepping_allowed(self) -> bool:
-        return not self._holding and self._sleep_level is None
+    def _abort_everything(self) -> None:
+        """Ends every request the engine holds with finish_reason "abort" (pause or sleep in
+        abort mode, shutdown while paused)."""
+        for entry in self._ledger.entries():
+            self._note_abort(AbortChoices(entry.admit.request_id, None, "abort"))
+        self._apply_aborts()
 
-    @property
-    def admits_flow(self) -> bool:
-        """New requests reach the core (else they wait in the actor): not while paused in
-        keep mode, draining for a wait, or asleep."""
-        return self.stepping_allowed and not self._draining
-
-    def abort_state(self, state: RequestState) -> None:
-        """Ends every unfinished choice of `state` with finish_reason "abort" (a consumer
-        still reading sees it; a closed Outbox drops it) and stops it in the engine."""
-        state.cancelled = True  # a request still being tokenized is never admitted
-        for req in state.engine_requests:
-            for choice in req.choices:
-                if not state.outbox.is_finished(choice.outbox_index):
-                    state.outbox.push(ChoiceUpdate(choice.outbox_index, finish_reason="abort"))
-                if choice.finish_reason is None and not choice.retired:
-                    choice.finish_reason = "abort"
-            self.abort_nowait(req)
+    def _reset_cache(self) -> None:
+        self._apply_control(Control("reset_prefix_cache"))
 
     def _release_for_shutdown(self) -> None:
         """Shutting down while paused or asleep: what cannot run any more ends now."""
-        self._abort_requests(None)
-        for req in self._admitted:
-            self._retire_all(req, "abort")
+        self._abort_everything()
+        for admit in self._admitted:
+            entry = self._ledger.get(admit.request_id)
+            if entry is not None:
+                self._retire_all(entry, "abort")
         self._admitted.clear()
 
     def _publish_stats(self) -> None:
@@ -291,88 +319,37 @@ class EngineActor(EngineControls):
             self._emit(stats)
 
     # -- after a step ----------------------------------------------------------------------
-    def _note_schedule(self, batch: TokenBatch, started: float) -> None:
-        """Preemptions per choice, and when each newly admitted request was first scheduled
-        (its queue time ends there, although a long prompt's first token comes several
-        chunked steps later; the forked choices start with it)."""
-        for engine_id, index in batch.preempted:
-            choice = self._choice(engine_id, index)
-            if choice is not None:
-                choice.num_preemptions += 1
+    def _account(self, batch: TokenBatch, started: float) -> None:
+        self._ledger.note_schedule(batch, started)
         if batch.scheduled and self._arrivals is not None:
             self._arrivals.note_step(time.monotonic() - started)
-        for engine_id, index in batch.scheduled:
-            found = self._registry.engine_requests.get(engine_id)
-            if found is None:
-                continue
-            for choice in found[1].choices if index == 0 else [found[1].choices[index]]:
-                if choice.scheduled_at is None:
-                    choice.scheduled_at = started
-
-    def _choice(self, engine_id: str, index: int) -> Choice | None:
-        found = self._registry.engine_requests.get(engine_id)
-        if found is None or not 0 <= index < len(found[1].choices):
-            return None
-        return found[1].choices[index]
-
-    def _account(self, batch: TokenBatch) -> None:
-        now = time.monotonic()
-        prompt = cached = generated = 0
-        for out in batch.outputs:
-            found = self._registry.engine_requests.get(out.request_id)
-            if found is None:
-                continue
-            req = found[1]
-            choice = req.choices[out.index]
-            if choice.retired:
-                continue
-            choice.num_cached_tokens = out.num_cached_tokens
-            if out.new_token_ids:
-                if not req.prompt_counted:  # the prompt ran once, for all its choices
-                    req.prompt_counted = True
-                    prompt += len(req.prompt_token_ids)
-                    cached += out.num_cached_tokens
-                if choice.first_token_at is None:
-                    choice.first_token_at = now
-                elif choice.last_token_at is not None:
-                    choice.inter_token.append(now - choice.last_token_at)
-                choice.last_token_at = now
-                choice.num_generated += len(out.new_token_ids)
-                generated += len(out.new_token_ids)
-            if out.finished:
-                self._retire(req, choice, out.finish_reason or "stop")
-        self._emit(StepTokens(prompt, cached, generated, len(batch.scheduled)))
+        tokens, finished = self._ledger.account(batch, time.monotonic())
+        for engine_id, index, reason in finished:
+            self._retire(engine_id, index, reason)
+        self._emit(tokens)
 
     # -- retirement --------------------------------------------------------------------
     def _fail_everything(self) -> None:
-        """After a step failed: fail and retire everything without touching the core."""
-        for state in list(self._registry.requests.values()):
-            state.outbox.fail(EngineFailed())
-        for _state, req in list(self._registry.engine_requests.values()):
-            self._retire_all(req, "error")
-        for req in self._admitted:
-            self._retire_all(req, "error")
+        """After a step failed: every request fails and retires (the tokenizer fails their
+        Outboxes); the core is not touched again. The failed step's credit carries it."""
+        for entry in self._ledger.entries():
+            self._retire_all(entry, "error")
         self._admitted.clear()
+        self._outgoing.clear()
+        self._send(EngineDown(EngineFailed()))
 
-    def _retire_all(self, req: EngineRequest, reason: str) -> None:
-        for choice in req.live_choices():
-            self._retire(req, choice, choice.finish_reason or reason)
+    def _retire_all(self, entry: Entry, reason: str) -> None:
+        for i in entry.live():
+            self._retire(entry.admit.request_id, i, reason)
 
-    def _retire(self, req: EngineRequest, choice: Choice, reason: str) -> None:
-        if choice.retired:
+    def _retire(self, engine_id: str, index: int, reason: str) -> None:
+        retired = self._ledger.retire(engine_id, index, reason, time.monotonic())
+        if retired is None:
             return
-        choice.retired = True
-        if choice.finish_reason is None:
-            choice.finish_reason = reason
-        self._emit(sequence_finished(req, choice, time.monotonic()))
-        if req.live_choices():
-            return
-        req.done = True
-        req.in_engine = False
-        self._emit(GroupFinished(len(req.choices), max(c.num_generated for c in req.choices)))
-        found = self._registry.engine_requests.get(req.engine_id)
-        if found is not None:
-            found[0].note_retired()
+        final, events = retired
+        for event in events:
+            self._emit(event)
+        self._outgoing.append(Retired(engine_id, index, final))
 
     def _emit(self, event: MetricEvent) -> None:
         try:
@@ -381,4 +358,3 @@ class EngineActor(EngineControls):
             self.metrics_dropped += 1
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             pass
-

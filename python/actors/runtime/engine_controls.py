@@ -2,23 +2,20 @@
 
     admin --await control(Control)--> engine actor --ControlResult (one-shot reply)
 
-Commands that decide whether the actor steps are its own (vLLM's pause and sleep):
-``pause`` with mode ``abort`` (every in-flight request ends with finish_reason "abort", as a
-client sees it), ``wait`` (the reply comes once the core has drained) or ``keep`` (nothing
-steps; new requests queue); in abort and wait modes new requests are refused
-(GenerationPaused, a 503) until ``resume``. ``sleep`` pauses the same way but queues new
-requests, then frees the core's memory (actors.core.operator); ``wake_up`` restores it and
-steps again. ``abort_requests`` ends requests by id, or all of them. Every other command is
-the core's; those that load or free memory (a LoRA load included) run in the worker thread,
-under the same limiter as a step.
+Commands that decide whether the actor steps are its own (vLLM's pause and sleep), and
+their states and order of operations are the pause machine's (actors.runtime.pause_states):
+``pause`` (modes abort, wait, keep), ``resume``, ``sleep``, ``wake_up``, ``is_paused``,
+``is_sleeping``. ``abort_requests`` is answered once the aborts the tokenizer sent for it
+have been applied (the tokenizer matches the ids: it owns the requests). Every other
+command is the core's; those that load or free memory (a LoRA load included) run in the
+worker thread, under the same limiter as a step.
 
-The order of operations: a ``resume`` (``wake_up``) overtakes a pause (sleep) of mode
-``wait`` still waiting for its drain, which is answered 409 and never applies. A caller
-that leaves before its answer (a client timeout cancels its handler) has closed its reply
-channel: the command still applies and the answer is dropped, never raised into the actor.
+A caller that leaves before its answer (a client timeout cancels its handler) has closed
+its reply channel: the command still applies and the answer is dropped, never raised into
+the actor.
 
-EngineControls is the half of EngineActor (actors.runtime.engine_actor) that holds this
-state machine; the actor's fields it reads are set in EngineActor.__init__.
+EngineControls is the half of EngineActor (actors.runtime.engine_actor) that answers them;
+the actor's fields it reads are set in EngineActor.__init__.
 """
 
 from __future__ import annotations
@@ -28,23 +25,26 @@ import logging
 import trio
 
 from actors.messages import Control, ControlResult
+from actors.runtime.pause_states import PAUSE_MODES, Transition
+
+__all__ = ["EngineControls", "PAUSE_MODES"]
 
 log = logging.getLogger("actors.runtime.engine")
 
-PAUSE_MODES = ("abort", "wait", "keep")
 # Core commands that allocate, free or load memory: run in the worker thread.
 _HEAVY_CONTROLS = frozenset({"sleep", "wake_up", "update_weights", "start_profile",
                              "stop_profile", "load_lora_adapter"})
 _ACTOR_CONTROLS = frozenset({"pause", "resume", "is_paused", "is_sleeping",
                              "abort_requests", "sleep", "wake_up"})
 
+Reply = trio.MemorySendChannel[ControlResult]
 
 
 class EngineControls:
     """Operator commands of the engine actor (see the module's docstring)."""
 
     async def control(self, command: Control) -> ControlResult:
-        """Applies an operator command between steps and returns the core's answer."""
+        """Applies an operator command between steps and returns the answer."""
         if self._failed:
             return ControlResult(False, error="the engine has failed")
         if not self._stepping:  # nothing steps any more: no step to wait for
@@ -72,23 +72,15 @@ class EngineControls:
         controls, self._controls = self._controls, []
         for command, reply in controls:
             if self._failed:
-                result: ControlResult | None = ControlResult(False,
-                                                             error="the engine has failed")
+                _reply(reply, ControlResult(False, error="the engine has failed"))
             else:
-                result = await self._operate(command)
-            if result is None:  # mode "wait": answered once the core has drained
-                self._draining.append((command, reply))
-                continue
-            _reply(reply, result)
-        if self._draining and not self._core.has_unfinished():
-            draining, self._draining = self._draining, []
-            for command, reply in draining:
-                _reply(reply, await self._drained(command))
+                await self._operate(command, reply)
+        await self._carry_out(self._pause.drained())
 
     def _answer_stopped(self) -> None:
         """The loop has ended: core commands still apply; the actor's own cannot."""
-        pending = self._controls + self._draining
-        self._controls, self._draining = [], []
+        pending = self._controls + [p.ticket for p in self._pause.take_pending()]
+        self._controls = []
         for command, reply in pending:
             if self._failed:
                 result = ControlResult(False, error="the engine has failed")
@@ -98,115 +90,50 @@ class EngineControls:
                 result = self._apply_control(command)
             _reply(reply, result)
 
-    async def _operate(self, command: Control) -> ControlResult | None:
-        """Applies one command; None defers the answer until the core has drained."""
+    async def _operate(self, command: Control, reply: Reply) -> None:
+        """Applies one command; a pause or sleep of mode wait is answered once drained."""
         args = dict(command.args)
+        ticket = (command, reply)
+        pause = self._pause
         match command.command:
             case "pause":
-                return self._pause(str(args.get("mode", "abort")),
-                                   bool(args.get("clear_cache", True)))
+                await self._carry_out(pause.pause(str(args.get("mode", "abort")),
+                                                  bool(args.get("clear_cache", True)), ticket))
             case "resume":
-                self._overtake_draining("pause", "resumed before the drain ended")
-                self._pause_mode = None
-                self.refusing_new = False
-                self._holding = False
+                await self._carry_out(pause.resume(ticket))
                 self._wakeup.set()
-                return ControlResult(True)
             case "is_paused":
-                return ControlResult(True, self._pause_mode is not None)
-            case "is_sleeping":  # vLLM's: any pause of the scheduler counts as asleep
-                return ControlResult(True, self._sleep_level is not None
-                                     or self._pause_mode is not None)
+                _reply(reply, ControlResult(True, pause.pause_mode is not None))
+            case "is_sleeping":
+                _reply(reply, ControlResult(True, pause.is_sleeping))
             case "abort_requests":
-                return ControlResult(True, self._abort_requests(args.get("request_ids")))
+                self._apply_aborts()
+                _reply(reply, ControlResult(True))
             case "sleep":
-                return await self._sleep(command, str(args.get("mode", "abort")))
+                await self._carry_out(pause.sleep(str(args.get("mode", "abort")),
+                                                  int(args.get("level", 1)), ticket))
             case "wake_up":
-                self._overtake_draining("sleep", "woken up before the drain ended")
-                return await self._wake_up(command)
-        return await self._apply_heavy(command)
+                await self._carry_out(pause.wake_up())
+                result = await self._apply_heavy(command)
+                if result.ok:
+                    pause.woke(bool(result.value["asleep"]))
+                    self._wakeup.set()
+                _reply(reply, result)
+            case _:
+                _reply(reply, await self._apply_heavy(command))
 
-    def _overtake_draining(self, command: str, why: str) -> None:
-        """The order of operations: a later resume (wake_up) wins over a pause (sleep) of
-        mode "wait" still waiting for the drain; that pause is answered 409 and never
-        applies, so the engine is not left paused (asleep) with nobody to resume it."""
-        kept = []
-        for pending, reply in self._draining:
-            if pending.command == command:
-                _reply(reply, ControlResult(False, error=f"{command} was overtaken: {why}",
-                                            reason="conflict"))
-            else:
-                kept.append((pending, reply))
-        self._draining = kept
-
-    def _pause(self, mode: str, clear_cache: bool) -> ControlResult | None:
-        if mode not in PAUSE_MODES:
-            return ControlResult(False, error=f"Invalid pause mode: {mode}", reason="invalid")
-        self._pause_mode = mode
-        self.refusing_new = mode != "keep"
-        if mode == "abort":
-            self._abort_requests(None)
-        if mode == "keep" or not self._core.has_unfinished():
-            return self._paused(mode, clear_cache)
-        return None  # wait: answered by _drained
-
-    def _paused(self, mode: str, clear_cache: bool) -> ControlResult:
-        self._holding = True
-        if clear_cache and mode != "keep":
-            self._apply_control(Control("reset_prefix_cache"))
-        return ControlResult(True)
-
-    async def _sleep(self, command: Control, mode: str) -> ControlResult | None:
-        level = int(dict(command.args).get("level", 1))
-        if mode not in PAUSE_MODES:
-            return ControlResult(False, error=f"Invalid pause mode: {mode}", reason="invalid")
-        if level >= 1 and mode == "keep" and self._core.has_unfinished():
-            return ControlResult(False, reason="conflict", error=(
-                f"sleep level {level} frees the KV cache, so mode=keep cannot keep the "
-                "running requests; use mode=abort or mode=wait"))
-        if mode == "abort":
-            self._abort_requests(None)
-        if mode == "wait" and self._core.has_unfinished():
-            return None
-        return await self._asleep(command)
-
-    async def _asleep(self, command: Control) -> ControlResult:
-        level = int(dict(command.args).get("level", 1))
-        result = await self._apply_heavy(command)
-        if result.ok:
-            self._sleep_level = max(level, self._sleep_level or 0)
-        return result
-
-    async def _wake_up(self, command: Control) -> ControlResult:
-        result = await self._apply_heavy(command)
-        if result.ok and not result.value["asleep"]:
-            self._sleep_level = None
-            self._wakeup.set()
-        return result
-
-    async def _drained(self, command: Control) -> ControlResult:
-        args = dict(command.args)
-        if command.command == "sleep":
-            return await self._asleep(command)
-        return self._paused(str(args.get("mode", "wait")), bool(args.get("clear_cache", True)))
-
-    def _abort_requests(self, request_ids: list[str] | None) -> int:
-        """Ends every tokenized request (all, or those whose id, response id or internal id
-        is named) with finish_reason "abort"; returns how many."""
-        wanted = set(request_ids or ())
-        count = 0
-        for state in list(self._registry.requests.values()):
-            if not state.ready.is_set() or state.retired.is_set():
-                continue
-            if wanted and not wanted & _names_of(state.request_id):
-                continue
-            self.abort_state(state)
-            count += 1
-        self._apply_aborts()
-        return count
+    async def _carry_out(self, transition: Transition[tuple[Control, Reply]]) -> None:
+        for (_command, reply), result in transition.replies:
+            _reply(reply, result)
+        for pending in transition.sleep_now:
+            command, reply = pending.ticket
+            result = await self._apply_heavy(command)
+            if result.ok:
+                self._pause.slept(pending.level)
+            _reply(reply, result)
 
 
-def _reply(reply: trio.MemorySendChannel[ControlResult], result: ControlResult) -> None:
+def _reply(reply: Reply, result: ControlResult) -> None:
     """Answers one caller. A caller that gave up (its client left, a proxy timed out) has
     closed its end: the command was applied all the same, and nobody is told. That is not
     an engine failure."""
@@ -216,10 +143,3 @@ def _reply(reply: trio.MemorySendChannel[ControlResult], result: ControlResult) 
         log.info("an operator call was answered after its caller left (ok=%s)", result.ok)
     finally:
         reply.close()
-
-
-def _names_of(internal_id: str) -> set[str]:
-    """The ids an operator may name a request by: ours, the client's (X-Request-Id or the
-    body's request_id) and the response ids built from it."""
-    public = internal_id.rsplit(".", 1)[0]
-    return {internal_id, public, f"cmpl-{public}", f"chatcmpl-{public}"}

@@ -11,15 +11,9 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 import trio
 
-from actors.messages import EngineInfo
+from actors.messages import EngineInfo, EngineStats
 from actors.runtime import faults
-from actors.runtime.metric_events import (
-    EngineStats,
-    GroupFinished,
-    MetricEvent,
-    SequenceFinished,
-    StepTokens,
-)
+from actors.runtime.messages import GroupFinished, MetricEvent, SequenceFinished, StepTokens
 
 # Bucket boundaries as vLLM's dashboards expect them.
 TTFT_BUCKETS = (

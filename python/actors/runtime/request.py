@@ -1,4 +1,4 @@
-"""Per-request state shared by the actors (all of them run in one Trio thread).
+"""Per-request state, owned by the tokenizer actor (all actors run in one Trio thread).
 
 One HTTP request becomes one engine request per prompt, each with the request's n choices
 (the engine runs the prompt once and forks the other choices from it):
@@ -7,8 +7,10 @@ One HTTP request becomes one engine request per prompt, each with the request's 
       engine requests: abc-0 (prompt 0): choices 0, 1  -> outbox indices 0, 1
                        abc-1 (prompt 1): choices 0, 1  -> outbox indices 2, 3
 
-A choice is *retired* once no actor will touch it again: it finished or was aborted in the
-engine, or it never reached the engine. The HTTP edge returns the request's admission slots
+A choice is *retired* once no actor will touch it again: the engine actor said so (a
+Retired message: it finished or was aborted in the engine), or it never reached the engine.
+The HTTP edge builds a RequestState and registers it; from then on only the tokenizer actor
+writes it (actors.runtime.messages: the engine actor sends messages, never writes here). The HTTP edge returns the request's admission slots
 (one per choice) only after every choice has retired, which is what bounds every internal
 channel.
 """
@@ -22,6 +24,7 @@ from dataclasses import dataclass, field
 import trio
 
 from actors.errors import DuplicateRequest
+from actors.messages import Admit
 from actors.params.encoder import EncoderInput
 from actors.params.pooling import PoolingSpec
 from actors.params.sampling import SamplingParams
@@ -50,22 +53,15 @@ class PromptResult:
 
 @dataclass(slots=True, eq=False)
 class Choice:
-    """One choice of one prompt: its detokenizer, timing and retirement."""
+    """One choice of one prompt: its detokenizer and retirement (its timing is the engine
+    actor's: actors.runtime.accounting)."""
 
     index: int  # within its prompt: the engine's RequestOutput.index
     outbox_index: int  # prompt index x n + index: the index the client sees
     detokenizer: IncrementalDetokenizer | None = None
-    abort_requested: bool = False
-    retired: bool = False
-    finish_reason: str | None = None
-    num_generated: int = 0
-    num_cached_tokens: int = 0
-    num_preemptions: int = 0
-    # timing, in time.monotonic() seconds
-    scheduled_at: float | None = None
-    first_token_at: float | None = None
-    last_token_at: float | None = None
-    inter_token: list[float] = field(default_factory=list)
+    abort_requested: bool = False  # an AbortChoices for it went to the engine
+    retired: bool = False  # a Retired came back (or it never reached the engine)
+    finish_reason: str | None = None  # as the engine's Retired reported it
 
 
 @dataclass(slots=True, eq=False)
@@ -81,12 +77,14 @@ class EngineRequest:
     pooling: PoolingSpec | None = None  # a pooling request: one vector, no tokens
     encoder_input: EncoderInput | None = None  # a transcription request: the audio window
     abort_requested: bool = False  # every choice
-    in_engine: bool = False
-    prompt_counted: bool = False  # its prompt tokens count once, with its first token
     done: bool = False  # every choice retired
 
-    def live_choices(self) -> list[Choice]:
-        return [c for c in self.choices if not c.retired]
+    def admit(self) -> Admit:
+        """The message that admits it to the engine (and through it to the core)."""
+        return Admit(self.engine_id, tuple(self.prompt_token_ids), self.params,
+                     pooling=self.pooling, encoder_input=self.encoder_input,
+                     arrival_time=self.admitted_at, priority=self.params.priority,
+                     lora_id=self.params.lora_id)
 
 
 class RequestState:

@@ -1,15 +1,22 @@
 """The composition root of the engine side: channels with their bounds, the registry,
 admission, and the actors started in order under one nursery.
 
-    submit ⇢ tokenizer ⇢ admit ⇢ engine actor ⇢ batch ⇢ tokenizer ⇢ Outbox (per request)
+    submit ⇢ tokenizer ⇢ inbox ⇢ engine actor ⇢ batch ⇢ tokenizer ⇢ Outbox (per request)
                                   engine actor ⇢ metrics (send_nowait, drops when full)
 
+Every channel carries the frozen messages of actors.runtime.messages (Submit; Admit,
+AbortChoices, NoMoreAdmits; Delivery with its Retired and Refused, EngineDown; the metric
+events); the tokenizer actor owns the request state they refer to.
+
     system = await nursery.start(run_actor_system, core, tokenizer, capacity=..., ...)
-    await system.submit(state); system.abort(state); await system.control(Control(...))
+    system.registry.add(state); await system.submit(state)
+    system.refusal()  # GenerationPaused while paused in abort or wait mode, else None
+    system.abort(state); await system.control(Control(...))
     system.close_submissions()  # shutdown by closure: every actor ends once its input does
 
-Nothing here knows HTTP: a front end (python -m server, a test) builds RequestStates, submits
-them and reads their Outboxes; it decides what a failure means to its own clients.
+Nothing here knows HTTP: a front end (python -m server, a test) builds RequestStates,
+registers and submits them and reads their Outboxes; it decides what a failure means to its
+own clients.
 
 Supervision: an exception out of an actor once it has started (a bug, or an injected fault)
 fails every in-flight request and calls ``on_fatal``; it does not tear the other actors down
@@ -24,21 +31,31 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from actors.core.protocol import EngineCore
-from actors.messages import Control, ControlResult, EngineInfo, RequestOutput
+from actors.messages import Control, ControlResult, EngineInfo
 from actors.runtime.admission import Admission
 from actors.runtime.burst import DEFAULT_WINDOW, AdmissionWindow, Arrivals
 from actors.runtime.engine_actor import BATCH_CREDITS, EngineActor
-from actors.runtime.failures import ServerFailed
-from actors.runtime.metric_events import MetricEvent
+from actors.runtime.failures import GenerationPaused, ServerFailed
+from actors.runtime.messages import (
+    AbortRequest,
+    BatchMessage,
+    EngineInbox,
+    MetricEvent,
+    Submit,
+)
 from actors.runtime.metrics_actor import METRICS_CHANNEL_SIZE, MetricsActor, cache_config_info
-from actors.runtime.request import EngineRequest, Registry, RequestState
-from actors.runtime.tokenizer_actor import TokenizerActor
+from actors.runtime.prompt_bounds import PromptCharBound
+from actors.runtime.request import Registry, RequestState
+from actors.runtime.tokenizer_actor import INBOX_PER_SLOT, TokenizerActor
 from actors.text.detokenizer import TokenTexts
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 if sys.version_info < (3, 11):
     from exceptiongroup import BaseExceptionGroup
@@ -58,7 +75,7 @@ class ActorSystem:
     engine: EngineActor
     tokenizer: TokenizerActor
     metrics: MetricsActor
-    _submit_send: trio.MemorySendChannel[RequestState]
+    _submit_send: trio.MemorySendChannel[Submit]
     arrivals: Arrivals  # prompts on their way to the engine (actors.runtime.burst)
     stopped: trio.Event = field(default_factory=trio.Event)  # every actor has ended
 
@@ -71,16 +88,23 @@ class ActorSystem:
         return self.tokenizer.token_texts
 
     @property
-    def prompt_bound(self) -> Any:  # actors.runtime.prompt_bounds.PromptCharBound
+    def prompt_bound(self) -> PromptCharBound:
         return self.tokenizer.prompt_bound
+
+    def refusal(self) -> GenerationPaused | None:
+        """Why a new request is refused now (the operator paused in abort or wait mode), else
+        None; the engine refuses an admit already on its way the same way (Refused)."""
+        return self.engine.refusal()
 
     async def submit(self, state: RequestState) -> None:
         """Hands a registered request holding its admission slots to the tokenizer. Never
         blocks (the channel holds `capacity`); raises trio.ClosedResourceError once
         submissions are closed."""
+        if self.registry.requests.get(state.request_id) is not state:
+            raise RuntimeError(f"request {state.request_id!r} was not registered")
         self.arrivals.arrived(len(state.prompts))  # before: the tokenizer may settle it at once
         try:
-            await self._submit_send.send(state)
+            await self._submit_send.send(Submit(state.request_id))
         except BaseException:
             self.arrivals.settled(len(state.prompts))
             raise
@@ -88,11 +112,20 @@ class ActorSystem:
     def abort(self, state: RequestState) -> None:
         """Ends every unfinished choice with finish_reason "abort" (a consumer still reading
         sees it; a closed Outbox drops it) and stops the request in the engine."""
-        self.engine.abort_state(state)
+        if self.registry.requests.get(state.request_id) is state:
+            self.tokenizer.abort(AbortRequest(state.request_id))
+        else:  # never submitted (or gone): nothing of it runs
+            state.cancelled = True
 
     async def control(self, command: Control) -> ControlResult:
-        """An operator command, applied by the engine between two steps."""
-        return await self.engine.control(command)
+        """An operator command, applied by the engine between two steps. abort_requests
+        (by id, or all) is matched by the tokenizer, which owns the requests, and answered
+        with how many it aborted once the engine has applied the aborts."""
+        if command.command != "abort_requests":
+            return await self.engine.control(command)
+        count = self.tokenizer.abort_named(dict(command.args).get("request_ids"))
+        result = await self.engine.control(command)
+        return ControlResult(True, count) if result.ok else result
 
     def close_submissions(self) -> None:
         """No more requests: the tokenizer finishes what it holds, closes the admit channel,
@@ -103,7 +136,7 @@ class ActorSystem:
 
 async def run_actor_system(
     core: EngineCore,
-    tokenizer: Any,
+    tokenizer: PreTrainedTokenizerFast,
     *,
     capacity: int,
     model_name: str,
@@ -118,17 +151,19 @@ async def run_actor_system(
     stated in; `engine_index` is this engine's `engine` label in /metrics."""
     info = core.info
     registry = Registry()
-    # Bounds: see tokenizer_actor (submit, admit: `capacity` each), engine_actor
-    # (batches: BATCH_CREDITS) and metrics_actor (drop when full).
-    submit_send, submit_recv = trio.open_memory_channel[RequestState](capacity)
-    admit_send, admit_recv = trio.open_memory_channel[EngineRequest](capacity)
-    batch_send, batch_recv = trio.open_memory_channel[tuple[RequestOutput, ...]](BATCH_CREDITS)
+    # Bounds: see tokenizer_actor (submit: `capacity`; inbox: INBOX_PER_SLOT x capacity),
+    # engine_actor (batch: BATCH_CREDITS, each send under a credit the tokenizer returns)
+    # and metrics_actor (drop when full). Every send but submit's is send_nowait.
+    submit_send, submit_recv = trio.open_memory_channel[Submit](capacity)
+    inbox_send, inbox_recv = trio.open_memory_channel[EngineInbox](INBOX_PER_SLOT * capacity)
+    batch_send, batch_recv = trio.open_memory_channel[BatchMessage](BATCH_CREDITS)
+    credits = trio.Semaphore(BATCH_CREDITS)
     metrics_send, metrics_recv = trio.open_memory_channel[MetricEvent](METRICS_CHANNEL_SIZE)
     arrivals = Arrivals(admission_window)
-    engine = EngineActor(core, registry, admit_recv, batch_send, metrics_send, on_fatal,
+    engine = EngineActor(core, inbox_recv, batch_send, credits, metrics_send, on_fatal,
                          arrivals)
-    tokenizer_actor = TokenizerActor(tokenizer, registry, engine, submit_recv, admit_send,
-                                     batch_recv, vocab_size=info.vocab_size, arrivals=arrivals)
+    tokenizer_actor = TokenizerActor(tokenizer, registry, submit_recv, inbox_send, batch_recv,
+                                     credits, vocab_size=info.vocab_size, arrivals=arrivals)
     metrics = MetricsActor(model_name, info.max_model_len, metrics_recv,
                            cache_info=cache_config_info(info), engine=engine_index)
     system = ActorSystem(info, registry, Admission(capacity), engine, tokenizer_actor,

@@ -1,4 +1,4 @@
-"""The tokenizer actor: prompts in, detokenized deltas out.
+"""The tokenizer actor: prompts in, detokenized deltas out; the one owner of request state.
 
 Two loops share the actor:
 - submissions: render (chat templates) and tokenize prompts in a worker thread, check them
@@ -6,70 +6,97 @@ Two loops share the actor:
   to the engine actor; every request waiting at that moment goes in the same worker-thread
   call (actors.runtime.prompt_prep), so a burst reaches the engine together;
 - batches: turn each engine step's token ids into text with each choice's incremental
-  detokenizer (stop strings included) and push the result into the request's Outbox.
+  detokenizer (stop strings included), push the result into the request's Outbox, and
+  retire what the engine says it retired (actors.runtime.messages: Delivery, Refused,
+  Retired, EngineDown).
+
+It writes every RequestState, EngineRequest, Choice and Outbox of the engine side: the
+engine actor only sends messages. An abort (``abort``: HTTP's AbortRequest, an operator's
+``abort_named``, a stop string) ends the choices here and sends AbortChoices to the engine.
 
 Channel bounds (capacity = the admission capacity, in engine sequences):
 - submit channel (HTTP -> here), size `capacity`: a request is submitted only while it holds
   at least one admission slot and is submitted once, so at most `capacity` are in it;
-- admit channel (here -> engine actor), size `capacity`: one message per prompt, whose n choices
-  hold n slots until they retire, which happens after the engine actor has read its message.
+- engine inbox (here -> engine actor), size `INBOX_PER_SLOT x capacity`: one Admit per
+  prompt, whose n choices hold n slots until they retire (after the engine actor has read
+  it); at most one AbortChoices per choice and one per engine request, each sent while
+  its slots are held; and one NoMoreAdmits.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from typing import TYPE_CHECKING
 from dataclasses import replace
-from typing import Any
 
 import trio
 
-from actors.messages import RequestOutput
-from actors.runtime.failures import ClientGone, PrepareFailed, RowRefused
 from actors.errors import RequestRefused
+from actors.messages import RequestOutput
 from actors.runtime import faults
 from actors.runtime.burst import Arrivals
-from actors.text.detokenizer import IncrementalDetokenizer, TokenTexts
-from actors.runtime.outbox import ChoiceUpdate, TokenLogprob
+from actors.runtime.failures import ClientGone, Outcome, PrepareFailed, RowRefused
+from actors.runtime.messages import (
+    AbortChoices,
+    AbortRequest,
+    BatchMessage,
+    EngineDown,
+    EngineInbox,
+    NoMoreAdmits,
+    Refused,
+    Retired,
+    Submit,
+)
+from actors.runtime.outbox import ChoiceUpdate
 from actors.runtime.prompt_bounds import PromptCharBound
 from actors.runtime.prompt_prep import PromptPreparer
-from actors.runtime.request import (
-    Choice,
-    EngineRequest,
-    Registry,
-    RequestState,
+from actors.runtime.request import Choice, EngineRequest, Registry, RequestState
+from actors.runtime.token_logprobs import (
+    Logprobs,
+    has_logprobs,
+    logprobs_of,
+    named_ids,
+    prompt_logprobs_of,
 )
-from actors.runtime.engine_actor import EngineActor
+from actors.text.detokenizer import IncrementalDetokenizer, TokenTexts
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 log = logging.getLogger("actors.runtime.tokenizer")
 
 # Requests prepared in one trip to the worker thread, at most: a burst's prompts reach the
 # engine together, and the requests behind a trip wait for at most this many renders.
 PREPARE_BATCH = 32
+# The engine inbox's size per admission slot (see the bounds above): an Admit and two
+# aborts (its choice's and its request's) per slot, and one slot's worth to spare.
+INBOX_PER_SLOT = 4
 
 
 class TokenizerActor:
     def __init__(
         self,
-        tokenizer: Any,
+        tokenizer: PreTrainedTokenizerFast,
         registry: Registry,
-        engine: EngineActor,
-        submit_recv: trio.MemoryReceiveChannel[RequestState],
-        admit_send: trio.MemorySendChannel[EngineRequest],
-        batch_recv: trio.MemoryReceiveChannel[tuple[RequestOutput, ...]],
+        submit_recv: trio.MemoryReceiveChannel[Submit],
+        engine_send: trio.MemorySendChannel[EngineInbox],
+        batch_recv: trio.MemoryReceiveChannel[BatchMessage],
+        credits: trio.Semaphore,
         *,
         vocab_size: int,
         arrivals: Arrivals | None = None,
     ) -> None:
-        """`arrivals`: settled here for every prompt that will never reach the engine."""
+        """`credits`: returned once each batch message is processed (the engine actor takes
+        one per send). `arrivals`: settled here for every prompt that will never reach the
+        engine."""
         self._arrivals = arrivals
         self._tokenizer = tokenizer  # a transformers PreTrainedTokenizerFast
         self._backend = tokenizer.backend_tokenizer  # the Rust tokenizers.Tokenizer
         self._registry = registry
-        self._engine = engine
         self._submit_recv = submit_recv
-        self._admit_send = admit_send
+        self._engine_send = engine_send
         self._batch_recv = batch_recv
+        self._credits = credits
         self._vocab_size = vocab_size
         self._limiter = trio.CapacityLimiter(1)
         # Logprob token texts, decoded here off the event loop; the HTTP side reads them.
@@ -78,24 +105,77 @@ class TokenizerActor:
         self._preparer = PromptPreparer(self._backend, self.prompt_bound, vocab_size)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED):
-        async with trio.open_nursery() as nursery:
+        # The engine inbox stays open for aborts after the submissions end; it closes
+        # once the engine actor has ended (the batch channel closed).
+        async with self._engine_send, trio.open_nursery() as nursery:
             nursery.start_soon(self._submissions)
             nursery.start_soon(self._batches)
             task_status.started()
 
+    # -- aborts (HTTP, the operator, a stop string) ----------------------------------------
+    def abort(self, message: AbortRequest) -> None:
+        """Ends every unfinished choice with finish_reason "abort" (a consumer still reading
+        sees it; a closed Outbox drops it) and stops the request in the engine; a request
+        still being tokenized is never admitted. Never blocks."""
+        state = self._registry.requests.get(message.request_id)
+        if state is None:
+            return
+        state.cancelled = True
+        for req in state.engine_requests:
+            for choice in req.choices:
+                if not state.outbox.is_finished(choice.outbox_index):
+                    state.outbox.push(ChoiceUpdate(choice.outbox_index, finish_reason="abort"))
+            self._stop(req, None, "abort")
+
+    def abort_named(self, request_ids: list[str] | None) -> int:
+        """Aborts every tokenized request (all, or those whose internal or public id is
+        named: the part before the internal id's last "."); returns how many."""
+        wanted = set(request_ids or ())
+        count = 0
+        for state in list(self._registry.requests.values()):
+            if not state.ready.is_set() or state.retired.is_set():
+                continue
+            rid = state.request_id
+            if wanted and not wanted & {rid, rid.rsplit(".", 1)[0]}:
+                continue
+            self.abort(AbortRequest(rid))
+            count += 1
+        return count
+
+    def _stop(self, req: EngineRequest, index: int | None, reason: str) -> None:
+        """Asks the engine to stop choice `index` (None: all) of `req`, once."""
+        if index is None:
+            if req.done or req.abort_requested:
+                return
+            req.abort_requested = True
+        else:
+            choice = req.choices[index]
+            if choice.retired or choice.abort_requested:
+                return
+            choice.abort_requested = True
+        self._to_engine(AbortChoices(req.engine_id, index, reason))
+
+    def _to_engine(self, message: EngineInbox) -> None:
+        try:
+            self._engine_send.send_nowait(message)  # never full: see the bounds above
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the engine actor has ended: nothing of it runs any more
+
     # -- submissions -----------------------------------------------------------------
     async def _submissions(self) -> None:
-        async with self._submit_recv, self._admit_send:
-            async for state in self._submit_recv:
-                states = [state]
+        async with self._submit_recv:
+            async for submit in self._submit_recv:
+                submits = [submit]
                 # Whatever else is waiting (a burst) is prepared in the same trip to the
                 # worker thread and admitted together: the engine actor receives it as one.
-                while len(states) < PREPARE_BATCH:
+                while len(submits) < PREPARE_BATCH:
                     try:
-                        states.append(self._submit_recv.receive_nowait())
+                        submits.append(self._submit_recv.receive_nowait())
                     except (trio.WouldBlock, trio.EndOfChannel):
                         break
+                states = [self._registry.requests[s.request_id] for s in submits]
                 await self._admit(states)
+        self._to_engine(NoMoreAdmits())
 
     def _settle(self, prompts: int) -> None:
         if self._arrivals is not None:
@@ -136,7 +216,7 @@ class TokenizerActor:
                     continue
                 # Never blocks (see the bound above), and no checkpoint between prompts and
                 # requests: the engine actor takes them all into the same step.
-                self._admit_send.send_nowait(req)
+                self._to_engine(req.admit())
             state.note_retired()
 
     def _make_engine_requests(self, state: RequestState) -> None:
@@ -173,32 +253,71 @@ class TokenizerActor:
     # -- engine output -----------------------------------------------------------------
     async def _batches(self) -> None:
         async with self._batch_recv:
-            async for outputs in self._batch_recv:
+            async for message in self._batch_recv:
                 try:
+                    if isinstance(message, EngineDown):
+                        self._fail_everything(message.error)
+                        continue
                     faults.check("tokenizer")
+                    outputs = message.outputs
                     converted = None
-                    if any(_has_logprobs(out) for out in outputs):
+                    if any(has_logprobs(out) for out in outputs):
                         # Up to a million entries (a prompt's logprobs): not on the loop.
                         converted = await trio.to_thread.run_sync(self._convert_logprobs,
                                                                   outputs)
                     self._deliver(outputs, converted)
+                    self._retire(message.retired)
                 finally:
-                    self._engine.credits.release()
+                    self._credits.release()
+
+    def _retire(self, retired: tuple[Retired | Refused, ...]) -> None:
+        for message in retired:
+            found = self._registry.engine_requests.get(message.engine_id)
+            if found is None:
+                continue
+            state, req = found
+            if isinstance(message, Refused):
+                state.outbox.fail(message.error)
+                continue
+            choice = req.choices[message.index]
+            if choice.retired:
+                continue
+            choice.retired = True
+            if choice.finish_reason is None:
+                choice.finish_reason = message.reason
+            if not state.outbox.is_finished(choice.outbox_index):  # aborted in the engine
+                state.outbox.push(ChoiceUpdate(choice.outbox_index,
+                                               finish_reason=message.reason))
+            if all(c.retired for c in req.choices):
+                req.done = True
+                state.note_retired()
+
+    def _fail_everything(self, error: Outcome) -> None:
+        """The engine failed: every request fails and every choice retires."""
+        for state in list(self._registry.requests.values()):
+            state.outbox.fail(error)
+        for state, req in list(self._registry.engine_requests.values()):
+            for choice in req.choices:
+                if not choice.retired:
+                    choice.retired = True
+                    choice.finish_reason = choice.finish_reason or "error"
+            req.done = True
+            state.note_retired()
 
     def _convert_logprobs(self, outputs: tuple[RequestOutput, ...]
-                          ) -> dict[tuple[str, int], _Logprobs]:
+                          ) -> dict[tuple[str, int], Logprobs]:
         """Runs in a worker thread: each output's logprobs as TokenLogprobs, with the text
         of every token they name decoded into token_texts."""
-        converted: dict[tuple[str, int], _Logprobs] = {}
+        converted: dict[tuple[str, int], Logprobs] = {}
         for out in outputs:
             found = self._registry.engine_requests.get(out.request_id)
-            if found is None or not _has_logprobs(out):
+            if found is None or not has_logprobs(out):
                 continue
             prompt = found[1].prompt_token_ids
-            lps = _logprobs(list(out.new_token_ids), out)
-            prompt_lps = _prompt_logprobs(prompt, out)
+            lps = logprobs_of(list(out.new_token_ids), out)
+            prompt_lps = prompt_logprobs_of(prompt, out)
             texts = self.token_texts
-            texts.fill(_named_ids(lps, prompt_lps, prompt))
+            texts.fill(named_ids(lps, prompt_lps, prompt))
             for lp in lps if prompt_lps is None else (*lps, *prompt_lps):
                 if lp is not None:
                     lp.text = texts[lp.token_id]
@@ -207,7 +326,7 @@ class TokenizerActor:
         return converted
 
     def _deliver(self, outputs: tuple[RequestOutput, ...],
-                 converted: dict[tuple[str, int], _Logprobs] | None = None) -> None:
+                 converted: dict[tuple[str, int], Logprobs] | None = None) -> None:
         for out in outputs:
             found = self._registry.engine_requests.get(out.request_id)
             if found is None:
@@ -238,55 +357,10 @@ class TokenizerActor:
             if step.stop_reason is not None:
                 update.finish_reason = "stop"
                 update.stop_reason = step.stop_reason
-                choice.finish_reason = "stop"
                 if not out.finished:  # this choice only: its siblings go on
-                    self._engine.abort_nowait(req, choice.index)
+                    self._stop(req, choice.index, "stop")
             elif out.finished:
                 update.text += choice.detokenizer.flush()
                 update.finish_reason = out.finish_reason or "stop"
                 update.stop_reason = out.stop_reason
             state.outbox.push(update)
-
-
-_Logprobs = tuple[list[TokenLogprob], "list[TokenLogprob | None] | None"]
-
-
-def _has_logprobs(out: RequestOutput) -> bool:
-    return bool(out.new_logprobs) or out.prompt_logprobs is not None
-
-
-def _named_ids(lps: list[TokenLogprob], prompt_lps: list[TokenLogprob | None] | None,
-               prompt: list[int]) -> Iterator[int]:
-    """Every token id a response may print for these logprobs (an echo prints the prompt's
-    first token, which has no logprob)."""
-    for lp in lps:
-        yield lp.token_id
-        yield from (t for t, _ in lp.top)
-    if prompt_lps is not None:
-        yield from prompt[:1]
-        for plp in prompt_lps:
-            if plp is not None:
-                yield plp.token_id
-                yield from (t for t, _ in plp.top)
-
-
-def _logprobs(token_ids: list[int], out: RequestOutput) -> list[TokenLogprob]:
-    lps = out.new_logprobs
-    if not lps:
-        return []
-    return [
-        TokenLogprob(tid, float(lp.logprob), list(zip(lp.top_token_ids, lp.top_logprobs)))
-        for tid, lp in zip(token_ids, lps)
-    ]
-
-
-def _prompt_logprobs(prompt: list[int], out: RequestOutput
-                     ) -> list[TokenLogprob | None] | None:
-    lps = out.prompt_logprobs
-    if lps is None:
-        return None
-    return [
-        None if lp is None else TokenLogprob(
-            tid, float(lp.logprob), list(zip(lp.top_token_ids, lp.top_logprobs)), lp.rank)
-        for tid, lp in zip(prompt, lps)
-    ]

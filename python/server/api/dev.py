@@ -26,6 +26,7 @@ from actors.messages import Control, ControlResult
 from server import __version__
 from server.api.http_io import json_response, read_json
 from server.errors import APIError, bad_request
+from server.generation import request_names
 from server.state import ServerState
 
 log = logging.getLogger("server.dev")
@@ -128,7 +129,8 @@ def register(app: Quart, srv: ServerState) -> None:
         if ids is not None and not (isinstance(ids, list)
                                     and all(isinstance(i, str) for i in ids)):
             raise bad_request("request_ids must be a list of strings", "request_ids")
-        aborted = await control(srv, "abort_requests", request_ids=ids or None)
+        aborted = await control(srv, "abort_requests",
+                                request_ids=request_names(ids) if ids else None)
         return json_response({"status": "aborted", "aborted": aborted})
 
     @app.post("/reset_prefix_cache")
