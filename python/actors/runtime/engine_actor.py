@@ -37,6 +37,7 @@ import trio
 from actors.core.protocol import EngineCore
 from actors.errors import RequestRefused
 from actors.messages import Abort, Admit, Control, ControlResult, RequestOutput, TokenBatch
+from actors.params.kinds import request_kind
 from actors.runtime import faults
 from actors.runtime.burst import Arrivals
 from actors.runtime.engine_controls import EngineControls
@@ -228,12 +229,10 @@ class EngineActor(EngineControls):
                 self._admitted.append(req)
                 continue
             try:
-                self._core.add(Admit(req.engine_id, tuple(req.prompt_token_ids), req.params,
-                                     pooling=req.pooling,
-                                     encoder_input=req.encoder_input,
+                self._core.add(Admit(req.engine_id, tuple(req.prompt_token_ids),
+                                     request_kind(req.params, req.pooling, req.encoder_input),
                                      arrival_time=req.admitted_at,
-                                     priority=req.params.priority,
-                                     lora_id=req.params.lora_id))
+                                     priority=req.params.priority))
             except RequestRefused as exc:  # the core's own checks; the edge should catch these
                 log.warning("engine refused %s: %s", req.engine_id, exc)
                 found = self._registry.engine_requests.get(req.engine_id)
