@@ -29,6 +29,7 @@ from actors.core.runner.sampler import SamplingHooks
 from actors.core.scheduler.config import SchedulerConfig
 from actors.core.scheduler.policy import Scheduler
 from actors.core.structured.held import HeldRequests
+from actors.messages import EngineInfo
 from actors.models.config import ModelConfig, UnsupportedModelError
 from actors.models.hooks import ModelHook, PromptRules, hook_for
 from actors.params.defaults import GenerationDefaults, load_generation_defaults
@@ -66,6 +67,7 @@ class EngineParts:
     runner: ModelRunner
     held: HeldRequests
     lora: LoraAdapters | None
+    info: EngineInfo  # what the front end knows of the loaded core
 
 
 def build_parts(config: EngineConfig, loaded: LoadedModel | None,
@@ -167,7 +169,16 @@ def build_parts(config: EngineConfig, loaded: LoadedModel | None,
         max_model_len=max_model_len, tokenizer=tokenizer, eos_token_ids=eos,
         generation_defaults=defaults,
         kv_groups=groups, num_blocks=num_blocks, kv=kv, kv_events=kv_events,
-        scheduler=scheduler, runner=runner, held=held, lora=lora)
+        scheduler=scheduler, runner=runner, held=held, lora=lora,
+        info=EngineInfo(
+            model_dir=str(loaded.model_dir), vocab_size=mc.vocab_size,
+            max_model_len=max_model_len, max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            block_size=config.block_size, num_blocks=num_blocks,
+            kv_cache_dtype=config.kv_cache_dtype,
+            enable_prefix_caching=config.enable_prefix_caching,
+            scheduling_policy=config.scheduling_policy, max_logprobs=config.max_logprobs,
+            eos_token_ids=eos, generation_defaults=tuple(defaults.items())))
 
 
 def _set_threads(config: EngineConfig) -> None:

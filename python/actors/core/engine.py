@@ -47,7 +47,7 @@ class LLMEngine:
         self.kv_groups, self.num_blocks, self.kv, self.kv_events = (p.kv_groups, p.num_blocks,
                                                                     p.kv, p.kv_events)
         self.scheduler, self.runner, self._held, self.lora = p.scheduler, p.runner, p.held, p.lora
-        self._hook = p.hook
+        self._hook, self._info = p.hook, p.info
         self.origin = WeightOrigin(self.model_dir, self.dtype, config.quantization,
                                    self.loaded.source)
         self.operator = Operator(self)
@@ -92,16 +92,7 @@ class LLMEngine:
 
     @property
     def info(self) -> EngineInfo:
-        c = self.config
-        return EngineInfo(
-            model_dir=str(self.model_dir), vocab_size=self.vocab_size,
-            max_model_len=self.max_model_len, max_num_seqs=c.max_num_seqs,
-            max_num_batched_tokens=c.max_num_batched_tokens, block_size=c.block_size,
-            num_blocks=self.num_blocks, kv_cache_dtype=c.kv_cache_dtype,
-            enable_prefix_caching=c.enable_prefix_caching,
-            scheduling_policy=c.scheduling_policy, max_logprobs=c.max_logprobs,
-            eos_token_ids=tuple(self.eos_token_ids),
-            generation_defaults=tuple(self.generation_defaults.items()))
+        return self._info
 
     def add(self, admit: Admit) -> None:
         """Queues a checked prompt (EngineCore.add). Never compiles a grammar nor waits for
