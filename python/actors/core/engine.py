@@ -25,6 +25,8 @@ from actors.messages import Generate, RequestOutput, TokenBatch
 from actors.params.sampling import SamplingParams
 
 if TYPE_CHECKING:
+    import torch
+
     from actors.core.structured.cache import GrammarCache
     from actors.loader import LoadedModel
 
@@ -43,7 +45,7 @@ class LLMEngine:
         self.model_config, self.model_dir, self.dtype = p.model_config, p.model_dir, p.dtype
         self.kv_cache_dtype, self.max_model_len = p.kv_cache_dtype, p.max_model_len
         self.tokenizer, self.eos_token_ids = p.tokenizer, p.eos_token_ids
-        self.vocab_size, self.generation_defaults = p.model_config.vocab_size, p.generation_defaults
+        self.vocab_size, self.generation_defaults = p.info.vocab_size, p.generation_defaults
         self.kv_groups, self.num_blocks, self.kv, self.kv_events = (p.kv_groups, p.num_blocks,
                                                                     p.kv, p.kv_events)
         self.scheduler, self.runner, self._held, self.lora = p.scheduler, p.runner, p.held, p.lora
@@ -158,7 +160,7 @@ class LLMEngine:
     def restore_kv_cache(self) -> None:
         self.runner.allocate_kv_cache()
 
-    def swap_model(self, model: Any) -> None:
+    def swap_model(self, model: torch.nn.Module | None) -> None:
         """Serves ``model`` from the next step (None: sleep level 2 dropped it)."""
         self.runner.model = model
         self.loaded = dataclasses.replace(self.loaded, model=model)
