@@ -13,7 +13,7 @@ import trio.testing
 
 from actors.config import AdmissionWindow
 from actors.errors import PromptTooLong, RequestRefused, TokenOutOfVocab
-from actors.messages import Admit
+from actors.messages import Admit, Generate
 from actors.params.sampling import SamplingParams
 from actors.runtime.burst import STEP_FRACTION, Arrivals
 from actors.runtime.engine_actor import BATCH_CREDITS, EngineActor
@@ -34,7 +34,7 @@ PARAMS = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
 
 
 def _req(name: str, tokens: int, n: int = 1) -> Admit:
-    return Admit(f"{name}-0", (1,) * tokens, replace(PARAMS, n=n), arrival_time=0.0)
+    return Admit(f"{name}-0", (1,) * tokens, Generate(replace(PARAMS, n=n)), arrival_time=0.0)
 
 
 def _run(fn) -> None:
@@ -151,7 +151,7 @@ def test_engine_actor_takes_a_burst_into_its_first_step():
     retired: dict[str, str] = {}
 
     def admit(rid: str) -> Admit:
-        return Admit(f"{rid}-0", tuple(ids), PARAMS, arrival_time=0.0)
+        return Admit(f"{rid}-0", tuple(ids), Generate(PARAMS), arrival_time=0.0)
 
     async def main() -> None:
         actor, inbox, batch_recv, credits, metrics_recv, fatal = _actor(core, arrivals)

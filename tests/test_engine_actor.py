@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import trio
 
-from actors.messages import Admit, Control
+from actors.messages import Admit, Generate, Control
 from actors.params.sampling import SamplingParams
 from actors.runtime.engine_actor import BATCH_CREDITS, EngineActor
 from actors.runtime.messages import (
@@ -25,7 +25,7 @@ from server_helpers import offline_llm
 
 
 def _admit(rid: str, ids: list[int], params: SamplingParams) -> Admit:
-    return Admit(f"{rid}-0", tuple(ids), params, arrival_time=time.monotonic())
+    return Admit(f"{rid}-0", tuple(ids), Generate(params), arrival_time=time.monotonic())
 
 
 def _actor(core):

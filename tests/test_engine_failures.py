@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from actors import LLM, SamplingParams
-from actors.messages import Admit
+from actors.messages import Admit, Generate
 from actors.params.sampling import SamplingParamsError
 import test_engine
 from test_engine import loaded  # noqa: F401 - the module-scoped fixture
@@ -119,7 +119,8 @@ def test_a_row_the_core_refuses_fails_only_its_request(base: LLM, bad: dict) -> 
     engine.add_request("good-1", prompts[1], greedy(10))
     # Below validation: straight into the scheduler, as add_request would after validate().
     engine.scheduler.add_request(Admit(request_id="bad", prompt_token_ids=tuple(prompts[2]),
-                                       params=bypassing_validation(**bad), arrival_time=0.0))
+                                       kind=Generate(bypassing_validation(**bad)),
+                                       arrival_time=0.0))
     engine.add_request("good-2", prompts[2], greedy(10))
     engine.add_request("good-3", prompts[0], seeded)
     got: dict[str, list[int]] = {}

@@ -15,7 +15,7 @@ from actors.core.engine import LLMEngine
 from actors.core.process import EngineCoreDied, ProcessEngineCore
 from actors.core.protocol import EngineCore
 from actors.errors import RequestRefused
-from actors.messages import Abort, Admit, Control, TokenBatch
+from actors.messages import Abort, Admit, Control, Generate, TokenBatch
 from actors.params.sampling import SamplingParams
 
 pytestmark = pytest.mark.slow
@@ -32,8 +32,8 @@ def config(loaded: Any) -> EngineConfig:
 
 def drive(core: EngineCore, prompts: list[list[int]]) -> list[TokenBatch]:
     """A greedy prompt and a seeded n=4 one; choice 2 is aborted after the third step."""
-    core.add(Admit("greedy", tuple(prompts[0]), GREEDY, 0.0))
-    core.add(Admit("sampled", tuple(prompts[1]), SAMPLED, 1.0))
+    core.add(Admit("greedy", tuple(prompts[0]), Generate(GREEDY), 0.0))
+    core.add(Admit("sampled", tuple(prompts[1]), Generate(SAMPLED), 1.0))
     batches = []
     while core.has_unfinished():
         batches.append(core.step())
@@ -88,12 +88,12 @@ def test_child_process_core_matches_in_process(loaded, prompts, in_process) -> N
         assert not core.control(Control("no such command")).ok
 
         with pytest.raises(RequestRefused, match="at least one token"):
-            core.add(Admit("empty", (), GREEDY, 2.0))
+            core.add(Admit("empty", (), Generate(GREEDY), 2.0))
         with pytest.raises(RequestRefused, match="max_model_len"):
-            core.add(Admit("long", tuple(range(1, 300)), GREEDY, 2.0))
-        core.add(Admit("twice", tuple(prompts[0]), GREEDY, 2.0))
+            core.add(Admit("long", tuple(range(1, 300)), Generate(GREEDY), 2.0))
+        core.add(Admit("twice", tuple(prompts[0]), Generate(GREEDY), 2.0))
         with pytest.raises(RequestRefused, match="already in flight"):
-            core.add(Admit("twice", tuple(prompts[0]), GREEDY, 2.0))
+            core.add(Admit("twice", tuple(prompts[0]), Generate(GREEDY), 2.0))
         assert core.has_unfinished()  # a refusal leaves the core as it was
         proc = core._proc
     assert proc.exitcode == 0  # closed cleanly, and reaped

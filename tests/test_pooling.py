@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from actors.core.engine import EngineConfig, LLMEngine
-from actors.messages import Admit
+from actors.messages import Admit, Generate, Pool
 from actors.models.attention import DenseCausalAttention
 from actors.models.pooling import PoolState, finish, pool
 from actors.params.pooling import PoolerConfig, PoolingSpec, matryoshka_of, pooler_from_dir
@@ -103,10 +103,10 @@ def run(engine: LLMEngine, prompts: list[list[int]], spec: PoolingSpec,
     steps); returns the vectors and the generated ids, in order."""
     now = time.monotonic()
     for i, p in enumerate(prompts):
-        engine.add(Admit(f"p{i}", tuple(p), SamplingParams(max_tokens=1), now, pooling=spec))
+        engine.add(Admit(f"p{i}", tuple(p), Pool(spec), now))
     for i, p in enumerate(generate):
-        engine.add(Admit(f"g{i}", tuple(p), SamplingParams(temperature=0.0, max_tokens=8,
-                                                           ignore_eos=True), now))
+        engine.add(Admit(f"g{i}", tuple(p), Generate(SamplingParams(temperature=0.0, max_tokens=8,
+                                                                    ignore_eos=True)), now))
     vecs: dict[str, np.ndarray] = {}
     ids: dict[str, list[int]] = {f"g{i}": [] for i in range(len(generate))}
     while engine.has_unfinished():
@@ -196,7 +196,7 @@ def test_pooling_takes_the_whole_context_but_no_more(loaded: Any) -> None:
     vecs, _ = run(engine, [[1] * 64], PoolingSpec())
     assert vecs[0].shape == (loaded.config.hidden_size,)
     with pytest.raises(ValueError, match="65 tokens"):
-        engine.add(Admit("x", (1,) * 65, SamplingParams(), 0.0, pooling=PoolingSpec()))
+        engine.add(Admit("x", (1,) * 65, Pool(PoolingSpec()), 0.0))
 
 
 # ------------------------------------------------------------------ BERT
@@ -238,7 +238,7 @@ def test_bert_cls_matches_transformers(minilm_engine: LLMEngine) -> None:
 
 def test_encoder_refuses_generation(minilm_engine: LLMEngine) -> None:
     with pytest.raises(Exception, match="pooling requests only"):
-        minilm_engine.add(Admit("gen", (101, 102), SamplingParams(), 0.0))
+        minilm_engine.add(Admit("gen", (101, 102), Generate(SamplingParams()), 0.0))
 
 
 def test_encoder_prompts_run_whole_when_the_budget_is_short() -> None:
@@ -278,8 +278,8 @@ def test_pooling_crosses_the_process_boundary(minilm_engine: LLMEngine) -> None:
     config = EngineConfig(model=str(minilm_dir()), kv_cache_memory=64 * MiB, num_threads=1)
     with ProcessEngineCore(config) as core:
         for i, p in enumerate(prompts):
-            core.add(Admit(f"p{i}", tuple(p), SamplingParams(max_tokens=1), 0.0,
-                           pooling=PoolingSpec("CLS", True, dimensions=32)))
+            core.add(Admit(f"p{i}", tuple(p), Pool(PoolingSpec("CLS", True, dimensions=32)),
+                           0.0))
         got: dict[str, bytes] = {}
         while core.has_unfinished():
             for out in core.step().outputs:

@@ -13,7 +13,7 @@ import pytest
 from actors import SamplingParams
 from actors.core.engine import LLMEngine
 from actors.core.runner.sampler import SamplingHooks
-from actors.messages import Admit
+from actors.messages import Admit, Generate
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +36,7 @@ def run(engine: LLMEngine, prompts: dict[str, list[int]], max_tokens: int = 8,
     for rid, h in (hooks or {}).items():
         engine.runner.set_sampling_hooks(rid, 0, h)
     for rid, ids in prompts.items():
-        engine.add(Admit(rid, tuple(ids), params, time.monotonic()))
+        engine.add(Admit(rid, tuple(ids), Generate(params), time.monotonic()))
     out: dict[str, list[int]] = {rid: [] for rid in prompts}
     while engine.has_unfinished():
         for o in engine.step().outputs:
@@ -118,7 +118,7 @@ def test_a_token_mask_and_allowed_token_ids_combine(engine, prompt) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True,
                             allowed_token_ids=[28, 314, 7042])
     engine.runner.set_sampling_hooks("both", 0, SamplingHooks(token_mask=mask))
-    engine.add(Admit("both", tuple(prompt), params, time.monotonic()))
+    engine.add(Admit("both", tuple(prompt), Generate(params), time.monotonic()))
     got: list[int] = []
     while engine.has_unfinished():
         for o in engine.step().outputs:

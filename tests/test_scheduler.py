@@ -20,6 +20,7 @@ from actors.core.scheduler import Scheduler, SchedulerConfig
 from actors.core.sequence import FinishReason, Sequence, SequenceStatus
 from actors.messages import (
     Admit,
+    Generate,
     Logprobs,
     PromptLogprobs,
     RequestOutput,
@@ -59,7 +60,7 @@ class Driver:
 
     def add(self, rid: str, prompt: list[int], t: float = 0.0, **params: object) -> None:
         sp = SamplingParams(**params)  # type: ignore[arg-type]
-        self.sched.add_request(Admit(rid, tuple(prompt), sp, t))
+        self.sched.add_request(Admit(rid, tuple(prompt), Generate(sp), t))
 
     def token(self, rid: str, idx: int, pos: int) -> int:
         return self.planted.get((rid, idx, pos), model_token(rid, idx, pos))

@@ -430,7 +430,7 @@ class AcceptRaises:
 @pytest.mark.slow
 def test_a_raising_token_mask_ends_only_its_request(tok: Any) -> None:
     from actors.core.runner.sampler import SamplingHooks
-    from actors.messages import Admit
+    from actors.messages import Admit, Generate
     from actors.params.sampling import SamplingParams
     from server_helpers import offline_llm
 
@@ -439,7 +439,7 @@ def test_a_raising_token_mask_ends_only_its_request(tok: Any) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     engine.runner.set_sampling_hooks("broken", 0, SamplingHooks(token_mask=AcceptRaises()))
     for rid in ("broken", "fine"):
-        engine.add(Admit(rid, prompt, params, time.monotonic()))
+        engine.add(Admit(rid, prompt, Generate(params), time.monotonic()))
     out = _run(engine)
     broken, fine = out["broken", 0], out["fine", 0]
     assert broken[-1].finish_reason == "error"
@@ -451,12 +451,12 @@ def test_a_raising_token_mask_ends_only_its_request(tok: Any) -> None:
 # -- the engine never compiles on its callers' threads -------------------------------------
 
 def _admit(engine: Any, request_id: str, spec: StructuredSpec | None, n: int = 1) -> Any:
-    from actors.messages import Admit
+    from actors.messages import Admit, Generate
     from actors.params.sampling import SamplingParams
 
     prompt = tuple(engine.tokenizer.encode("Answer in JSON:", add_special_tokens=False))
     params = SamplingParams(temperature=0.0, max_tokens=12, n=n, structured=spec)
-    return Admit(request_id, prompt, params, time.monotonic())
+    return Admit(request_id, prompt, Generate(params), time.monotonic())
 
 
 def _run(engine: Any) -> dict[tuple[str, int], list[Any]]:
@@ -562,8 +562,8 @@ def test_a_child_process_core_answers_add_while_it_compiles(default_model: Any) 
 
         prompt = tuple(tok.encode("Answer in JSON:", add_special_tokens=False))
         t0 = time.monotonic()
-        core.add(Admit("child", prompt, SamplingParams(temperature=0.0, max_tokens=8,
-                                                       structured=spec), 0.0))
+        core.add(Admit("child", prompt, Generate(SamplingParams(
+            temperature=0.0, max_tokens=8, structured=spec)), 0.0))
         added = time.monotonic() - t0
         assert added < 0.2, f"add took {added:.3f} s"
         out = _run(core)

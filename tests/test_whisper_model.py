@@ -33,7 +33,7 @@ from actors.errors import RequestRefused  # noqa: E402
 from actors.loader import load_model  # noqa: E402
 from actors.loader.ct2 import read_model  # noqa: E402
 from actors.loader.whisper import resolve_named  # noqa: E402
-from actors.messages import Abort, Admit  # noqa: E402
+from actors.messages import Abort, Admit, Generate, Transcribe  # noqa: E402
 from actors.params.encoder import EncoderInput  # noqa: E402
 from actors.params.sampling import SamplingParams  # noqa: E402
 from accuracy_helpers import word_error_rate  # noqa: E402
@@ -100,8 +100,8 @@ def run(engine: LLMEngine, clips: dict[str, str], language: str | None = None,
         params: SamplingParams = GREEDY, timestamps: bool = False) -> dict[str, list[int]]:
     """request id -> its tokens (without the final <|endoftext|>), all in one engine."""
     for rid, clip in clips.items():
-        engine.add(Admit(rid, tuple(prompt_of(engine, language, timestamps)), params,
-                         time.monotonic(), encoder_input=EncoderInput(features(clip))))
+        engine.add(Admit(rid, tuple(prompt_of(engine, language, timestamps)),
+                         Transcribe(params, EncoderInput(features(clip))), time.monotonic()))
     out: dict[str, list[int]] = {rid: [] for rid in clips}
     while engine.has_unfinished():
         for o in engine.step().outputs:
@@ -268,8 +268,8 @@ def test_base_language_detection_step(base):
                   and v["<|startoftranscript|>"] < i < v["<|translate|>"])
     assert len(langs) == 99
     one = SamplingParams(temperature=0.0, max_tokens=1, allowed_token_ids=langs)
-    base.add(Admit("lang", (v["<|startoftranscript|>"],), one, time.monotonic(),
-                   encoder_input=EncoderInput(features("de"))))
+    base.add(Admit("lang", (v["<|startoftranscript|>"],),
+                   Transcribe(one, EncoderInput(features("de"))), time.monotonic()))
     drawn = []
     while base.has_unfinished():
         drawn += [t for o in base.step().outputs for t in o.new_token_ids]
@@ -286,8 +286,8 @@ def test_batched_windows_equal_each_alone(tiny, alone):
 def test_abort_frees_cross_attention_kv(tiny):
     prompt = tuple(prompt_of(tiny, None))
     for rid, clip in (("keep", "fox"), ("drop", "weather")):
-        tiny.add(Admit(rid, prompt, GREEDY, time.monotonic(),
-                       encoder_input=EncoderInput(features(clip))))
+        tiny.add(Admit(rid, prompt, Transcribe(GREEDY, EncoderInput(features(clip))),
+                       time.monotonic()))
     tiny.step()  # both encoded: each holds its K/V
     assert tiny.runner.num_cross_kv() == 2
     tiny.abort(Abort("drop"))  # freed at once, not with the next plan
@@ -301,10 +301,10 @@ def test_abort_frees_cross_attention_kv(tiny):
 def test_refusals(tiny):
     prompt = tuple(prompt_of(tiny, None))
     with pytest.raises(RequestRefused, match="transcription requests only"):
-        tiny.add(Admit("gen", prompt, GREEDY, time.monotonic()))
+        tiny.add(Admit("gen", prompt, Generate(GREEDY), time.monotonic()))
     with pytest.raises(RequestRefused, match=r"\[80, 3000\]"):
-        tiny.add(Admit("short", prompt, GREEDY, time.monotonic(),
-                       encoder_input=EncoderInput(np.zeros((80, 100), np.float32))))
+        tiny.add(Admit("short", prompt, Transcribe(
+            GREEDY, EncoderInput(np.zeros((80, 100), np.float32))), time.monotonic()))
     assert not tiny.has_unfinished()
 
 

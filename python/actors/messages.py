@@ -39,9 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors.params.encoder import EncoderInput
-from actors.params.pooling import PoolingSpec
-from actors.params.sampling import SamplingParams
+from actors.params.kinds import Generate, Pool, RequestKind, Transcribe
 from actors.params.structured import StructuredSpec
 
 __all__ = [
@@ -51,9 +49,11 @@ __all__ = [
     "ControlResult",
     "EngineInfo",
     "EngineStats",
+    "Generate",
     "SeqRef",
     "Logprobs",
     "NewSeq",
+    "Pool",
     "PooledOutput",
     "PromptLogprobs",
     "RequestOutput",
@@ -63,6 +63,7 @@ __all__ = [
     "StepPlan",
     "StepResult",
     "TokenBatch",
+    "Transcribe",
 ]
 
 # ------------------------------------------------------------- front end -> engine core
@@ -70,24 +71,16 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class Admit:
-    """A tokenized prompt entering the core with ``params.n`` choices. The front end has
-    validated it (``SamplingParams.validate``, ``actors.params.prompt.check_prompt``); the
-    core trusts it."""
+    """A tokenized prompt entering the core, of one kind (actors.params.kinds: Generate
+    with ``params.n`` choices, Pool, Transcribe). The front end has validated it
+    (``SamplingParams.validate``, ``actors.params.prompt.check_prompt``); the core trusts
+    it."""
 
     request_id: str
     prompt_token_ids: tuple[int, ...]
-    params: SamplingParams
+    kind: RequestKind
     arrival_time: float
-    priority: int | None = None  # None: params.priority
-    # A pooling request (embeddings): the prompt is computed once, no token is drawn, and
-    # the output is one pooled vector (``RequestOutput.pooled``); ``params.n`` is 1.
-    pooling: PoolingSpec | None = None
-    # The LoRA adapter the prompt runs under (its id in the core's registry; 0: the base
-    # model). Part of the prefix-cache key: blocks are never shared across adapters.
-    lora_id: int = 0
-    # An encoder-decoder request (Whisper transcription): the encoder's input; the prompt
-    # is the decoder's (<|startoftranscript|>, language, task ...); ``params.n`` is 1.
-    encoder_input: EncoderInput | None = None
+    priority: int | None = None  # None: kind.params.priority
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,13 +247,12 @@ class NewSeq:
     output_token_ids: tuple[int, ...]
     logit_bias: tuple[tuple[int, float], ...]  # (token id, additive bias)
     allowed_token_ids: tuple[int, ...] | None
+    # The Admit's kind: the runner keeps what it needs per kind (a pooling state, the
+    # encoder input to encode on the first step, the LoRA adapter of its rows).
+    kind: RequestKind
     # The output constraint; the runner builds the choice's matcher from it (plain data:
     # the runner may live in another process than the server that compiled it first).
     structured: StructuredSpec | None = None
-    lora_id: int = 0  # Admit.lora_id: the runner applies that adapter's deltas to its rows
-    # Admit.encoder_input: the runner encodes it on this sequence's first step and keeps
-    # the cross-attention K/V until the sequence is released (sent again on a resume).
-    encoder_input: EncoderInput | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,9 +277,6 @@ class ScheduledSeq:
     sample: SamplingRow | None
     prompt_logprobs: int | None = None
     group_block_tables: tuple[tuple[int, ...], ...] = ()
-    # Set on every chunk of a pooling sequence's prompt (never with ``sample``): the runner
-    # pools the final hidden states of these rows, and answers once the prompt is done.
-    pool: PoolingSpec | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -351,8 +340,9 @@ class PooledOutput:
 class StepResult:
     """One SampledToken per ScheduledSeq whose ``sample`` was set, any order; one
     PromptLogprobs per ScheduledSeq with ``prompt_logprobs`` set whose rows scored any
-    prompt token; one PooledOutput per ScheduledSeq with ``pool`` set whose chunk ends its
-    prompt."""
+    prompt token; one PooledOutput per sequence of a ``Pool`` kind whose chunk ends its
+    prompt (the runner pools every chunk's final hidden states; such a chunk never
+    samples)."""
 
     step_id: int
     sampled: tuple[SampledToken, ...]

@@ -1,10 +1,12 @@
-"""The core's half of the operator commands: its memory (sleep, wake), its weights
-(update, version) and the profiler.
+"""The core's operator commands: the prefix cache, its memory (sleep, wake), its weights
+(update, version), LoRA adapters, the linear routing table and the profiler.
 
-``LLMEngine.control`` hands these commands here. The engine actor applies them only
+``LLMEngine.control`` hands every ``Control`` here. The engine actor applies them only
 between steps and only once nothing runs that they would break (sleep needs an empty
 core: the actor aborts or drains first), in a worker thread, since a weight load takes
-seconds.
+seconds. The operator reaches the engine only through ``EngineHost``: a few verbs (drop
+or restore the KV cache, swap the model, reset the prefix cache) and read-only facts; it
+never writes the engine's fields.
 
 - **Sleep** level 1 frees the KV cache tensors (and forgets every cached prefix, whose
   contents are gone); level 2 also drops the model. glibc keeps freed heap pages unless
@@ -16,45 +18,59 @@ seconds.
   changes; the model is then built anew from the checkpoint with every update so far
   applied, packed, and swapped in whole, so a failure leaves the old weights serving. The
   prefix cache is reset: KV computed under the old weights is never reused.
-- **Profiling** runs torch's profiler over every thread (steps run in worker threads) and
-  wraps the core's native entry points with ``record_function`` spans and per-call timers;
-  stop writes the trace and ``<name>_core_timers.json`` into the configured directory.
+- **Profiling**: actors.core.profiler.
 """
 
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import gc
-import json
 import logging
-import os
-import time
-from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from actors.config import PROFILE_MAX_BYTES, PROFILE_MAX_ITERATIONS
-from actors.messages import ControlResult
+from actors.core.profiler import ProfileSession, resident_bytes
+from actors.messages import Control, ControlResult
 
 if TYPE_CHECKING:
-    from actors.core.engine import LLMEngine
+    import torch
 
-__all__ = ["Operator", "resident_bytes"]
+    from actors.core.lora_adapters import LoraAdapters
+    from actors.models.linear_routing import RoutingTable
+
+__all__ = ["EngineHost", "Operator", "WeightOrigin", "resident_bytes"]
 
 log = logging.getLogger("actors.core.operator")
 
 WAKE_TAGS = ("weights", "kv_cache")
 
 
-def resident_bytes() -> int:
-    """This process's resident set size (VmRSS), in bytes."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
+@dataclass(frozen=True, slots=True)
+class WeightOrigin:
+    """Where the serving weights came from: what a rebuild reads again."""
+
+    model_dir: Path
+    dtype: torch.dtype
+    quantization: str | None
+    source: Path  # what the loader was named (a directory or a .gguf file)
+
+
+class EngineHost(Protocol):
+    """What the operator may see of the engine and ask of it."""
+
+    @property
+    def origin(self) -> WeightOrigin: ...
+    @property
+    def linear_routing(self) -> RoutingTable | None: ...
+    @property
+    def lora(self) -> LoraAdapters | None: ...
+    def has_unfinished(self) -> bool: ...
+    def reset_prefix_cache(self, *, publish: bool) -> None: ...
+    def free_kv_cache(self) -> None: ...
+    def restore_kv_cache(self) -> None: ...
+    def swap_model(self, model: torch.nn.Module | None) -> None: ...
 
 
 def _trim_heap() -> None:
@@ -75,34 +91,59 @@ def _conflict(message: str) -> ControlResult:
 
 
 class Operator:
-    def __init__(self, engine: LLMEngine) -> None:
-        self._engine = engine
+    def __init__(self, host: EngineHost) -> None:
+        self._host = host
         self.asleep: set[str] = set()  # of WAKE_TAGS
         self.weight_version = 0
         self._updates: dict[str, Any] = {}  # checkpoint name -> tensor, every update so far
-        self._kv_layout: tuple[tuple[int, ...], Any, int] | None = None  # shape, dtype, layers
-        self._profile: _ProfileSession | None = None
+        self._profile: ProfileSession | None = None
         self._bounded: dict[str, Any] | None = None  # what a session stopped at a bound wrote
+
+    def control(self, command: Control) -> ControlResult:
+        """Applies one operator command between steps."""
+        args, host = dict(command.args), self._host
+        match command.command:
+            case "reset_prefix_cache":  # blocks in use stay; they are simply not found again
+                host.reset_prefix_cache(publish=True)
+                return ControlResult(True)
+            case "sleep":
+                return self.sleep(int(args.get("level", 1)))
+            case "wake_up":
+                return self.wake_up(args.get("tags"))
+            case "update_weights":
+                return self.update_weights(str(args.get("path", "")))
+            case "weight_info":
+                return self.weight_info()
+            case "linear_routing":
+                table = host.linear_routing
+                return ControlResult(True, None if table is None else table.as_dict())
+            case "start_profile":
+                return self.start_profile(args["config"], args.get("prefix"),
+                                          args.get("max_iterations"))
+            case "stop_profile":
+                return self.stop_profile()
+            case "load_lora_adapter" | "unload_lora_adapter" if host.lora is None:
+                return _invalid("LoRA is not enabled (--enable-lora)")
+            case "load_lora_adapter":
+                return host.lora.load(int(args["lora_id"]), str(args["path"]))
+            case "unload_lora_adapter":
+                return host.lora.unload(int(args["lora_id"]))
+        return ControlResult(False, error=f"unknown control command {command.command!r}")
 
     # ------------------------------------------------------------------ sleep
 
     def sleep(self, level: int) -> ControlResult:
-        engine = self._engine
+        host = self._host
         if level not in (0, 1, 2):
             return _invalid(f"sleep level must be 0, 1 or 2, got {level}")
-        if level >= 1 and engine.has_unfinished():
+        if level >= 1 and host.has_unfinished():
             return _conflict("requests still hold the KV cache; abort or drain them first")
         before = resident_bytes()
-        runner = engine.runner
         if level >= 1 and "kv_cache" not in self.asleep:
-            k0 = runner.k_caches[0]
-            self._kv_layout = (tuple(k0.shape), k0.dtype, len(runner.k_caches))
-            runner.k_caches, runner.v_caches = [], []
-            engine.kv.reset_cache()  # the cached prefixes' KV is gone
+            host.free_kv_cache()  # and the cached prefixes, whose KV is gone
             self.asleep.add("kv_cache")
         if level == 2 and "weights" not in self.asleep:
-            runner.model = None
-            engine.loaded = dataclasses.replace(engine.loaded, model=None)
+            host.swap_model(None)
             self._updates.clear()  # level 2 gives the weights up: wake reads the disk
             self.asleep.add("weights")
         _trim_heap()
@@ -123,13 +164,7 @@ class Operator:
             self.weight_version += 1  # the checkpoint's weights, not the updated ones
             self.asleep.discard("weights")
         if "kv_cache" in wanted and "kv_cache" in self.asleep:
-            import torch
-
-            assert self._kv_layout is not None
-            shape, dtype, layers = self._kv_layout
-            runner = self._engine.runner
-            runner.k_caches = [torch.zeros(shape, dtype=dtype) for _ in range(layers)]
-            runner.v_caches = [torch.zeros(shape, dtype=dtype) for _ in range(layers)]
+            self._host.restore_kv_cache()
             self.asleep.discard("kv_cache")
         return ControlResult(True, {"asleep": sorted(self.asleep), "rss_before": before,
                                     "rss_after": resident_bytes()})
@@ -143,8 +178,8 @@ class Operator:
             files = _update_files(Path(path))
         except (FileNotFoundError, ValueError) as exc:
             return _invalid(str(exc))
-        expected = _checkpoint_shapes(self._engine.model_dir)
-        dtype = self._engine.dtype
+        expected = _checkpoint_shapes(self._host.origin.model_dir)
+        dtype = self._host.origin.dtype
         update: dict[str, Any] = {}
         from safetensors import SafetensorError, safe_open
 
@@ -167,7 +202,7 @@ class Operator:
         self._swap_model(self._build_model(merged))
         self._updates = merged
         self.weight_version += 1
-        self._engine.kv.reset_cache()  # KV computed with the old weights is stale
+        self._host.reset_prefix_cache(publish=False)  # KV of the old weights is stale
         return ControlResult(True, {"weight_version": self.weight_version,
                                     "updated": sorted(update)})
 
@@ -185,12 +220,12 @@ class Operator:
         from actors.models.config import ModelConfig
         from actors.models.registry import build_model
 
-        engine = self._engine
-        quant = engine.config.quantization
-        cfg = ModelConfig.from_dir(engine.model_dir)
-        load_dtype = torch.float32 if quant == "int8" else engine.dtype
+        origin = self._host.origin
+        quant = origin.quantization
+        cfg = ModelConfig.from_dir(origin.model_dir)
+        load_dtype = torch.float32 if quant == "int8" else origin.dtype
         model = build_model(cfg, dtype=load_dtype)
-        files = safetensors_files(engine.model_dir)
+        files = safetensors_files(origin.model_dir)
         changed: set[str] = set()
 
         def merged(name: str, t: Any) -> Any:
@@ -207,8 +242,8 @@ class Operator:
 
             from actors.loader.gguf import matrix_parts, quantized_weights
 
-            hf_cfg = json.loads((engine.model_dir / "config.json").read_text())
-            kept = quantized_weights(engine.loaded.source, hf_cfg)
+            hf_cfg = json.loads((origin.model_dir / "config.json").read_text())
+            kept = quantized_weights(origin.source, hf_cfg)
             model.pack_weights({k: w for k, w in kept.items()
                                 if not changed.intersection(matrix_parts(k))})
         elif quant == "int8":
@@ -220,11 +255,7 @@ class Operator:
         return model
 
     def _swap_model(self, model: Any) -> None:
-        engine = self._engine
-        engine.runner.model = model
-        engine.loaded = dataclasses.replace(engine.loaded, model=model)
-        if engine.linear_routing is not None:  # the same shapes: keep their routes
-            engine.linear_routing = model.route_linears(table=engine.linear_routing)
+        self._host.swap_model(model)
         _trim_heap()  # the old model's packed weights
 
     # ------------------------------------------------------------------ profiler
@@ -238,7 +269,7 @@ class Operator:
         if self._profile is not None:
             return _conflict("A profiling session is already active. Call /stop_profile "
                              "before starting another session.")
-        self._profile = _ProfileSession(config, prefix, max_iterations)
+        self._profile = ProfileSession(config, prefix, max_iterations)
         self._bounded = None
         return ControlResult(True)
 
@@ -287,95 +318,3 @@ def _checkpoint_shapes(model_dir: Path) -> dict[str, tuple[int, ...]]:
             for name in st.keys():
                 shapes[name] = tuple(st.get_slice(name).get_shape())
     return shapes
-
-
-class _CoreTimers:
-    """Wraps the core's native entry points (as scripts/profile_step.py does) so each call
-    is a named span in the trace and adds to a per-name total; restore() undoes it."""
-
-    def __init__(self) -> None:
-        import llmcore
-        from torch.profiler import record_function
-
-        self.total: dict[str, float] = defaultdict(float)
-        self.calls: dict[str, int] = defaultdict(int)
-        self._undo: list[tuple[Any, str, Any]] = []
-        c = llmcore._C
-        for owner, attr in ((c, "linear"), (c, "rms_norm"), (c, "rope"), (c, "silu_mul"),
-                            (llmcore, "kv_store"), (llmcore, "paged_attention"),
-                            (llmcore, "AttentionPlan"), (llmcore, "sample")):
-            fn = getattr(owner, attr, None)
-            if fn is not None:
-                self._undo.append((owner, attr, fn))
-                setattr(owner, attr, self._timed(fn, f"llmcore.{attr}", record_function))
-
-    def _timed(self, fn: Callable[..., Any], name: str, span: Any) -> Callable[..., Any]:
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            t = time.perf_counter()
-            with span(name):
-                out = fn(*args, **kwargs)
-            self.total[name] += time.perf_counter() - t
-            self.calls[name] += 1
-            return out
-        return timed
-
-    def restore(self) -> dict[str, dict[str, float]]:
-        for owner, attr, fn in reversed(self._undo):
-            setattr(owner, attr, fn)
-        return {name: {"calls": self.calls[name], "total_ms": round(1e3 * total, 3),
-                       "mean_us": round(1e6 * total / self.calls[name], 2)}
-                for name, total in sorted(self.total.items(), key=lambda kv: -kv[1])}
-
-
-class _ProfileSession:
-    def __init__(self, config: Mapping[str, Any], prefix: str | None,
-                 max_iterations: int | None = None) -> None:
-        import torch
-        from torch._C._profiler import _ExperimentalConfig
-        from torch.profiler import ProfilerActivity, profile
-
-        self.directory = Path(config["torch_profiler_dir"])
-        self.directory.mkdir(parents=True, exist_ok=True)
-        self.gzip = bool(config.get("torch_profiler_use_gzip", True))
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        self.name = f"{prefix + '_' if prefix else ''}engine_{os.getpid()}_{stamp}"
-        activities = [ProfilerActivity.CPU]
-        if torch.cuda.is_available():
-            activities.append(ProfilerActivity.CUDA)
-        self.profiler = profile(
-            activities=activities,
-            record_shapes=bool(config.get("torch_profiler_record_shapes", False)),
-            with_stack=bool(config.get("torch_profiler_with_stack", True)),
-            profile_memory=bool(config.get("torch_profiler_with_memory", False)),
-            with_flops=bool(config.get("torch_profiler_with_flops", False)),
-            # Steps run in worker threads, not the thread that starts the profiler.
-            experimental_config=_ExperimentalConfig(profile_all_threads=True),
-        )
-        self.max_steps = int(max_iterations or config.get("max_iterations")
-                             or PROFILE_MAX_ITERATIONS)
-        self.max_bytes = int(config.get("max_profile_bytes") or PROFILE_MAX_BYTES)
-        self.steps = 0
-        self.bound_hit = ""
-        self.timers = _CoreTimers()
-        self.started = time.perf_counter()
-        self.rss_at_start = resident_bytes()
-        self.profiler.start()
-
-    def at_bound(self) -> bool:
-        self.steps += 1
-        if self.steps >= self.max_steps:
-            self.bound_hit = f"{self.steps} steps"
-        elif self.steps % 16 == 0 and resident_bytes() - self.rss_at_start > self.max_bytes:
-            self.bound_hit = f"{self.max_bytes} bytes of memory"
-        return bool(self.bound_hit)
-
-    def stop(self) -> dict[str, Any]:
-        self.profiler.stop()
-        timers = self.timers.restore()
-        trace = self.directory / f"{self.name}.pt.trace.json{'.gz' if self.gzip else ''}"
-        self.profiler.export_chrome_trace(str(trace))
-        summary = self.directory / f"{self.name}_core_timers.json"
-        summary.write_text(json.dumps({
-            "seconds": round(time.perf_counter() - self.started, 3), "calls": timers,
-        }, indent=1))
-        return {"trace": str(trace), "core_timers": str(summary)}

@@ -26,6 +26,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 
+from actors.params.kinds import Generate, Pool, RequestKind
 from actors.params.pooling import PoolingSpec
 from actors.params.sampling import SamplingParams
 
@@ -73,9 +74,8 @@ class Sequence:
         "pending_children",
         "row_static",
         "prompt_logprobs",
-        "pooling",
+        "kind",
         "lora_id",
-        "encoder_input",
         "suppress",
         "suppress_first",
     )
@@ -93,8 +93,9 @@ class Sequence:
         arrival_time: float = 0.0,
         priority: int | None = None,
         rng_seed: int = 0,
-        pooling: PoolingSpec | None = None,
+        kind: RequestKind | None = None,
     ) -> None:
+        """``kind``: the Admit's (None: Generate(params), a bare sequence of tests)."""
         self.seq_id = seq_id
         self.request_id = request_id
         self.index = index
@@ -125,13 +126,11 @@ class Sequence:
         self.prompt_logprobs: list | None = (
             [] if params.prompt_logprobs is not None and index == 0 else None
         )
-        # A pooling sequence computes its prompt, yields one vector and finishes.
-        self.pooling = pooling
-        self.lora_id = 0  # the LoRA adapter it runs under (0: the base model)
-        # An encoder-decoder sequence (transcription): its encoder input, and the tokens
-        # its model never draws (Whisper's suppress_tokens) and never draws first
-        # (begin_suppress_tokens: a blank or the end at the start).
-        self.encoder_input = None
+        self.kind: RequestKind = Generate(params) if kind is None else kind
+        # The LoRA adapter it runs under (0: the base model), part of its blocks' keys.
+        self.lora_id = self.kind.lora_id if isinstance(self.kind, Generate) else 0
+        # The tokens its model family never draws (Whisper's suppress_tokens) and never
+        # draws first (begin_suppress_tokens: a blank or the end at the start).
         self.suppress: tuple[int, ...] = ()
         self.suppress_first: tuple[int, ...] = ()
 
@@ -165,6 +164,11 @@ class Sequence:
         compute its prompt itself: no prefix-cache hit)."""
         pl = self.prompt_logprobs
         return pl is not None and len(pl) < len(self.prompt_token_ids) - 1
+
+    @property
+    def pooling(self) -> PoolingSpec | None:
+        """A Pool kind's spec (it computes its prompt, yields one vector and finishes)."""
+        return self.kind.spec if isinstance(self.kind, Pool) else None
 
     def needs_every_row(self, causal: bool) -> bool:
         """Whether every prompt row must be computed here (no prefix-cache hit): prompt

@@ -104,8 +104,8 @@ class WhisperForConditionalGeneration(nn.Module):
 
     @staticmethod
     def decoding_hook(config: ModelConfig) -> Any:
-        """Whisper's banned tokens and timestamp rules (models/hooks.py)."""
-        from actors.models.hooks import WhisperHook
+        """Whisper's banned tokens, timestamp rules and input checks (models/hooks.py)."""
+        from actors.models.whisper_rules import WhisperHook
 
         return WhisperHook(config)
 

@@ -55,7 +55,7 @@ class Ledger:
         self._entries: dict[str, Entry] = {}
 
     def add(self, admit: Admit) -> Entry:
-        entry = Entry(admit, [ChoiceClock() for _ in range(admit.params.n)])
+        entry = Entry(admit, [ChoiceClock() for _ in range(admit.kind.params.n)])
         self._entries[admit.request_id] = entry
         return entry
 
@@ -152,7 +152,7 @@ def sequence_finished(entry: Entry, clock: ChoiceClock, now: float) -> SequenceF
         num_generation_tokens=clock.num_generated,
         num_cached_tokens=clock.num_cached_tokens,
         num_preemptions=clock.num_preemptions,
-        max_tokens=entry.admit.params.max_tokens,
+        max_tokens=entry.admit.kind.params.max_tokens,
         e2e_seconds=now - admitted_at,
         queue_seconds=None if scheduled is None else scheduled - admitted_at,
         ttft_seconds=None if first is None else first - admitted_at,

@@ -26,6 +26,7 @@ import trio
 from actors.errors import DuplicateRequest
 from actors.messages import Admit
 from actors.params.encoder import EncoderInput
+from actors.params.kinds import request_kind
 from actors.params.pooling import PoolingSpec
 from actors.params.sampling import SamplingParams
 from actors.runtime.failures import Outcome, ServerFailed
@@ -81,10 +82,9 @@ class EngineRequest:
 
     def admit(self) -> Admit:
         """The message that admits it to the engine (and through it to the core)."""
-        return Admit(self.engine_id, tuple(self.prompt_token_ids), self.params,
-                     pooling=self.pooling, encoder_input=self.encoder_input,
-                     arrival_time=self.admitted_at, priority=self.params.priority,
-                     lora_id=self.params.lora_id)
+        return Admit(self.engine_id, tuple(self.prompt_token_ids),
+                     request_kind(self.params, self.pooling, self.encoder_input),
+                     arrival_time=self.admitted_at, priority=self.params.priority)
 
 
 class RequestState:

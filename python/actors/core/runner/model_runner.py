@@ -42,12 +42,15 @@ from actors.core.kv_groups import KVGroups
 from actors.core.runner.attention_seams import (CrossPagedAttention, EncoderAttention,
                                                 LayerAttention, PagedAttention, group_plans)
 from actors.core.runner.cross_kv import CrossKVPool
+from actors.core.runner.prompt_logprobs import score_prompts
 from actors.core.runner.sampler import (Sampler, SamplingHooks, SeqState, TokenMask,
                                         allowed_mask_of)
-from actors.messages import (Logprobs, NewSeq, PooledOutput, PromptLogprobs, SeqRef, StepPlan,
-                             StepResult)
+from actors.messages import (Generate, NewSeq, Pool, PooledOutput, PromptLogprobs, SeqRef,
+                             StepPlan, StepResult, Transcribe)
 from actors.models import lora, row_kernels
 from actors.models.pooling import PoolState, finish
+from actors.params.encoder import EncoderInput
+from actors.params.pooling import PoolingSpec
 from actors.params.structured import StructuredSpec
 
 # (spec, the output tokens the sequence already holds) -> the choice's token mask
@@ -56,11 +59,6 @@ MaskFactory = Callable[[StructuredSpec, tuple[int, ...]], TokenMask]
 __all__ = ["ModelRunner", "SamplingHooks", "kv_bytes_per_block"]
 
 log = logging.getLogger("actors.core.runner")
-
-# Prompt-logprob rows go through the LM head this many at a time: a whole 2048-row chunk
-# times a 49152-token vocabulary would be 400 MB of fp32 logits.
-PROMPT_LOGPROB_ROWS = 256
-
 
 def kv_bytes_per_block(num_layers: int, num_kv_heads: int, head_size: int, block_size: int,
                        dtype: torch.dtype) -> int:
@@ -96,15 +94,17 @@ class ModelRunner:
         # cache: a fixed-size slot per sequence (cross_kv.py), in the KV cache's dtype.
         self.encoder_decoder = bool(getattr(model, "is_encoder_decoder", False))
         self._cross = CrossKVPool(num_layers, num_kv_heads, head_size, block_size, dtype)
-        self._to_encode: list[NewSeq] = []
-        # prompt -> the window's timestamp rules (a logits processor), None without
-        # timestamps; set by the engine for an encoder-decoder (timestamp_rules.py)
-        self.timestamp_rules: Callable[[tuple[int, ...]], SamplingHooks | None] | None = None
-        shape = (num_blocks, num_kv_heads, block_size, head_size)
-        layers = self.kv_groups.num_slots if self.causal else 0
-        self.k_caches = [torch.zeros(shape, dtype=dtype) for _ in range(layers)]
-        self.v_caches = [torch.zeros(shape, dtype=dtype) for _ in range(layers)]
-        self._pools: dict[int, PoolState] = {}  # pooling sequences mid-prompt
+        self._to_encode: list[tuple[int, EncoderInput]] = []  # Transcribe: (seq id, input)
+        # prompt -> the model family's per-sequence sampling hooks (Whisper's timestamp
+        # rules), None for a prompt without; set by the engine from the model's hook
+        self.family_rules: Callable[[tuple[int, ...]], SamplingHooks | None] | None = None
+        self._kv_shape = (num_blocks, num_kv_heads, block_size, head_size)
+        self._kv_dtype = dtype
+        self.k_caches: list[torch.Tensor] = []
+        self.v_caches: list[torch.Tensor] = []
+        self.allocate_kv_cache()
+        # Pool kinds: the spec and the pooling state across the chunks of the prompt
+        self._pools: dict[int, tuple[PoolingSpec, PoolState]] = {}
         self._seqs: dict[int, SeqState] = {}
         self.sampler = Sampler(vocab_size, fast_forward=fast_forward)
         self._hooks: dict[SeqRef, SamplingHooks] = {}
@@ -115,6 +115,18 @@ class ModelRunner:
         self.lora: lora.LoraStacks | None = None
         self.lora_slots: dict[int, int] = {}
         self._lora_of: dict[int, int] = {}
+
+    def allocate_kv_cache(self) -> None:
+        """The paged K/V tensors, zeroed (pages come back as they are written)."""
+        layers = self.kv_groups.num_slots if self.causal else 0
+        self.k_caches = [torch.zeros(self._kv_shape, dtype=self._kv_dtype)
+                         for _ in range(layers)]
+        self.v_caches = [torch.zeros(self._kv_shape, dtype=self._kv_dtype)
+                         for _ in range(layers)]
+
+    def free_kv_cache(self) -> None:
+        """Drops the paged K/V tensors (sleep); ``allocate_kv_cache`` brings them back."""
+        self.k_caches, self.v_caches = [], []
 
     # ------------------------------------------------------------------ sequences
 
@@ -137,11 +149,10 @@ class ModelRunner:
                 log.warning("no token mask for %s choice %d: %s", ns.request_id, ns.index, exc)
                 hooks = SamplingHooks(failed=f"no token mask: {type(exc).__name__}")
             self._hooks[(ns.request_id, ns.index)] = hooks
-        # A window that names its allowed tokens (language detection: one step among the
-        # language tokens) is constrained by them alone, not by the timestamp rules.
-        if (hooks is None and ns.encoder_input is not None and ns.allowed_token_ids is None
-                and self.timestamp_rules is not None):
-            hooks = self.timestamp_rules(ns.prompt_token_ids)
+        # A sequence that names its allowed tokens (Whisper's language detection: one step
+        # among the language tokens) is constrained by them alone, not the family's rules.
+        if hooks is None and ns.allowed_token_ids is None and self.family_rules is not None:
+            hooks = self.family_rules(ns.prompt_token_ids)
             if hooks is not None:
                 self._hooks[(ns.request_id, ns.index)] = hooks
         if hooks is not None:
@@ -163,19 +174,22 @@ class ModelRunner:
             allowed_mask=mask,
             hooks=hooks,
         )
-        if ns.lora_id:
-            self._lora_of[ns.seq_id] = ns.lora_id
-        if ns.encoder_input is not None:
-            self._to_encode.append(ns)
+        match ns.kind:
+            case Generate(lora_id=lora_id) if lora_id:
+                self._lora_of[ns.seq_id] = lora_id
+            case Pool(spec=spec):
+                self._pools[ns.seq_id] = (spec, PoolState(spec.pooling_type))
+            case Transcribe(encoder_input=enc):
+                self._to_encode.append((ns.seq_id, enc))
 
     def _encode_new(self) -> None:
         """Runs the encoder once for every sequence that arrived in this plan, in one
         batch, and keeps each one's cross-attention K/V."""
         todo, self._to_encode = self._to_encode, []
-        feats = torch.from_numpy(np.stack([ns.encoder_input.features for ns in todo]))
+        feats = torch.from_numpy(np.stack([enc.features for _, enc in todo]))
         with torch.inference_mode():
-            for ns, kv in zip(todo, self.model.cross_kv(self.model.encode(feats))):
-                self._cross.add(ns.seq_id, kv)
+            for (seq_id, _), kv in zip(todo, self.model.cross_kv(self.model.encode(feats))):
+                self._cross.add(seq_id, kv)
 
     def release(self, seq_ids: tuple[int, ...]) -> None:
         """Forgets these sequences now, between steps (as a plan's released_seq_ids)."""
@@ -224,6 +238,7 @@ class ModelRunner:
         sampling: list[int] = []  # batch indices of sequences that sample
         prompt_rows: list[int] = []  # batch indices of sequences scoring prompt tokens
         pool_rows: list[int] = []  # batch indices of pooling sequences
+        pools = self._pools
         for i, s in enumerate(plan.seqs):
             n = len(s.token_ids)
             token_ids.extend(s.token_ids)
@@ -237,7 +252,7 @@ class ModelRunner:
                 sampling.append(i)
             if s.prompt_logprobs is not None:
                 prompt_rows.append(i)
-            if s.pool is not None:
+            if pools and s.seq_id in pools:
                 pool_rows.append(i)
         pos = np.concatenate(positions)
         seam: PagedAttention | EncoderAttention
@@ -277,7 +292,9 @@ class ModelRunner:
                 logits = (self.model.compute_logits(hidden.index_select(0, logits_rows))
                           if sampling else None)
                 if prompt_rows:
-                    prompt_lps = self._prompt_logprobs(plan, prompt_rows, query_start, hidden)
+                    prompt_lps = score_prompts(self.model, self.vocab_size, plan, prompt_rows,
+                                               query_start, hidden,
+                                               lambda sid: self._seqs[sid].prompt)
                 pooled = self._pool(plan, pool_rows, query_start, hidden)
         if not sampling:
             return StepResult(step_id=plan.step_id, sampled=(), prompt_logprobs=prompt_lps,
@@ -304,11 +321,7 @@ class ModelRunner:
         out = []
         for i in batch_idx:
             s = plan.seqs[i]
-            spec = s.pool
-            assert spec is not None
-            state = self._pools.get(s.seq_id)
-            if state is None:
-                state = self._pools[s.seq_id] = PoolState(spec.pooling_type)
+            spec, state = self._pools[s.seq_id]
             lo = int(query_start[i])
             state.add(hidden[lo: lo + len(s.token_ids)], s.start_pos)
             if s.start_pos + len(s.token_ids) < len(self._seqs[s.seq_id].prompt):
@@ -316,66 +329,6 @@ class ModelRunner:
             del self._pools[s.seq_id]
             vec = finish(state.result(), spec.dimensions, spec.normalize)
             out.append(PooledOutput(s.seq_id, vec.numpy().astype("<f4").tobytes()))
-        return tuple(out)
-
-    def _prompt_logprobs(self, plan: StepPlan, batch_idx: list[int], query_start: np.ndarray,
-                         hidden: torch.Tensor) -> tuple[PromptLogprobs, ...]:
-        """Scores the prompt tokens the rows of the given sequences predict.
-
-        Row p (a position in [start_pos, start_pos + n) below prompt_len - 1) yields the
-        logprob of prompt token p + 1, its rank and the top-k. Logits are made
-        PROMPT_LOGPROB_ROWS rows at a time, log-softmaxed in fp32, and only the gathered
-        numbers are kept.
-        """
-        rows: list[np.ndarray] = []
-        targets: list[np.ndarray] = []
-        spans: list[tuple[int, int, int, int]] = []  # (seq_id, first token, count, top-k)
-        for i in batch_idx:
-            s = plan.seqs[i]
-            prompt = self._seqs[s.seq_id].prompt
-            lo, hi = s.start_pos, min(s.start_pos + len(s.token_ids), len(prompt) - 1)
-            if hi <= lo:
-                continue
-            first_row = int(query_start[i])
-            rows.append(np.arange(first_row, first_row + hi - lo, dtype=np.int64))
-            targets.append(prompt[lo + 1: hi + 1].astype(np.int64))
-            k = int(s.prompt_logprobs or 0)  # validated; -1: the whole vocabulary
-            spans.append((s.seq_id, lo + 1, hi - lo, self.vocab_size if k < 0 else k))
-        if not spans:
-            return ()
-        all_rows = torch.from_numpy(np.concatenate(rows))
-        all_targets = torch.from_numpy(np.concatenate(targets))
-        k = min(max(sp[3] for sp in spans), self.vocab_size)
-        tok_lp, ranks, top_ids, top_lp = [], [], [], []
-        for b in range(0, len(all_rows), PROMPT_LOGPROB_ROWS):
-            r = all_rows[b: b + PROMPT_LOGPROB_ROWS]
-            t = all_targets[b: b + PROMPT_LOGPROB_ROWS].unsqueeze(1)
-            lp = torch.log_softmax(self.model.compute_logits(hidden.index_select(0, r)).float(),
-                                   dim=-1)
-            chosen = lp.gather(1, t)
-            tok_lp.append(chosen.squeeze(1))
-            ranks.append((lp >= chosen).sum(dim=1))
-            if k:
-                v, ix = lp.topk(k, dim=1)
-                top_lp.append(v)
-                top_ids.append(ix)
-        lp_all = torch.cat(tok_lp).tolist()
-        rank_all = torch.cat(ranks).tolist()
-        ids_all = torch.cat(top_ids).tolist() if k else None
-        vals_all = torch.cat(top_lp).tolist() if k else None
-        out = []
-        at = 0
-        for seq_id, start, count, kk in spans:
-            entries = []
-            for j in range(at, at + count):
-                entries.append(Logprobs(
-                    logprob=lp_all[j],
-                    top_token_ids=tuple(ids_all[j][:kk]) if kk else (),
-                    top_logprobs=tuple(vals_all[j][:kk]) if kk else (),
-                    rank=rank_all[j],
-                ))
-            at += count
-            out.append(PromptLogprobs(seq_id=seq_id, start=start, entries=tuple(entries)))
         return tuple(out)
 
     def _sample(self, plan: StepPlan, sampling: list[int], logits: torch.Tensor) -> StepResult:

@@ -164,7 +164,6 @@ class Scheduler(RequestBook):
                             if end == seq.num_tokens and seq.pooling is None else None),
                     prompt_logprobs=(seq.params.prompt_logprobs
                                      if seq.wants_prompt_logprobs else None),
-                    pool=seq.pooling,
                 )
             )
         if not scheduled:  # never reaches the runner: its releases wait for the next plan

@@ -27,7 +27,8 @@ from actors.core.scheduler.queues import make_waiting_queue
 from actors.core.scheduler.views import output_of
 from actors.core.seeds import choice_seed, request_seed
 from actors.core.sequence import FinishReason, Sequence, SequenceStatus
-from actors.messages import Admit, Logprobs, RequestOutput, SampledToken, StepResult
+from actors.messages import (Admit, Logprobs, Pool, RequestOutput, SampledToken, StepResult,
+                             Transcribe)
 
 __all__ = ["RequestBook"]
 
@@ -54,15 +55,9 @@ class RequestBook:
     def add_request(self, admit: Admit) -> None:
         """Queues a tokenized request. Raises ValueError for what cannot ever run."""
         self.check_admit(admit)
-        params = admit.params
+        params = admit.kind.params
         seq = self._new_sequence(admit.request_id, admit.prompt_token_ids, admit, index=0,
                                  rng_seed=request_seed(params.seed, self._rng))
-        seq.pooling = admit.pooling
-        seq.lora_id = admit.lora_id
-        if admit.encoder_input is not None:
-            seq.encoder_input = admit.encoder_input
-            seq.suppress = self.config.suppress_tokens
-            seq.suppress_first = self.config.begin_suppress_tokens
         seq.pending_children = params.n - 1
         self._requests[admit.request_id] = [seq]
         self.waiting.push(seq)
@@ -71,26 +66,24 @@ class RequestBook:
         """Raises ValueError for a request that can never run here (what add_request
         refuses), without queueing it: a request held elsewhere first (until its grammar
         compiles) is refused at once, not when it is queued."""
-        params = admit.params
+        kind, params = admit.kind, admit.kind.params
         if admit.request_id in self._requests:
             raise ValueError(f"request id {admit.request_id!r} is already in flight")
         n_prompt = len(admit.prompt_token_ids)
         if n_prompt == 0:
             raise ValueError("the prompt must hold at least one token")
-        if admit.pooling is None and not self.config.causal:
+        if not isinstance(kind, Pool) and not self.config.causal:
             raise ValueError("this model serves pooling requests only (embeddings)")
-        if (admit.encoder_input is None) == self.config.encoder_decoder:
+        if isinstance(kind, Transcribe) != self.config.encoder_decoder:
             raise ValueError("this model serves transcription requests only"
                              if self.config.encoder_decoder else
                              "this model takes no encoder input (not an encoder-decoder)")
-        if admit.encoder_input is not None and params.n != 1:
+        if isinstance(kind, Transcribe) and params.n != 1:
             raise ValueError("a transcription request has exactly one choice (n=1)")
-        if admit.pooling is not None:
+        if isinstance(kind, Pool):  # one choice by construction (POOL_SAMPLING)
             if n_prompt > self.config.max_model_len:  # no output token: the whole context
                 raise ValueError(f"the prompt has {n_prompt} tokens; max_model_len is "
                                  f"{self.config.max_model_len}")
-            if params.n != 1:
-                raise ValueError("a pooling request has exactly one choice (n=1)")
         elif n_prompt >= self.config.max_model_len:
             raise ValueError(
                 f"the prompt has {n_prompt} tokens; max_model_len={self.config.max_model_len} "
@@ -291,20 +284,21 @@ class RequestBook:
 
     def _new_sequence(self, request_id: str, prompt: tuple[int, ...], src: Admit | Sequence,
                       *, index: int, rng_seed: int) -> Sequence:
-        params = src.params
         seq = Sequence(
             self._next_seq_id,
             request_id,
             prompt,
-            params,
+            src.kind.params,
             max_model_len=self.config.max_model_len,
             eos_token_ids=self.config.eos_token_ids,
             index=index,
             arrival_time=src.arrival_time,
             priority=src.priority,
             rng_seed=rng_seed,
+            kind=src.kind,
         )
-        seq.lora_id = src.lora_id
+        seq.suppress = self.config.suppress_tokens  # the model family's rules (hooks.py)
+        seq.suppress_first = self.config.begin_suppress_tokens
         self._next_seq_id += 1
         return seq
 

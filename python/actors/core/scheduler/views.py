@@ -25,7 +25,7 @@ def sampling_row_of(seq: Sequence) -> SamplingRow:
     p = seq.params
     n_out = len(seq.output_token_ids)
     banned = seq.suppressed_token_ids() if n_out < p.min_tokens else ()
-    if seq.suppress or seq.suppress_first:  # an encoder-decoder model's rules
+    if seq.suppress or seq.suppress_first:  # the model family's rules (models/hooks.py)
         banned = banned + seq.suppress + (seq.suppress_first if n_out == 0 else ())
     return SamplingRow(
         *static,
@@ -46,9 +46,8 @@ def new_seq_of(seq: Sequence) -> NewSeq:
         output_token_ids=tuple(seq.output_token_ids),
         logit_bias=p.logit_bias_items(),
         allowed_token_ids=p.allowed_token_ids,
+        kind=seq.kind,
         structured=p.structured,
-        lora_id=seq.lora_id,
-        encoder_input=seq.encoder_input,
     )
 
 

@@ -57,7 +57,7 @@ class _Held:
         admit = self.admit
         return [RequestOutput(admit.request_id, i, (), None, True, reason, None,
                               len(admit.prompt_token_ids), 0, 0)
-                for i in range(admit.params.n) if i not in self.cancelled]
+                for i in range(admit.kind.params.n) if i not in self.cancelled]
 
     def release(self) -> None:
         if self.hold is not None:
@@ -96,7 +96,7 @@ class HeldRequests:
         if rid in self._held:
             raise ValueError(f"request id {rid!r} is already in flight")
         self._scheduler.check_admit(admit)  # what the scheduler would refuse, refused now
-        spec = admit.params.structured
+        spec = admit.kind.params.structured
         if spec is None or spec in self._grammars:
             return True
         held = _Held(admit)
@@ -122,7 +122,7 @@ class HeldRequests:
                 if not self._ready(held):
                     continue
                 del self._held[rid]
-                self._keep(held.admit.params.structured, held.hold)
+                self._keep(held.admit.kind.params.structured, held.hold)
                 self._scheduler.add_request(held.admit)
             except Exception as exc:  # noqa: BLE001 - a refusal, or a check the edge made
                 self._held.pop(rid, None)
@@ -140,7 +140,7 @@ class HeldRequests:
         held = self._held.get(request_id)
         if held is None:
             return None
-        n = held.admit.params.n
+        n = held.admit.kind.params.n
         if index is None:
             out = held.outputs("abort")
             held.cancelled.update(range(n))
@@ -175,7 +175,7 @@ class HeldRequests:
         """Whether the held request's compile has ended; takes its hold once the backend is
         built. Raises RequestRefused when the backend cannot be built."""
         if held.hold is None:
-            spec = held.admit.params.structured
+            spec = held.admit.kind.params.structured
             cache = self._cache_for(spec)
             if cache is None:
                 return False
@@ -219,7 +219,7 @@ class HeldRequests:
         if len(self._grammars) >= self._prune_at:
             live = {s.params.structured for seqs in self._scheduler._requests.values()
                     for s in seqs}
-            live.update(h.admit.params.structured for h in self._held.values())
+            live.update(h.admit.kind.params.structured for h in self._held.values())
             self._grammars = {k: v for k, v in self._grammars.items() if k in live}
             self._prune_at = max(GRAMMARS_KEPT, 2 * len(self._grammars))
         self._grammars[spec] = (grammar, hold.vocab_size)
