@@ -114,6 +114,6 @@ def _fills(admitted: Sequence[Admit], max_tokens: int, max_seqs: int) -> bool:
     """Whether these requests alone fill one step (prefix-cache hits aside)."""
     seqs = tokens = 0
     for req in admitted:
-        seqs += req.params.n
+        seqs += req.kind.params.n
         tokens += len(req.prompt_token_ids)
     return seqs >= max_seqs or tokens >= max_tokens
