@@ -6,8 +6,8 @@
 #include <cstring>
 #include <vector>
 
-#include "attn_plan.h"
-#include "cuda_api.h"
+#include "attention/attn_plan.h"
+#include "runtime/cuda_api.h"
 #include "cuda_util.cuh"
 
 namespace lc::cuda {

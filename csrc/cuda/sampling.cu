@@ -1,11 +1,11 @@
 // The sampler on CUDA: one thread block per row, the CPU sampler's pipeline
-// (csrc/src/sampling_row.cpp) step for step:
+// (csrc/src/sampling/sampling_row.cpp) step for step:
 //
 //   load (sanitize) -> bias -> bans -> bitmask -> repetition -> frequency/presence
 //   -> temperature -> [greedy argmax] or [min-p -> top-k -> top-p -> race]
 //
 // The race is the same exponential race over the same Philox uniforms
-// (csrc/src/rng.h) keyed by (seed, position, token id); ties go to the lowest
+// (csrc/src/sampling/rng.h) keyed by (seed, position, token id); ties go to the lowest
 // id. Top-k and top-p cut-offs come from weighted radix selection instead of
 // sorting. Logprobs: RAW = log_softmax of the sanitized logits, PROCESSED =
 // after bias, masks, penalties and temperature (greedy rows: temperature 1).
@@ -14,9 +14,9 @@
 #include <cstring>
 #include <vector>
 
-#include "cuda_api.h"
+#include "runtime/cuda_api.h"
 #include "cuda_util.cuh"
-#include "rng.h"
+#include "sampling/rng.h"
 #include "sampling_math.cuh"
 #include "sampling_select.cuh"
 

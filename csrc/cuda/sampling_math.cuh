@@ -1,5 +1,5 @@
 // Device-side arithmetic of the sampler, mirroring the CPU sampler
-// (csrc/src/sampling_kernels_impl.h) so that draws and logprobs agree:
+// (csrc/src/sampling/sampling_kernels_impl.h) so that draws and logprobs agree:
 // sanitizing, the polynomial exp/log of the dense race, order-preserving keys
 // and block-wide reductions.
 #pragma once

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu_isa.h"
+#include "runtime/cpu_isa.h"
 #include "llmcore/llmcore.h"
 
 namespace py = pybind11;

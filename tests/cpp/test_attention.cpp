@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "attention_cpu.h"
-#include "internal.h"
+#include "attention/attention_cpu.h"
+#include "runtime/internal.h"
 #include "llmcore/llmcore.h"
 #include "check.h"
 #include "tensors.h"

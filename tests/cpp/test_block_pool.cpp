@@ -9,7 +9,7 @@
 #include <set>
 #include <vector>
 
-#include "block_pool.h"
+#include "kv/block_pool.h"
 #include "llmcore/llmcore.h"
 #include "check.h"
 

@@ -6,8 +6,8 @@
 #include <random>
 #include <vector>
 
-#include "internal.h"
-#include "linear.h"
+#include "runtime/internal.h"
+#include "linear/linear.h"
 #include "llmcore/llmcore.h"
 #include "check.h"
 

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "check.h"
-#include "internal.h"
-#include "linear.h"
+#include "runtime/internal.h"
+#include "linear/linear.h"
 #include "llmcore/llmcore.h"
 #include "tensors.h"
 

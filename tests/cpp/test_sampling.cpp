@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "llmcore/llmcore.h"
-#include "rng.h"
-#include "sampling_kernels.h"
+#include "sampling/rng.h"
+#include "sampling/sampling_kernels.h"
 #include "check.h"
 
 
