@@ -5,21 +5,12 @@
 
 #include "attention/attention_cpu.h"
 #include "runtime/internal.h"
-#include "common/exp_poly.h"
+#include "common/isa_target.h"
 
-#if defined(__x86_64__) || defined(__i386__)
+#if LC_ISA_X86
 #include <immintrin.h>
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx2,fma"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx2,fma")
-// GCC 12's avx512fintrin.h self-initializes "undefined" vectors.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
+LC_ISA_BEGIN("avx512f,avx2,fma")
 
 #include "common/simd_avx512.h"
 
@@ -120,12 +111,7 @@ void merge_split_avx512(const Job& job, const WorkItem& first, int32_t chunks) {
 
 }  // namespace lc::attn
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC diagnostic pop
-#pragma GCC pop_options
-#endif
+LC_ISA_END()
 
 #else  // not x86: never selected (best_isa() reports scalar)
 

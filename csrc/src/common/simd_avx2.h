@@ -5,7 +5,7 @@
 
 #include <immintrin.h>
 
-#include "common/exp_poly.h"
+#include "common/fast_math.h"
 
 // The unnamed namespace gives every including (AVX2-target) translation unit
 // its own copy: no weak symbol a differently-targeted object could supply.
@@ -22,7 +22,7 @@ inline float hsum(__m256 v) {
 // exp(x) = 2^n e^r, n = round(x log2 e), Cephes expf polynomial (~1 ulp);
 // exactly 0 below -87.3 (so -inf becomes 0), clamped above 88.3.
 inline __m256 exp(__m256 x) {
-    using namespace exp_poly;
+    using namespace fast_math;
     const __m256 dead = _mm256_cmp_ps(x, _mm256_set1_ps(kMin), _CMP_LT_OQ);
     x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(kMin)), _mm256_set1_ps(kMax));
     const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)),

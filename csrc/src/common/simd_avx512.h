@@ -5,7 +5,7 @@
 
 #include <immintrin.h>
 
-#include "common/exp_poly.h"
+#include "common/fast_math.h"
 
 namespace lc::simd512 {
 namespace {  // each including (AVX-512-target) translation unit gets its own copy
@@ -13,7 +13,7 @@ namespace {  // each including (AVX-512-target) translation unit gets its own co
 // simd::exp's polynomial on 16 lanes; scalef applies 2^n. Exactly 0 below -87.3
 // (so -inf becomes 0), clamped above 88.3.
 inline __m512 exp(__m512 x) {
-    using namespace exp_poly;
+    using namespace fast_math;
     const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kMin), _CMP_GE_OQ);
     x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(kMin)), _mm512_set1_ps(kMax));
     const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),

@@ -1,17 +1,13 @@
 // AVX2 + FMA variants of the elementwise row kernels (selected at run time).
 #include "elementwise/elementwise.h"
+#include "common/isa_target.h"
 
 #include <cmath>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if LC_ISA_X86
 #include <immintrin.h>
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-#endif
+LC_ISA_BEGIN("avx2,fma")
 
 #include "common/simd_avx2.h"
 
@@ -106,11 +102,7 @@ const Kernels& avx2_kernels() {
 
 }  // namespace lc::elementwise
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+LC_ISA_END()
 
 #else  // not x86: never selected
 

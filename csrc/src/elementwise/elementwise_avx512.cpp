@@ -2,21 +2,14 @@
 // AVX2 file's loops on 16 lanes, the tail of a row done under a mask rather than
 // through a scalar or buffered loop.
 #include "elementwise/elementwise.h"
+#include "common/isa_target.h"
 
 #include <cmath>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if LC_ISA_X86
 #include <immintrin.h>
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx2,fma"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx2,fma")
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
+LC_ISA_BEGIN("avx512f,avx2,fma")
 
 #include "common/simd_avx512.h"
 
@@ -115,12 +108,7 @@ const Kernels& avx512_kernels() {
 
 }  // namespace lc::elementwise
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC diagnostic pop
-#pragma GCC pop_options
-#endif
+LC_ISA_END()
 
 #else  // not x86: never selected
 

@@ -6,16 +6,12 @@
 #include <vector>
 
 #include "linear/linear.h"
+#include "common/isa_target.h"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if LC_ISA_X86
 #include <immintrin.h>
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-#endif
+LC_ISA_BEGIN("avx2,fma")
 
 #include "common/simd_avx2.h"
 
@@ -368,11 +364,7 @@ void run_packed_avx2(const Job& job) {
 
 }  // namespace lc::linear
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+LC_ISA_END()
 
 #else  // not x86: never selected (best_isa() reports scalar)
 

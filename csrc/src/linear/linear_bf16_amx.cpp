@@ -34,19 +34,12 @@
 #include <vector>
 
 #include "linear/linear.h"
+#include "common/isa_target.h"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if LC_ISA_X86
 #include <immintrin.h>
 
-#if defined(__clang__)
-#pragma clang attribute push(                                                               \
-    __attribute__((target(                                                                  \
-        "amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma"))), \
-    apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma")
-#endif
+LC_ISA_BEGIN("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma")
 
 #include "linear/amx_tiles.h"
 #include "linear/linear_bf16_pack.h"
@@ -209,11 +202,7 @@ void run_packed_bf16_amx(const Job& job) {
 
 }  // namespace lc::linear
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+LC_ISA_END()
 
 #else  // not x86-64: never selected (best_isa() reports avx2 at most)
 

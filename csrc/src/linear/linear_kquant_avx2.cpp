@@ -3,16 +3,12 @@
 // activations: vpmaddwd on the words (u0, u2), (u1, u3); int8: vpmaddubsw on
 // the bytes (u < 64, so a pair of products fits s16), then vpmaddwd by ones.
 #include "linear/linear_kquant.h"
+#include "common/isa_target.h"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if LC_ISA_X86
 #include <immintrin.h>
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
-#endif
+LC_ISA_BEGIN("avx2,fma,f16c")
 
 namespace lc::linear {
 namespace {
@@ -123,11 +119,7 @@ void run_kquant_avx2(const Job& job, const QuantX& qx) {
 
 }  // namespace lc::linear
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+LC_ISA_END()
 
 #else  // not x86-64: never selected
 

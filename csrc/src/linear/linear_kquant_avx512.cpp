@@ -4,21 +4,12 @@
 // row: vpdpwssd on the words (u0, u2), (u1, u3) against int16 activations, or
 // vpdpbusd on the bytes against int8 ones.
 #include "linear/linear_kquant.h"
+#include "common/isa_target.h"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if LC_ISA_X86
 #include <immintrin.h>
 
-#if defined(__clang__)
-#pragma clang attribute push(                                                              \
-    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c"))), \
-    apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
+LC_ISA_BEGIN("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
 
 namespace lc::linear {
 namespace {
@@ -135,12 +126,7 @@ void run_kquant_avx512(const Job& job, const QuantX& qx) {
 
 }  // namespace lc::linear
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC diagnostic pop
-#pragma GCC pop_options
-#endif
+LC_ISA_END()
 
 #else  // not x86-64: never selected
 

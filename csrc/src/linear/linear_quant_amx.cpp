@@ -26,24 +26,15 @@
 
 #include "linear/amx_tiles.h"
 #include "runtime/cpu_isa.h"
+#include "common/isa_target.h"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if LC_ISA_X86
 #include <immintrin.h>
 
 #include <cstring>
 #include <vector>
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target(                                            \
-                                 "amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"))), \
-                             apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
+LC_ISA_BEGIN("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
 
 namespace lc::linear {
 namespace {
@@ -248,12 +239,7 @@ void run_quant_amx(const Job& job, const QuantX& qx) {
 
 }  // namespace lc::linear
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC diagnostic pop
-#pragma GCC pop_options
-#endif
+LC_ISA_END()
 
 #else  // not x86-64: never selected
 

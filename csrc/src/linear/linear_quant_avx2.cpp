@@ -7,16 +7,12 @@
 // each 32-byte load splits into words (u0, u2) and (u1, u3) per lane and
 // vpmaddwd adds their products with two activations straight into s32.
 #include "linear/linear_quant.h"
+#include "common/isa_target.h"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if LC_ISA_X86
 #include <immintrin.h>
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
-#endif
+LC_ISA_BEGIN("avx2,fma,f16c")
 
 namespace lc::linear {
 namespace {
@@ -194,11 +190,7 @@ void run_quant_avx2(const Job& job, const QuantX& qx) {
 
 }  // namespace lc::linear
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+LC_ISA_END()
 
 #else  // not x86-64: never selected
 

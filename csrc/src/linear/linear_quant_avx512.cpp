@@ -5,21 +5,12 @@
 // load splits into two of words and vpdpwssd adds two s16 x s16 products per
 // lane against two activations (int16: the same loads, two dots per group).
 #include "linear/linear_quant.h"
+#include "common/isa_target.h"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if LC_ISA_X86
 #include <immintrin.h>
 
-#if defined(__clang__)
-#pragma clang attribute push(                                                              \
-    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c"))), \
-    apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
+LC_ISA_BEGIN("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
 
 namespace lc::linear {
 namespace {
@@ -183,12 +174,7 @@ void run_quant_avx512(const Job& job, const QuantX& qx) {
 
 }  // namespace lc::linear
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC diagnostic pop
-#pragma GCC pop_options
-#endif
+LC_ISA_END()
 
 #else  // not x86-64: never selected
 

@@ -11,6 +11,7 @@
 #include <immintrin.h>
 #endif
 
+#include "common/fast_math.h"
 #include "runtime/cpu_isa.h"
 #include "sampling/rng.h"
 #include "sampling/sampling_kernels.h"

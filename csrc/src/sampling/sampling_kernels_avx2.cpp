@@ -1,7 +1,8 @@
 // The dense sampler loops compiled for AVX2 + FMA (x86-64 only).
+#include "common/isa_target.h"
 #include "sampling/sampling_kernels.h"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if LC_ISA_X86
 #define LC_KERNELS_NS isa_avx2
 #define LC_KERNELS_ISA_NAME "avx2"
 #define LC_KERNELS_VBYTES 32

@@ -1,9 +1,8 @@
 // The dense sampler loops compiled for AVX-512 (x86-64 only).
+#include "common/isa_target.h"
 #include "sampling/sampling_kernels.h"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-// GCC 12's _mm512_mul_epu32 passes an undefined vector as its mask source.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#if LC_ISA_X86
 #define LC_KERNELS_NS isa_avx512
 #define LC_KERNELS_ISA_NAME "avx512"
 #define LC_KERNELS_VBYTES 64

@@ -10,7 +10,7 @@
 //
 // The includer defines LC_KERNELS_ISA_NAME (a string) and LC_KERNELS_VBYTES,
 // includes <algorithm>, <cfloat>, <cmath>, <cstring>, <immintrin.h> (x86-64),
-// rng.h and sampling_kernels.h first, and
+// common/fast_math.h, rng.h and sampling_kernels.h first, and
 // includes this file inside its own namespace. No include guard on purpose.
 
 namespace {
@@ -108,48 +108,26 @@ LC_VINLINE vf sanitize(vf v) {
 }
 
 // exp(x) for x <= 0 (x may be -inf): x = n ln2 + r, |r| <= ln2 / 2, Cephes
-// degree-6 polynomial; relative error ~1e-7. exp(x < -87) = 0.
+// degree-6 polynomial (common/fast_math.h); relative error ~1e-7. exp(x < -87) = 0.
 LC_VINLINE vf exp_neg(vf x) {
-    const vi tiny = x < -87.0f;
-    const vf xc = sel(tiny, splat(-87.0f), x);
-    const vf t = xc * 1.44269504088896341f;
-    const vf n = (t + 12582912.0f) - 12582912.0f;  // round to nearest
-    vf r = xc - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    vf p = splat(1.9875691500e-4f);
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
+    namespace fm = lc::fast_math;
+    const vi tiny = x < fm::kNegMin;
+    const vf xc = sel(tiny, splat(fm::kNegMin), x);
+    const vf n = fm::exp_round(xc);
+    const vf p = fm::exp_reduced(xc, n);
     const vf scale = as_vf((__builtin_convertvector(n, vi) + 127) << 23);
     return sel(tiny, splat(0.0f), p * scale);
 }
 
-// log(u) for positive normal u (Cephes logf).
+// log(u) for positive normal u (Cephes logf, common/fast_math.h).
 LC_VINLINE vf log_pos(vf u) {
     const vi b = as_vi(u);
     vf e = __builtin_convertvector((b >> 23) - 127, vf);
     vf m = as_vf((b & 0x007fffff) | 0x3f800000);  // [1, 2)
-    const vi big = m > 1.41421356f;
+    const vi big = m > lc::fast_math::kSqrt2;
     m = sel(big, m * 0.5f, m);
     e = sel(big, e + 1.0f, e);
-    const vf f = m - 1.0f;
-    const vf z = f * f;
-    vf p = splat(7.0376836292e-2f);
-    p = p * f - 1.1514610310e-1f;
-    p = p * f + 1.1676998740e-1f;
-    p = p * f - 1.2420140846e-1f;
-    p = p * f + 1.4249322787e-1f;
-    p = p * f - 1.6668057665e-1f;
-    p = p * f + 2.0000714765e-1f;
-    p = p * f - 2.4999993993e-1f;
-    p = p * f + 3.3333331174e-1f;
-    vf y = f * z * p;
-    y += e * -2.12194440e-4f;
-    y += -0.5f * z;
-    return f + y + e * 0.693359375f;
+    return lc::fast_math::log_reduced(m - 1.0f, e);
 }
 
 // dst[i] = sanitize(get(i)) over [0, n); block_max[b] (when not null) = max of

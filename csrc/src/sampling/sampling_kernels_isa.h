@@ -11,26 +11,19 @@
 #include <immintrin.h>
 #endif
 
+#include "common/isa_target.h"
 #include "sampling/rng.h"
 #include "sampling/sampling_kernels.h"
 
-#define LC_KERNELS_STR2(x) #x
-#define LC_KERNELS_PRAGMA(x) _Pragma(LC_KERNELS_STR2(x))
+LC_ISA_BEGIN(LC_KERNELS_TARGET)
 
-#if defined(__clang__)
-LC_KERNELS_PRAGMA(clang attribute push(__attribute__((target(LC_KERNELS_TARGET))), \
-                                        apply_to = function))
-#else
-#pragma GCC push_options
-LC_KERNELS_PRAGMA(GCC target(LC_KERNELS_TARGET))
-#endif
+// Inside the region, so that fast_math's templates, which take this target's
+// vectors by value, are compiled for it too (outside, GCC warns that such an
+// argument changes the calling convention: -Wpsabi).
+#include "common/fast_math.h"
 
 namespace lc::sampling::LC_KERNELS_NS {
 #include "sampling/sampling_kernels_impl.h"
 }  // namespace lc::sampling::LC_KERNELS_NS
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+LC_ISA_END()
