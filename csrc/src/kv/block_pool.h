@@ -29,6 +29,9 @@ namespace lc {
 
 // XXH64 of len bytes (the reference algorithm, little-endian reads).
 uint64_t xxh64(const void* data, size_t len, uint64_t seed);
+// A block's chain hash: XXH64 of parent (8 bytes) then the n tokens (4 bytes
+// each), little-endian (block_hash.cpp). n < 0 or no tokens hash as n = 0.
+uint64_t hash_parent_tokens(uint64_t parent, const int32_t* tokens, int32_t n);
 
 class BlockPool {
    public:
