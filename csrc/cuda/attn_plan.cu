@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "attention/attn_plan.h"
-#include "runtime/cuda_api.h"
 #include "cuda_util.cuh"
+#include "runtime/cuda_api.h"
 
 namespace lc::cuda {
 

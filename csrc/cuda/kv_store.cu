@@ -3,8 +3,8 @@
 //
 //   cache[block][kv_head][offset][:]   block = slot / block_size, offset = slot % block_size
 #include "attention/attn_plan.h"
-#include "runtime/cuda_api.h"
 #include "cuda_util.cuh"
+#include "runtime/cuda_api.h"
 
 namespace lc::cuda {
 

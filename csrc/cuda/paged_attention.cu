@@ -16,8 +16,8 @@
 
 #include "attention/attn_plan.h"
 #include "attention/head_sizes.h"
-#include "runtime/cuda_api.h"
 #include "cuda_util.cuh"
+#include "runtime/cuda_api.h"
 
 namespace lc::cuda {
 

@@ -14,8 +14,8 @@
 #include <cstring>
 #include <vector>
 
-#include "runtime/cuda_api.h"
 #include "cuda_util.cuh"
+#include "runtime/cuda_api.h"
 #include "sampling_row.cuh"
 
 namespace lc::cuda {

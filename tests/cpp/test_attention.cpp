@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "attention/attention_cpu.h"
-#include "runtime/internal.h"
-#include "llmcore/llmcore.h"
 #include "check.h"
+#include "llmcore/llmcore.h"
+#include "runtime/internal.h"
 #include "tensors.h"
 
 namespace {

@@ -6,10 +6,10 @@
 #include <random>
 #include <vector>
 
-#include "runtime/internal.h"
+#include "check.h"
 #include "linear/linear.h"
 #include "llmcore/llmcore.h"
-#include "check.h"
+#include "runtime/internal.h"
 
 namespace {
 

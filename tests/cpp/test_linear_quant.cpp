@@ -14,10 +14,10 @@
 #include <vector>
 
 #include "check.h"
-#include "runtime/internal.h"
 #include "linear/linear.h"
 #include "linear/linear_quant.h"
 #include "llmcore/llmcore.h"
+#include "runtime/internal.h"
 #include "weight/weight_quant.h"
 
 namespace {

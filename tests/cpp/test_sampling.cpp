@@ -10,10 +10,10 @@
 #include <random>
 #include <vector>
 
+#include "check.h"
 #include "llmcore/llmcore.h"
 #include "sampling/rng.h"
 #include "sampling/sampling_kernels.h"
-#include "check.h"
 
 
 static lc_tensor logits_f32(std::vector<float>& v, int64_t rows, int64_t vocab) {

@@ -4,8 +4,8 @@
 #include <cstdint>
 
 #include "attention/attention_cpu.h"
-#include "runtime/internal.h"
 #include "common/isa_target.h"
+#include "runtime/internal.h"
 
 #if LC_ISA_X86
 #include <immintrin.h>

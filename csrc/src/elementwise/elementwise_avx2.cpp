@@ -1,6 +1,6 @@
 // AVX2 + FMA variants of the elementwise row kernels (selected at run time).
-#include "elementwise/elementwise.h"
 #include "common/isa_target.h"
+#include "elementwise/elementwise.h"
 
 #include <cmath>
 

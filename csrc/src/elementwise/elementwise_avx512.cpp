@@ -1,8 +1,8 @@
 // AVX-512F variants of the elementwise row kernels (selected at run time): the
 // AVX2 file's loops on 16 lanes, the tail of a row done under a mask rather than
 // through a scalar or buffered loop.
-#include "elementwise/elementwise.h"
 #include "common/isa_target.h"
+#include "elementwise/elementwise.h"
 
 #include <cmath>
 

@@ -17,8 +17,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "linear/linear.h"
 #include "common/isa_target.h"
+#include "linear/linear.h"
 
 #if LC_ISA_X86
 #include <immintrin.h>

@@ -2,8 +2,8 @@
 // steps on 32-byte halves of a panel (columns 0-7, then 8-15). int16
 // activations: vpmaddwd on the words (u0, u2), (u1, u3); int8: vpmaddubsw on
 // the bytes (u < 64, so a pair of products fits s16), then vpmaddwd by ones.
-#include "linear/linear_kquant.h"
 #include "common/isa_target.h"
+#include "linear/linear_kquant.h"
 
 #if LC_ISA_X86
 #include <immintrin.h>

@@ -3,8 +3,8 @@
 // or high nibbles) or'ed with a shift of the high-bit plane, then met by every
 // row: vpdpwssd on the words (u0, u2), (u1, u3) against int16 activations, or
 // vpdpbusd on the bytes against int8 ones.
-#include "linear/linear_kquant.h"
 #include "common/isa_target.h"
+#include "linear/linear_kquant.h"
 
 #if LC_ISA_X86
 #include <immintrin.h>

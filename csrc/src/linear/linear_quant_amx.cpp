@@ -24,9 +24,9 @@
 // core, int16 activations gaining more than int8 (scripts/bench_linear_amx.py).
 #include "linear/linear_quant.h"
 
+#include "common/isa_target.h"
 #include "linear/amx_tiles.h"
 #include "runtime/cpu_isa.h"
-#include "common/isa_target.h"
 
 #if LC_ISA_X86
 #include <immintrin.h>

@@ -6,8 +6,8 @@
 // |q| x sign(x, q), which fits, with no offset term. With int16 activations
 // each 32-byte load splits into words (u0, u2) and (u1, u3) per lane and
 // vpmaddwd adds their products with two activations straight into s32.
-#include "linear/linear_quant.h"
 #include "common/isa_target.h"
+#include "linear/linear_quant.h"
 
 #if LC_ISA_X86
 #include <immintrin.h>

@@ -4,8 +4,8 @@
 // per lane against four activations broadcast to all lanes (int8), or each
 // load splits into two of words and vpdpwssd adds two s16 x s16 products per
 // lane against two activations (int16: the same loads, two dots per group).
-#include "linear/linear_quant.h"
 #include "common/isa_target.h"
+#include "linear/linear_quant.h"
 
 #if LC_ISA_X86
 #include <immintrin.h>
