@@ -6,9 +6,9 @@
 #include <cstring>
 #include <vector>
 
-#include "attn_plan.h"
-#include "cuda_api.h"
+#include "attention/attn_plan.h"
 #include "cuda_util.cuh"
+#include "runtime/cuda_api.h"
 
 namespace lc::cuda {
 

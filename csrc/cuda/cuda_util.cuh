@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <string>
 
-#include "internal.h"
+#include "runtime/internal.h"
 
 namespace lc::cuda {
 

@@ -2,9 +2,9 @@
 // caches, converted to the cache dtype; negative slots are skipped.
 //
 //   cache[block][kv_head][offset][:]   block = slot / block_size, offset = slot % block_size
-#include "attn_plan.h"
-#include "cuda_api.h"
+#include "attention/attn_plan.h"
 #include "cuda_util.cuh"
+#include "runtime/cuda_api.h"
 
 namespace lc::cuda {
 

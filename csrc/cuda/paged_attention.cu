@@ -14,10 +14,10 @@
 #include <algorithm>
 #include <cmath>
 
-#include "attn_plan.h"
-#include "head_sizes.h"
-#include "cuda_api.h"
+#include "attention/attn_plan.h"
+#include "attention/head_sizes.h"
 #include "cuda_util.cuh"
+#include "runtime/cuda_api.h"
 
 namespace lc::cuda {
 

@@ -1,11 +1,13 @@
 // Device-side arithmetic of the sampler, mirroring the CPU sampler
-// (csrc/src/sampling_kernels_impl.h) so that draws and logprobs agree:
-// sanitizing, the polynomial exp/log of the dense race, order-preserving keys
-// and block-wide reductions.
+// (csrc/src/sampling/sampling_kernels_impl.h) so that draws and logprobs agree:
+// sanitizing, the polynomial exp/log of the dense race (one source for both:
+// csrc/src/common/fast_math.h), order-preserving keys and block-wide reductions.
 #pragma once
 
 #include <cfloat>
 #include <cstdint>
+
+#include "common/fast_math.h"
 
 namespace lc::cuda::samp {
 
@@ -18,47 +20,26 @@ __device__ __forceinline__ float sanitize(float v) {
     return v > FLT_MAX ? FLT_MAX : v;
 }
 
-// exp(x) for x <= 0 (x may be -inf): the CPU sampler's Cephes-style polynomial.
+// exp(x) for x <= 0 (x may be -inf): the CPU sampler's Cephes-style polynomial
+// (common/fast_math.h).
 __device__ __forceinline__ float exp_neg(float x) {
-    const float xc = x < -87.0f ? -87.0f : x;
-    const float t = xc * 1.44269504088896341f;
-    const float n = (t + 12582912.0f) - 12582912.0f;  // round to nearest
-    float r = xc - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
+    namespace fm = lc::fast_math;
+    const float xc = x < fm::kNegMin ? fm::kNegMin : x;
+    const float n = fm::exp_round(xc);
+    const float p = fm::exp_reduced(xc, n);
     const float scale = __uint_as_float(uint32_t(int32_t(n) + 127) << 23);
-    return x < -87.0f ? 0.0f : p * scale;
+    return x < fm::kNegMin ? 0.0f : p * scale;
 }
 
-// log(u) for u in (0, 1]: the CPU sampler's Cephes logf.
+// log(u) for u in (0, 1]: the CPU sampler's Cephes logf (common/fast_math.h).
 __device__ __forceinline__ float log_pos(float u) {
     const uint32_t b = __float_as_uint(u);
     float e = float(int32_t(b >> 23) - 127);
     float m = __uint_as_float((b & 0x007fffffu) | 0x3f800000u);  // [1, 2)
-    const bool big = m > 1.41421356f;
+    const bool big = m > lc::fast_math::kSqrt2;
     m = big ? m * 0.5f : m;
     e = big ? e + 1.0f : e;
-    const float f = m - 1.0f;
-    const float z = f * f;
-    float p = 7.0376836292e-2f;
-    p = p * f - 1.1514610310e-1f;
-    p = p * f + 1.1676998740e-1f;
-    p = p * f - 1.2420140846e-1f;
-    p = p * f + 1.4249322787e-1f;
-    p = p * f - 1.6668057665e-1f;
-    p = p * f + 2.0000714765e-1f;
-    p = p * f - 2.4999993993e-1f;
-    p = p * f + 3.3333331174e-1f;
-    float y = f * z * p;
-    y += e * -2.12194440e-4f;
-    y += -0.5f * z;
-    return f + y + e * 0.693359375f;
+    return lc::fast_math::log_reduced(m - 1.0f, e);
 }
 
 // Order-preserving key: a > b (as floats) <=> key(a) > key(b). -0 is folded

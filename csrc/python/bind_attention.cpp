@@ -5,8 +5,8 @@
 #include <cstring>
 #include <string>
 
-#include "attention_check.h"
-#include "attention_cpu.h"
+#include "attention/attention_check.h"
+#include "attention/attention_cpu.h"
 #include "binding.h"
 
 namespace lcpy {

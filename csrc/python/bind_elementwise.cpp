@@ -3,7 +3,7 @@
 #include <string>
 
 #include "binding.h"
-#include "elementwise.h"
+#include "elementwise/elementwise.h"
 
 namespace lcpy {
 

@@ -6,9 +6,9 @@
 #include <string>
 
 #include "binding.h"
-#include "linear.h"
+#include "linear/linear.h"
 #include "packed_weight.h"
-#include "weight_quant.h"
+#include "weight/weight_quant.h"
 
 namespace lcpy {
 

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "binding.h"
-#include "sampling_kernels.h"
+#include "sampling/sampling_kernels.h"
 
 namespace lcpy {
 

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "cpu_isa.h"
 #include "llmcore/llmcore.h"
+#include "runtime/cpu_isa.h"
 
 namespace py = pybind11;
 

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "binding.h"
-#include "weight_quant.h"
+#include "weight/weight_quant.h"
 
 namespace lcpy {
 

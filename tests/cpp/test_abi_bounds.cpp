@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "check.h"
-#include "tensors.h"
 #include "llmcore/llmcore.h"
+#include "tensors.h"
 
 namespace {
 

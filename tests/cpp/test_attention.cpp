@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "attention_cpu.h"
-#include "internal.h"
-#include "llmcore/llmcore.h"
+#include "attention/attention_cpu.h"
 #include "check.h"
+#include "llmcore/llmcore.h"
+#include "runtime/internal.h"
 #include "tensors.h"
 
 namespace {

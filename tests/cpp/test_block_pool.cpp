@@ -9,9 +9,9 @@
 #include <set>
 #include <vector>
 
-#include "block_pool.h"
-#include "llmcore/llmcore.h"
 #include "check.h"
+#include "kv/block_pool.h"
+#include "llmcore/llmcore.h"
 
 namespace lc {
 // Reaches into the pool's private state: only this test does.

@@ -6,10 +6,10 @@
 #include <random>
 #include <vector>
 
-#include "internal.h"
-#include "linear.h"
-#include "llmcore/llmcore.h"
 #include "check.h"
+#include "linear/linear.h"
+#include "llmcore/llmcore.h"
+#include "runtime/internal.h"
 
 namespace {
 

@@ -14,11 +14,11 @@
 #include <vector>
 
 #include "check.h"
-#include "internal.h"
-#include "linear.h"
-#include "linear_quant.h"
+#include "linear/linear.h"
+#include "linear/linear_quant.h"
 #include "llmcore/llmcore.h"
-#include "weight_quant.h"
+#include "runtime/internal.h"
+#include "weight/weight_quant.h"
 
 namespace {
 

@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "check.h"
-#include "internal.h"
-#include "linear.h"
+#include "linear/linear.h"
 #include "llmcore/llmcore.h"
+#include "runtime/internal.h"
 #include "tensors.h"
 
 namespace {

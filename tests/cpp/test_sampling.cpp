@@ -10,10 +10,10 @@
 #include <random>
 #include <vector>
 
-#include "llmcore/llmcore.h"
-#include "rng.h"
-#include "sampling_kernels.h"
 #include "check.h"
+#include "llmcore/llmcore.h"
+#include "sampling/rng.h"
+#include "sampling/sampling_kernels.h"
 
 
 static lc_tensor logits_f32(std::vector<float>& v, int64_t rows, int64_t vocab) {
