@@ -53,14 +53,14 @@ class Flag:
     high: float | None = None
     # The accepted words; a mapping also gives the value each word stands for
     # (--linear-routing on|off for a bool).
-    choices: tuple[str, ...] | Mapping[str, Any] | None = None
+    choices: tuple[str, ...] | Mapping[str, object] | None = None
     negatable: bool = False  # a bool switch with its --no- form
     switch: bool = False  # a store-true switch on a field that is not a bool
     nargs: str | None = None
     metavar: str | None = None
     # The command line's default where it differs from the field's (vLLM's serve seeds
     # with 0; --quantization auto). FIELD_DEFAULT: the field's.
-    cli_default: Any = FIELD_DEFAULT
+    cli_default: object = FIELD_DEFAULT
 
 
 def flag(default: Any = dataclasses.MISSING, *, factory: Callable[[], Any] | None = None,
