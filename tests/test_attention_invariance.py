@@ -7,7 +7,7 @@ on the call, and a large one does not. Every attention variant the CPU runs, cor
 1 and 2, fp32 and bf16 caches, a sliding window (long enough to be split too), a softcap,
 and the head sizes the core has.
 
-What makes this hold (csrc/src/attention_kernel.h, attention_dots.h, attention_cpu.cpp):
+What makes this hold (csrc/src/attention/attention_kernel.h, attention_dots.h, attention_cpu.cpp):
 the transposed-tile q K^T of a prefill chunk's rows sums over the head dimension in the
 row-major order of a decode row's; a tile's positions sit at lanes fixed by the position
 (not by where the item's context began); and a row's softmax restarts at every 256

@@ -92,7 +92,7 @@ class PagedAttention:
     """The model's attention seam for one step: store new K/V, attend over the cache.
 
     The core's attention gives a query row the same bits whatever else the call holds
-    (csrc/src/attention_cpu.cpp), so the step's own plan serves the batch-invariant mode
+    (csrc/src/attention/attention_cpu.cpp), so the step's own plan serves the batch-invariant mode
     too."""
 
     __slots__ = ("k_caches", "layers", "plans", "v_caches")
