@@ -129,7 +129,7 @@ TEXT = st.text(st.characters(codec="utf-8"), max_size=40) | st.sampled_from(["",
            | st.dictionaries(TEXT, inner, max_size=4), max_leaves=12))
 def test_template_size_bounds_are_never_below_the_result(s, old, new, count, tab, items, value):
     from jinja2.utils import htmlsafe_json_dumps
-    from server import template_bounds as b
+    from server.frontend import template_bounds as b
 
     assert b.replace_chars(s, old, new, count) >= len(s.replace(old, new, count))
     assert b.expandtabs_chars(s, tab) >= len(s.expandtabs(tab))
@@ -164,7 +164,7 @@ def test_prompt_char_bound_never_refuses_a_prompt_that_fits(text):
 
 
 def test_template_memory_error_is_a_400():
-    from server.chat_template import ChatRenderer
+    from server.frontend.chat_template import ChatRenderer
     from server.errors import APIError
 
     class Huge:

@@ -21,7 +21,7 @@ from server.api.openai import (
 )
 from server.auth import APIKeyMiddleware
 from server.errors import APIError, envelope_bytes
-from server.generation import RetireAtRequestEnd
+from server.frontend.generation import RetireAtRequestEnd
 from server.state import ServerState
 from server.write_watchdog import WriteWatchdog
 

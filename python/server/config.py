@@ -33,7 +33,7 @@ class ServerConfig:
     # scale-out: /render, /derender, /inference/v1/generate and abort (403 when off)
     enable_scale_out: bool = False
     tokens_only: bool = False  # the generate routes on, stop strings and text output off
-    # the Responses API's store (server.responses_store): None keeps no responses (the
+    # the Responses API's store (server.frontend.responses_store): None keeps no responses (the
     # CLI's default is a file in the state directory); bounded by count, bytes (the JSON
     # kept) and age (0: none). Each API key's client holds at most count/keys and bytes/keys.
     responses_store: Path | None = None

@@ -44,7 +44,7 @@ from server.api.pooling_protocol import (CohereEmbedRequest, EmbeddingRequest, P
                                          RerankDocument, RerankRequest, ScoreRequest)
 from server.config import ServerConfig
 from server.errors import APIError, api_error_of, bad_request, status_of
-from server.generation import Generation, new_request_id
+from server.frontend.generation import Generation, new_request_id
 from server.state import ServerState
 
 

@@ -34,7 +34,7 @@ from actors.runtime.outbox import ChoiceUpdate, OutboxFailed, TokenLogprob
 from actors.runtime.request import PromptInput
 from server.frontend.structured import compile_spec
 from server.errors import APIError, status_of
-from server.generation import Generation
+from server.frontend.generation import Generation
 from server.state import ServerState
 
 

@@ -22,7 +22,7 @@ from server.api.openai.tokenize import token_ids_of
 from server.api.openai.tool_calls import choice_factory
 from server.api.openai.tools import plan_tools
 from server.frontend import service
-from server.generation import new_request_id
+from server.frontend.generation import new_request_id
 from server.sse import sse_response
 from server.state import ServerState
 

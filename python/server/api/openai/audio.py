@@ -38,7 +38,7 @@ from server.api.openai.audio_form import (SpeechRequest, parse_form, read_upload
                                           sampling_params, upload_request_class)
 from server.audio import MISSING_EXTRA, missing_packages
 from server.errors import APIError, bad_request
-from server.generation import new_request_id
+from server.frontend.generation import new_request_id
 from server.state import ServerState
 
 if sys.version_info < (3, 11):

@@ -28,7 +28,7 @@ from server.api.openai.protocol.chat import ChatCompletionRequest, ChatMessage
 from server.api.openai.render import ChatCompletionRenderer
 from server.errors import bad_request
 from server.frontend import service
-from server.generation import new_request_id
+from server.frontend.generation import new_request_id
 from server.state import ServerState
 
 

@@ -21,7 +21,7 @@ from server.api.openai.tools import ToolPlan, apply_plan, history_messages, plan
 from server.api.openai.unsupported import check_unsupported
 from server.errors import bad_request
 from server.frontend import service
-from server.generation import new_request_id
+from server.frontend.generation import new_request_id
 from server.sse import sse_response
 from server.state import ServerState
 

@@ -17,7 +17,7 @@ from server.api.openai.render import CompletionRenderer, sse_body
 from server.api.openai.unsupported import check_unsupported
 from server.errors import bad_request
 from server.frontend import service
-from server.generation import new_request_id
+from server.frontend.generation import new_request_id
 from server.sse import sse_response
 from server.state import ServerState
 

@@ -8,7 +8,7 @@ as on chat (tools.plan_tools: "required" and named functions by constrained deco
 the generation service runs it. responses_render shapes the output, whole or as typed
 stream events (`event: <type>` + `data: <json>`, numbered by sequence_number).
 
-Stored responses (server.responses_store, SQLite, off the event loop) serve GET and
+Stored responses (server.frontend.responses_store, SQLite, off the event loop) serve GET and
 `previous_response_id`: a later turn renders the stored conversation, then the stored
 output, then its own input. `store: false` keeps nothing. Each row belongs to the client
 of the request's API key (all clients are one without keys), which holds at most its
@@ -57,8 +57,8 @@ from server.auth import presented_key
 from server.errors import APIError, bad_request
 from server.frontend import service
 from server.frontend.service import ChoiceDelta, Failed, Finished, Idle, TextGeneration
-from server.generation import detach_from_request, new_request_id
-from server.responses_store import UNFINISHED, ResponseStore, client_id
+from server.frontend.generation import detach_from_request, new_request_id
+from server.frontend.responses_store import UNFINISHED, ResponseStore, client_id
 from server.sse import sse_response
 from server.state import ServerState
 

@@ -27,7 +27,7 @@ from server.api.openai.responses_render import (
 )
 from server.errors import APIError, bad_request
 from server.frontend.service import TextGeneration
-from server.responses_store import UNFINISHED, ResponseStore
+from server.frontend.responses_store import UNFINISHED, ResponseStore
 from server.state import ServerState
 
 log = logging.getLogger("server.responses")

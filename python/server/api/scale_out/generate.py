@@ -34,7 +34,7 @@ from server.api.scale_out.protocol import AbortRequests, GenerateRequest
 from server.errors import APIError, bad_request
 from server.frontend import service
 from server.frontend.service import ChoiceDelta, Collected, LogprobEntry, TextGeneration, Usage
-from server.generation import new_request_id
+from server.frontend.generation import new_request_id
 from server.sse import sse_response
 from server.state import ServerState
 

@@ -32,7 +32,7 @@ from server.api.openai.protocol.completions import CompletionRequest
 from server.api.openai.protocol.common import StreamOptions
 from server.api.openai.tokenize import token_ids_of
 from server.errors import api_error_of
-from server.generation import new_request_id
+from server.frontend.generation import new_request_id
 from server.state import ServerState
 
 PATHS = ("/v1/chat/completions/render", "/v1/completions/render")
