@@ -25,8 +25,8 @@ import pytest
 from server.api.anthropic.protocol import AnthropicMessagesRequest
 from server.api.anthropic.render import MessageStream, message_body, stop_reason_of
 from server.api.anthropic.translate import chat_request
-from server.api.openai.tool_calls import choice_factory
-from server.api.openai.tools import plan_tools
+from server.frontend.chat.tool_calls import choice_factory
+from server.frontend.chat.tools import plan_tools
 from server.config import ServerConfig
 from server.frontend.service import (
     ChoiceDelta,

@@ -1,4 +1,4 @@
-"""Tool calls in chat responses (server/api/openai/tool_calls.py), the auto path the small
+"""Tool calls in chat responses (server/frontend/chat/tool_calls.py), the auto path the small
 default model does not take on its own: scripted Hermes output goes through the real
 ChatCompletionRenderer, streamed in random splits and whole, and both must give the same
 calls, ids of the OpenAI shape, vLLM's finish reasons and parallel_tool_calls=false."""
@@ -11,8 +11,8 @@ import random
 import pytest
 from server.api.openai.protocol.chat import ChatCompletionRequest
 from server.api.openai.render import ChatCompletionRenderer
-from server.api.openai.tool_calls import choice_factory
-from server.api.openai.tools import plan_tools
+from server.frontend.chat.tool_calls import choice_factory
+from server.frontend.chat.tools import plan_tools
 from server.config import ServerConfig
 from server.errors import APIError
 from server.frontend.service import ChoiceDelta, ChoiceResult, Collected, Usage

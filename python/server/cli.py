@@ -18,7 +18,7 @@ from actors.params.pooling import PoolerConfig
 
 from server import flag_checks as check
 from server import flag_types as ft
-from server.api.openai.tool_parsers import (
+from server.frontend.chat.tool_parsers import (
     UnknownToolParserError,
     check_tool_parser_flags,
     tool_parser_names,

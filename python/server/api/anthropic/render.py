@@ -30,8 +30,8 @@ from typing import Any
 
 from server import sse
 from server.api.anthropic.errors import envelope
-from server.api.openai.render import ChatChoice
-from server.api.openai.tool_calls import is_json
+from server.frontend.chat.tool_calls import ChatChoice
+from server.frontend.chat.tool_calls import is_json
 from server.frontend.service import (
     ChoiceDelta,
     Collected,

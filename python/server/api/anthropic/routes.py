@@ -19,8 +19,8 @@ from server.api.anthropic.translate import chat_request
 from server.api.http_io import accepts, check_model, json_response, parse, read_json
 from server.api.openai.chat import checked, render_call
 from server.api.openai.tokenize import token_ids_of
-from server.api.openai.tool_calls import choice_factory
-from server.api.openai.tools import plan_tools
+from server.frontend.chat.tool_calls import choice_factory
+from server.frontend.chat.tools import plan_tools
 from server.frontend import service
 from server.frontend.generation import new_request_id
 from server.sse import sse_response

@@ -16,8 +16,8 @@ from server.api.lora import with_adapter
 from server.api.openai.params import build_params, check_stream_options
 from server.api.openai.protocol.chat import ChatCompletionRequest
 from server.api.openai.render import ChatCompletionRenderer, sse_body
-from server.api.openai.tool_calls import choice_factory
-from server.api.openai.tools import ToolPlan, apply_plan, history_messages, plan_tools
+from server.frontend.chat.tool_calls import choice_factory
+from server.frontend.chat.tools import ToolPlan, apply_plan, history_messages, plan_tools
 from server.api.openai.unsupported import check_unsupported
 from server.errors import bad_request
 from server.frontend import service

@@ -51,7 +51,7 @@ from server.api.openai.responses_render import (
     final_body,
     new_id,
 )
-from server.api.openai.tools import ToolPlan, apply_plan, history_messages, plan_tools
+from server.frontend.chat.tools import ToolPlan, apply_plan, history_messages, plan_tools
 from server.api.openai.unsupported import check_unsupported
 from server.auth import presented_key
 from server.errors import APIError, bad_request

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from server.api.openai.tools import check_arguments_depth
+from server.frontend.chat.tools import check_arguments_depth
 from server.errors import bad_request
 
 _ROLES = ("user", "assistant", "system", "developer")

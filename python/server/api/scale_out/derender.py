@@ -23,7 +23,7 @@ from server.api.http_io import accepts, built_json_response, check_model, parse,
 from server.api.openai.protocol.chat import ChatCompletionRequest
 from server.api.openai.protocol.common import APIModel
 from server.api.openai.protocol.completions import CompletionRequest
-from server.api.openai.render import chat_message
+from server.frontend.chat.tool_calls import chat_message
 from server.api.openai.render_json import chat_logprobs, completion_logprobs
 from server.errors import bad_request
 from server.frontend.service import LogprobEntry, TopLogprob

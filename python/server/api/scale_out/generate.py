@@ -23,7 +23,8 @@ from quart import Quart, Response, request
 from actors.runtime.request import PromptInput
 from server.api.http_io import accepts, built_json_response, check_model, parse, read_json
 from server.api.openai.params import build_params, check_stream_options
-from server.api.openai.render import chat_message, sse_body
+from server.api.openai.render import sse_body
+from server.frontend.chat.tool_calls import chat_message
 from server.api.openai.render_json import (
     MIN_LOGPROB,
     prompt_logprobs_json,

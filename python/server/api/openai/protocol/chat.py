@@ -57,7 +57,7 @@ class ChatCompletionRequest(SamplingFields):
     chat_template_kwargs: dict[str, Any] | None = None
     documents: list[dict[str, Any]] | None = None
     tools: list[ChatTool] | None = None
-    # Checked by server.api.openai.tools, in vLLM's order and words (a named choice is
+    # Checked by server.frontend.chat.tools, in vLLM's order and words (a named choice is
     # {"type": "function", "function": {"name": ...}}).
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = True

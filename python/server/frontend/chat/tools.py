@@ -26,8 +26,8 @@ from actors.params.sampling import SamplingParams
 from actors.params.structured import StructuredSpec
 
 from server.api.openai.protocol.chat import ChatCompletionRequest
-from server.api.openai.tool_parsers import ToolParser, get_tool_parser
-from server.api.openai.tool_parsers.tool_schema import (
+from server.frontend.chat.tool_parsers import ToolParser, get_tool_parser
+from server.frontend.chat.tool_parsers.tool_schema import (
     ToolChoiceError,
     forced_tool_parser,
     named_function,
