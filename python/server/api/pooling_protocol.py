@@ -8,8 +8,8 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from server.api.openai.protocol.chat import ChatMessage
-from server.api.openai.protocol.common import APIModel
+from server.api.common.chat_protocol import ChatMessage
+from server.api.common.protocol import APIModel
 
 TokenIds = list[int]
 EmbedInput = str | list[str] | TokenIds | list[TokenIds]

@@ -30,8 +30,7 @@ from typing import Any
 
 from server import sse
 from server.api.anthropic.errors import envelope
-from server.frontend.chat.tool_calls import ChatChoice
-from server.frontend.chat.tool_calls import is_json
+from server.frontend.chat.tool_calls import ChatChoice, is_json
 from server.frontend.service import (
     ChoiceDelta,
     Collected,

@@ -36,8 +36,8 @@ from server.api.anthropic.protocol import (
     AnthropicToolResultBlock,
     AnthropicToolUseBlock,
 )
+from server.api.common.chat_protocol import ChatCompletionRequest
 from server.api.http_io import parse
-from server.api.openai.protocol.chat import ChatCompletionRequest
 from server.errors import bad_request
 
 _NO_IMAGES = "image content blocks are not supported: the served model reads text only"

@@ -13,13 +13,10 @@ order of keys, which are null and which are left out, -inf written as -9999.0.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import aclosing
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from server import sse
-from server.frontend.chat.tool_calls import ChatChoice
-from server.api.openai.render_json import (
+from server.api.common.render_json import (
     chat_logprobs,
     completion_logprobs,
     echo_logprobs,
@@ -28,48 +25,14 @@ from server.api.openai.render_json import (
     response_usage_json,
     usage_json,
 )
+from server.frontend.chat.tool_calls import ChatChoice
 from server.frontend.service import (
     ChoiceDelta,
     Collected,
-    Failed,
-    Finished,
-    Idle,
     LogprobEntry,
     TextGeneration,
     Usage,
 )
-
-
-class ChunkRenderer(Protocol):
-    def first_chunks(self) -> list[dict[str, Any]]: ...
-    def chunk(self, delta: ChoiceDelta) -> dict[str, Any] | None: ...
-    def final(self, usage: Usage) -> dict[str, Any] | None: ...
-
-
-async def sse_body(gen: TextGeneration, renderer: ChunkRenderer) -> AsyncIterator[bytes]:
-    """An OpenAI stream: the renderer's chunks as `data:` events, a keep-alive comment while
-    nothing comes, an error event if the request fails, then `data: [DONE]`. `finally`
-    retires the request, also when the client disconnects."""
-    try:
-        for first in renderer.first_chunks():
-            yield sse.event(first)
-        async with aclosing(gen.stream(idle_after=sse.KEEPALIVE_INTERVAL)) as events:
-            async for ev in events:
-                if isinstance(ev, ChoiceDelta):
-                    chunk = renderer.chunk(ev)
-                    if chunk is not None:
-                        yield sse.event(chunk)
-                elif isinstance(ev, Idle):
-                    yield sse.KEEPALIVE  # e.g. queued behind a long prefill
-                elif isinstance(ev, Failed):
-                    yield sse.error_event(ev.status, ev.message)
-                elif isinstance(ev, Finished):
-                    final = renderer.final(ev.usage)
-                    if final is not None:
-                        yield sse.event(final)
-        yield sse.DONE
-    finally:
-        gen.retire()
 
 
 class _StreamOptions:

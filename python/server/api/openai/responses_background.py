@@ -26,8 +26,8 @@ from server.api.openai.responses_render import (
     final_body,
 )
 from server.errors import APIError, bad_request
-from server.frontend.service import TextGeneration
 from server.frontend.responses_store import UNFINISHED, ResponseStore
+from server.frontend.service import TextGeneration
 from server.state import ServerState
 
 log = logging.getLogger("server.responses")

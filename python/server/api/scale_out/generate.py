@@ -18,24 +18,24 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+from actors.runtime.request import PromptInput
 from quart import Quart, Response, request
 
-from actors.runtime.request import PromptInput
-from server.api.http_io import accepts, built_json_response, check_model, parse, read_json
-from server.api.openai.params import build_params, check_stream_options
-from server.api.openai.render import sse_body
-from server.frontend.chat.tool_calls import chat_message
-from server.api.openai.render_json import (
+from server.api.common.params import build_params, check_stream_options
+from server.api.common.render_json import (
     MIN_LOGPROB,
     prompt_logprobs_json,
     response_usage_json,
     usage_json,
 )
+from server.api.common.stream import sse_body
+from server.api.http_io import accepts, built_json_response, check_model, parse, read_json
 from server.api.scale_out.protocol import AbortRequests, GenerateRequest
 from server.errors import APIError, bad_request
 from server.frontend import service
-from server.frontend.service import ChoiceDelta, Collected, LogprobEntry, TextGeneration, Usage
+from server.frontend.chat.tool_calls import chat_message
 from server.frontend.generation import new_request_id
+from server.frontend.service import ChoiceDelta, Collected, LogprobEntry, TextGeneration, Usage
 from server.sse import sse_response
 from server.state import ServerState
 
@@ -127,7 +127,7 @@ def _ranked(lp: LogprobEntry) -> list[tuple[int, str, float, int | None]]:
 
 
 def _clamped(v: float) -> float:
-    return v if v >= MIN_LOGPROB else MIN_LOGPROB  # NaN too
+    return max(v, MIN_LOGPROB)  # NaN too
 
 
 def tokens_logprobs(items: Sequence[LogprobEntry]) -> dict[str, Any]:

@@ -4,7 +4,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from server.api.openai.protocol.common import APIModel, SamplingFields
+from server.api.common.protocol import APIModel, SamplingFields
 
 # vLLM's (and OpenAI's) reasoning efforts; the chat template receives the request's value.
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
