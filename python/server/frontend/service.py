@@ -6,7 +6,7 @@ APIs next) hands it the PromptInputs it rendered and the SamplingParams it built
 back what each choice generated: text, token ids, logprobs with the tokens' decoded text,
 why it finished, and the request's token counts. Nothing here knows any API's JSON.
 
-    gen = await start(srv, request_id, prompts, params)     # APIError: 400, 503 ...
+    gen = await start(ctx, request_id, prompts, params)     # APIError: 400, 503 ...
     async for event in gen.stream(idle_after=15.0):         # ChoiceDelta | Idle | Failed | Finished
         ...
     result = await gen.collect()                             # Collected, or APIError
@@ -24,18 +24,20 @@ import builtins
 import math
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, overload
+from typing import overload
 
 import trio
-
+from actors.core.structured.cache import GrammarPin
 from actors.params.encoder import EncoderInput
 from actors.params.sampling import SamplingParams
 from actors.runtime.outbox import ChoiceUpdate, OutboxFailed, TokenLogprob
 from actors.runtime.request import PromptInput
-from server.frontend.structured import compile_spec
+from actors.text.detokenizer import TokenTexts
+
 from server.errors import APIError, status_of
+from server.frontend.context import FrontendContext
 from server.frontend.generation import Generation
-from server.state import ServerState
+from server.frontend.structured import compile_spec
 
 
 # -- logprobs ---------------------------------------------------------------------------
@@ -230,7 +232,7 @@ class _Accumulator:
 class TextGeneration:
     """One admitted generation, read as typed deltas (stream) or whole (collect)."""
 
-    def __init__(self, gen: Generation, texts: Any) -> None:
+    def __init__(self, gen: Generation, texts: TokenTexts) -> None:
         # texts: the tokenizer actor's TokenTexts, for each prompt's first token (the one
         # position no logprob carries: an echo with logprobs still shows its text).
         self._gen = gen
@@ -327,7 +329,7 @@ class TextGeneration:
                            u.finish_reason, u.stop_reason, generated, prompt_lps)
 
 
-async def start(srv: ServerState, request_id: str, prompts: list[PromptInput],
+async def start(ctx: FrontendContext, request_id: str, prompts: list[PromptInput],
                 params: SamplingParams,
                 encoder_input: EncoderInput | None = None) -> TextGeneration:
     """Admit the request and wait until its prompts are tokenized. Raises APIError (503 when
@@ -338,27 +340,28 @@ async def start(srv: ServerState, request_id: str, prompts: list[PromptInput],
     if params.structured is not None:
         # compiled before admission (a 400 for a spec the backend refuses, a 503 when the
         # compile queue is full), off the loop; pinned until the request has retired
-        pin = await compile_spec(srv, params.structured)
+        pin = await compile_spec(ctx.grammar(), params.structured)
     try:
-        gen = Generation(srv, request_id, prompts, params, encoder_input=encoder_input)
+        gen = ctx.start(request_id, prompts, params, encoder_input)
         await gen.start()
     except BaseException:
         if pin is not None:
             pin.release()  # the engine compiles for itself (off its threads) if it must
         raise
     if pin is not None:
-        _release_when_retired(srv, gen, pin)
+        _release_when_retired(ctx.reaper, gen, pin)
     try:
-        return TextGeneration(gen, srv.token_texts)
+        return TextGeneration(gen, ctx.token_texts)
     except BaseException:
         gen.retire()
         raise
 
 
-def _release_when_retired(srv: ServerState, gen: Generation, pin: Any) -> None:
+def _release_when_retired(reaper: trio.Nursery | None, gen: Generation,
+                          pin: GrammarPin) -> None:
     """Unpins the request's grammar once every sequence of it has left the engine."""
     state = gen.state
-    if srv.reaper is None or state.retired.is_set():
+    if reaper is None or state.retired.is_set():
         pin.release()
         return
 
@@ -368,4 +371,4 @@ def _release_when_retired(srv: ServerState, gen: Generation, pin: Any) -> None:
         finally:
             pin.release()
 
-    srv.reaper.start_soon(release)
+    reaper.start_soon(release)

@@ -41,12 +41,13 @@ from functools import lru_cache
 from typing import Any
 
 import numpy as np
-
 from actors.params.encoder import EncoderInput
 from actors.params.sampling import SamplingParams
 from actors.runtime.request import PromptInput
+
 from server.errors import APIError, bad_request
 from server.frontend import service
+from server.frontend.context import context_of
 from server.frontend.service import ChoiceDelta, Failed, Finished
 from server.state import ServerState
 
@@ -181,7 +182,7 @@ async def transcribe_window(srv: ServerState, request_id: str, features: np.ndar
                           f"tokens, got {len(prompt_token_ids)}", "prompt")
     if params.n != 1:
         params = replace(params, n=1)
-    gen = await service.start(srv, request_id, [PromptInput(token_ids=list(prompt_token_ids))],
+    gen = await service.start(context_of(srv), request_id, [PromptInput(token_ids=list(prompt_token_ids))],
                               params, encoder_input=enc)
     async with contextlib.aclosing(gen.stream()) as events:
         async for ev in events:
@@ -209,7 +210,7 @@ async def language_detect(srv: ServerState, features: np.ndarray,
     params = SamplingParams(temperature=0.0, max_tokens=1, allowed_token_ids=allowed,
                             logprobs=1, skip_special_tokens=False)
     enc = _encoder_input(toks, features)
-    gen = await service.start(srv, request_id, [PromptInput(token_ids=[toks.sot])], params,
+    gen = await service.start(context_of(srv), request_id, [PromptInput(token_ids=[toks.sot])], params,
                               encoder_input=enc)
     result = await gen.collect()
     choice = result.choices[0]

@@ -23,6 +23,7 @@ from server.frontend import service
 from server.frontend.chat.render import render_call
 from server.frontend.chat.tool_calls import choice_factory
 from server.frontend.chat.tools import plan_tools
+from server.frontend.context import context_of
 from server.frontend.generation import new_request_id
 from server.sse import sse_response
 from server.state import ServerState
@@ -36,7 +37,7 @@ async def create_message(srv: ServerState, req: AnthropicMessagesRequest) -> Res
     prompts = [PromptInput(render=render_call(srv.renderer, chat, plan.tools),
                            add_special_tokens=chat.add_special_tokens)]
     rid = new_request_id(request.headers.get("X-Request-Id"), None)
-    gen = await service.start(srv, rid, prompts, params)
+    gen = await service.start(context_of(srv), rid, prompts, params)
     choice = choice_factory(plan)()
     if req.stream:
         return sse_response(sse_body(gen, MessageStream(gen, model=model, choice=choice)))

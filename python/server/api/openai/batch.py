@@ -30,6 +30,7 @@ from server.api.openai.render import ChatCompletionRenderer
 from server.errors import bad_request
 from server.frontend import service
 from server.frontend.chat.render import render_call
+from server.frontend.context import context_of
 from server.frontend.generation import new_request_id
 from server.state import ServerState
 
@@ -87,7 +88,7 @@ async def handle(srv: ServerState, req: BatchChatCompletionRequest) -> Response:
     prompts = [PromptInput(render=render_call(srv.renderer, to_chat(single), plan.tools),
                            add_special_tokens=req.add_special_tokens) for single in singles]
     rid = new_request_id(request.headers.get("X-Request-Id"), req.request_id)
-    gen = await service.start(srv, rid, prompts, params)
+    gen = await service.start(context_of(srv), rid, prompts, params)
     per_prompt = [(role, echo_text(single, role))
                   for single in singles for role in (response_role(single),)]
     renderer = ChatCompletionRenderer(

@@ -16,6 +16,7 @@ from server.api.openai.render import ChatCompletionRenderer
 from server.frontend import service
 from server.frontend.chat.render import render_call
 from server.frontend.chat.tool_calls import choice_factory
+from server.frontend.context import context_of
 from server.frontend.generation import new_request_id
 from server.sse import sse_response
 from server.state import ServerState
@@ -27,7 +28,7 @@ async def handle(srv: ServerState, req: ChatCompletionRequest) -> Response:
     prompts = [PromptInput(render=render_call(srv.renderer, chat, plan.tools),
                            add_special_tokens=chat.add_special_tokens)]
     rid = new_request_id(request.headers.get("X-Request-Id"), req.request_id)
-    gen = await service.start(srv, rid, prompts, params)
+    gen = await service.start(context_of(srv), rid, prompts, params)
     role = response_role(req)
     opts = req.stream_options
     renderer = ChatCompletionRenderer(

@@ -12,6 +12,7 @@ from server.api.common.stream import sse_body
 from server.api.http_io import accepts, built_json_response, parse, read_json
 from server.api.openai.render import CompletionRenderer
 from server.frontend import service
+from server.frontend.context import context_of
 from server.frontend.generation import new_request_id
 from server.sse import sse_response
 from server.state import ServerState
@@ -20,7 +21,7 @@ from server.state import ServerState
 async def handle(srv: ServerState, req: CompletionRequest) -> Response:
     model, prompts, params = checked(srv, req)
     rid = new_request_id(request.headers.get("X-Request-Id"), req.request_id)
-    gen = await service.start(srv, rid, prompts, params)
+    gen = await service.start(context_of(srv), rid, prompts, params)
     opts = req.stream_options
     renderer = CompletionRenderer(
         gen, model=model, fingerprint=srv.fingerprint, echo=req.echo,

@@ -56,6 +56,7 @@ from server.frontend import service
 from server.frontend.chat.render import render_call
 from server.frontend.chat.request import ChatRequest
 from server.frontend.chat.tools import ToolPlan, apply_plan, plan_tools
+from server.frontend.context import context_of
 from server.frontend.generation import detach_from_request, new_request_id
 from server.frontend.responses_store import UNFINISHED, ResponseStore, client_id
 from server.frontend.service import ChoiceDelta, Failed, Finished, Idle, TextGeneration
@@ -259,7 +260,7 @@ class ResponsesAPI:
             detach_from_request()  # the generation outlives this request
         rid = new_request_id(request.headers.get("X-Request-Id"), req.request_id)
         try:
-            gen = await service.start(srv, rid, [PromptInput(render=render)], params)
+            gen = await service.start(context_of(srv), rid, [PromptInput(render=render)], params)
         except APIError as exc:
             raise _named_for_responses(exc) from None
         if req.background:

@@ -34,6 +34,7 @@ from server.api.scale_out.protocol import AbortRequests, GenerateRequest
 from server.errors import APIError, bad_request
 from server.frontend import service
 from server.frontend.chat.tool_calls import chat_message
+from server.frontend.context import context_of
 from server.frontend.generation import new_request_id
 from server.frontend.service import ChoiceDelta, Collected, LogprobEntry, TextGeneration, Usage
 from server.sse import sse_response
@@ -264,7 +265,7 @@ async def handle(srv: ServerState, running: Running, req: GenerateRequest) -> Re
     params = _checked(srv, req)
     base = new_request_id(request.headers.get("X-Request-Id"), req.request_id)
     request_id = f"generate-tokens-{base}"
-    gen = await service.start(srv, base, [PromptInput(token_ids=list(req.token_ids))], params)
+    gen = await service.start(context_of(srv), base, [PromptInput(token_ids=list(req.token_ids))], params)
     running.add(request_id, gen)
     renderer = GenerateRenderer(gen, req, request_id, model, params.logprobs is not None)
     if req.stream:
