@@ -39,18 +39,11 @@ from quart import Quart, Response
 
 from server.api.http_io import accepts, built_json_response, check_model, read_json
 from server.api.pooling_bounds import parse_bounded
-from server.api.pooling_protocol import (
-    CohereEmbedRequest,
-    EmbeddingRequest,
-    PoolingFields,
-    RerankDocument,
-    RerankRequest,
-    ScoreRequest,
-)
+from server.api.pooling_protocol import (CohereEmbedRequest, EmbeddingRequest, PoolingFields,
+                                        RerankDocument, RerankRequest, ScoreRequest, chat_of)
 from server.config import ServerConfig
 from server.errors import APIError, api_error_of, bad_request, status_of
 from server.frontend.chat.render import render_call
-from server.frontend.chat.request import ChatRequest
 from server.frontend.generation import Generation, new_request_id
 from server.state import ServerState
 
@@ -219,16 +212,6 @@ def _cosines(query: np.ndarray, docs: list[np.ndarray]) -> list[float]:
     return [float(q @ d.astype(np.float64) / (qn * (np.linalg.norm(d) or 1.0))) for d in docs]
 
 
-def _chat_of(req: EmbeddingRequest) -> ChatRequest:
-    """The conversation an embedding request's `messages` form renders (no tools)."""
-    assert req.messages is not None
-    return ChatRequest(
-        messages=tuple(m.model_dump(exclude_none=True) for m in req.messages),
-        chat_template=req.chat_template, chat_template_kwargs=req.chat_template_kwargs,
-        add_generation_prompt=req.add_generation_prompt,
-        continue_final_message=req.continue_final_message)
-
-
 def register(app: Quart, srv: ServerState) -> None:
     if not routes_enabled(srv.config):
         return
@@ -242,7 +225,7 @@ def register(app: Quart, srv: ServerState) -> None:
             raise bad_request("give exactly one of input or messages", "input")
         if req.messages is not None:
             assert srv.renderer is not None
-            prompts = [PromptInput(render=render_call(srv.renderer, _chat_of(req)),
+            prompts = [PromptInput(render=render_call(srv.renderer, chat_of(req)),
                                    add_special_tokens=bool(req.add_special_tokens))]
         else:
             prompts = _prompts(req.input, req.add_special_tokens is not False)
