@@ -4,12 +4,14 @@ per choice out.
 Every API (OpenAI's completions and chat today, the Anthropic Messages and OpenAI Responses
 APIs next) hands it the PromptInputs it rendered and the SamplingParams it built, and reads
 back what each choice generated: text, token ids, logprobs with the tokens' decoded text,
-why it finished, and the request's token counts. Nothing here knows any API's JSON.
+why it finished, and the request's token counts. Nothing here knows any API's JSON or
+HTTP: what goes wrong is a typed `ServiceFailure` (server.frontend.failures) that each
+dialect maps to its envelope.
 
-    gen = await start(ctx, request_id, prompts, params)     # APIError: 400, 503 ...
+    gen = await start(ctx, request_id, prompts, params)     # ServiceFailure: Refused ...
     async for event in gen.stream(idle_after=15.0):         # ChoiceDelta | Idle | Failed | Finished
         ...
-    result = await gen.collect()                             # Collected, or APIError
+    result = await gen.collect()                             # Collected, or ServiceFailure
 
 Both `stream` and `collect` retire the request when they end, however they end.
 
@@ -34,8 +36,9 @@ from actors.runtime.outbox import ChoiceUpdate, OutboxFailed, TokenLogprob
 from actors.runtime.request import PromptInput
 from actors.text.detokenizer import TokenTexts
 
-from server.errors import APIError, status_of
+from server.errors import APIError, failure_of_api_error
 from server.frontend.context import FrontendContext
+from server.frontend.failures import ServiceFailure, failure_of
 from server.frontend.generation import Generation
 from server.frontend.structured import compile_spec
 
@@ -174,12 +177,13 @@ class Idle:
 
 @dataclass(frozen=True, slots=True)
 class Failed:
-    """The request failed after it was admitted; nothing more follows. `reason` is the
-    runtime's typed reason; `status` the HTTP status it maps to."""
+    """The request failed after it was admitted; nothing more follows."""
 
-    status: int
-    message: str
-    reason: BaseException | None = None
+    failure: ServiceFailure
+
+    @property
+    def message(self) -> str:
+        return self.failure.message
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,7 +285,7 @@ class TextGeneration:
                     with trio.move_on_after(wait) as waiting:
                         updates = await outbox.get()  # cancel-safe: nothing is lost
                 except OutboxFailed as exc:
-                    yield Failed(status_of(exc.error), exc.message, exc.error)
+                    yield Failed(failure_of(exc.error))
                     return
                 if waiting.cancelled_caught:
                     yield IDLE
@@ -294,8 +298,8 @@ class TextGeneration:
             self.retire()
 
     async def collect(self) -> Collected:
-        """Everything, once every choice has finished. A failure after admission is an
-        APIError. Retires the request."""
+        """Everything, once every choice has finished. A failure after admission is a
+        ServiceFailure. Retires the request."""
         acc = [_Accumulator() for _ in range(self.num_choices)]
         prompt_lps: list[PromptLogprobs | None] = [None] * len(self.prompts)
         outbox = self._gen.state.outbox
@@ -304,7 +308,7 @@ class TextGeneration:
                 try:
                     updates = await outbox.get()
                 except OutboxFailed as exc:
-                    raise APIError(status_of(exc.error), exc.message) from None
+                    raise failure_of(exc.error) from None
                 for u in updates:
                     a = acc[u.index]
                     a.text.append(u.text)
@@ -332,8 +336,9 @@ class TextGeneration:
 async def start(ctx: FrontendContext, request_id: str, prompts: list[PromptInput],
                 params: SamplingParams,
                 encoder_input: EncoderInput | None = None) -> TextGeneration:
-    """Admit the request and wait until its prompts are tokenized. Raises APIError (503 when
-    the server is full or not serving, 400 for a prompt the engine cannot take).
+    """Admit the request and wait until its prompts are tokenized. Raises ServiceFailure
+    (Unavailable when the server is full or not serving, Refused for a prompt the engine
+    cannot take).
     ``encoder_input``: an encoder-decoder model's (Whisper: one prompt, the decoder's
     tokens; see server.frontend.transcription)."""
     pin = None
@@ -344,9 +349,11 @@ async def start(ctx: FrontendContext, request_id: str, prompts: list[PromptInput
     try:
         gen = ctx.start(request_id, prompts, params, encoder_input)
         await gen.start()
-    except BaseException:
+    except BaseException as exc:
         if pin is not None:
             pin.release()  # the engine compiles for itself (off its threads) if it must
+        if isinstance(exc, APIError):  # the admission still answers in HTTP's terms
+            raise failure_of_api_error(exc) from None
         raise
     if pin is not None:
         _release_when_retired(ctx.reaper, gen, pin)

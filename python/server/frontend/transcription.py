@@ -25,9 +25,11 @@ ids include the timestamp tokens (>= ``toks.timestamp_begin``: t seconds is
 timestamp_begin + round(t / 0.02), relative to the window's start); ``text`` is the tokens
 decoded without special tokens (timestamps among those), for callers that need none.
 
-Errors: APIError (400 for features of the wrong shape or dtype, or a prompt the model
-cannot take; 503 when the server is full or not serving); a failure after admission
-ends the iterator with APIError. Leaving the iterator early (aclosing) aborts the window.
+Errors: APIError 400 for features of the wrong shape or dtype, or a decoder prompt out of
+bounds; the generation service's ServiceFailure (server.frontend.failures: Refused for a
+prompt the model cannot take, Unavailable when the server is full or not serving) at
+admission, and the failure that ends a window after it. Leaving the iterator early
+(aclosing) aborts the window.
 On a server whose model is not Whisper, every function here raises APIError 400.
 """
 
@@ -172,8 +174,8 @@ def _encoder_input(toks: WhisperTokens, features: np.ndarray) -> EncoderInput:
 async def transcribe_window(srv: ServerState, request_id: str, features: np.ndarray,
                             prompt_token_ids: list[int], params: SamplingParams
                             ) -> AsyncIterator[WindowDelta]:
-    """Decodes one window: admitted like any generation (its APIError before the first
-    delta), then its deltas as the engine produces them. Use under contextlib.aclosing:
+    """Decodes one window: admitted like any generation (its ServiceFailure before the
+    first delta), then its deltas as the engine produces them. Use under contextlib.aclosing:
     leaving early aborts the window in the engine (its cross-attention K/V is freed)."""
     toks = whisper_tokens(srv)
     enc = _encoder_input(toks, features)
@@ -193,7 +195,7 @@ async def transcribe_window(srv: ServerState, request_id: str, features: np.ndar
                 if ids or ev.finish_reason is not None:
                     yield WindowDelta(ids, ev.text, ev.finish_reason)
             elif isinstance(ev, Failed):
-                raise APIError(ev.status, ev.message)
+                raise ev.failure
             elif isinstance(ev, Finished):
                 return
 

@@ -8,6 +8,7 @@ from contextlib import aclosing
 from typing import Any, Protocol
 
 from server import sse
+from server.errors import status_of_failure
 from server.frontend.service import ChoiceDelta, Failed, Finished, Idle, TextGeneration, Usage
 
 
@@ -33,7 +34,7 @@ async def sse_body(gen: TextGeneration, renderer: ChunkRenderer) -> AsyncIterato
                 elif isinstance(ev, Idle):
                     yield sse.KEEPALIVE  # e.g. queued behind a long prefill
                 elif isinstance(ev, Failed):
-                    yield sse.error_event(ev.status, ev.message)
+                    yield sse.error_event(status_of_failure(ev.failure), ev.message)
                 elif isinstance(ev, Finished):
                     final = renderer.final(ev.usage)
                     if final is not None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 from actors.params.sampling import SamplingParams
@@ -57,6 +57,7 @@ from server.frontend.chat.render import render_call
 from server.frontend.chat.request import ChatRequest
 from server.frontend.chat.tools import ToolPlan, apply_plan, plan_tools
 from server.frontend.context import context_of
+from server.frontend.failures import ServiceFailure
 from server.frontend.generation import detach_from_request, new_request_id
 from server.frontend.responses_store import UNFINISHED, ResponseStore, client_id
 from server.frontend.service import ChoiceDelta, Failed, Finished, Idle, TextGeneration
@@ -64,6 +65,9 @@ from server.sse import sse_response
 from server.state import ServerState
 
 log = logging.getLogger("server.responses")
+
+# A refusal of either kind: the request's own checks (APIError) or the service's.
+_Named = TypeVar("_Named", APIError, ServiceFailure)
 
 MAX_METADATA_PAIRS = 16  # OpenAI's bounds on `metadata`
 MAX_METADATA_KEY = 64
@@ -261,7 +265,7 @@ class ResponsesAPI:
         rid = new_request_id(request.headers.get("X-Request-Id"), req.request_id)
         try:
             gen = await service.start(context_of(srv), rid, [PromptInput(render=render)], params)
-        except APIError as exc:
+        except ServiceFailure as exc:
             raise _named_for_responses(exc) from None
         if req.background:
             assert self.background is not None  # _check: background needs the store
@@ -347,7 +351,7 @@ class ResponsesAPI:
         return final
 
 
-def _named_for_responses(exc: APIError) -> APIError:
+def _named_for_responses(exc: _Named) -> _Named:
     """A refusal names the field the client sent: `text.format` for the constraint chat
     calls response_format, `input` for the prompt."""
     if exc.param is not None and exc.param.startswith("response_format"):
