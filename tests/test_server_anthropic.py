@@ -22,9 +22,9 @@ import httpx
 import jsonschema
 import orjson
 import pytest
-from server.api.anthropic.protocol import AnthropicMessagesRequest
+from server.api.common.messages_protocol import AnthropicMessagesRequest
 from server.api.anthropic.render import MessageStream, message_body, stop_reason_of
-from server.api.anthropic.translate import chat_request
+from server.api.common.messages_body import chat_request
 from server.api.common.chat_body import to_chat
 from server.config import ServerConfig
 from server.frontend.chat.tool_calls import choice_factory

@@ -1,6 +1,7 @@
 """POST /v1/messages and POST /v1/messages/count_tokens.
 
-A request is translated into the chat request it amounts to (`translate`), then runs
+A request is translated into the chat request it amounts to
+(server.api.common.messages_body, shared with the scale-out /v1/messages/render), then runs
 exactly as /v1/chat/completions runs one: the same template render, tool plan,
 SamplingParams, admission, request id and generation service; only the response shape
 (`render`) and the error envelope (`errors`, chosen by the app for these paths) are
@@ -13,9 +14,11 @@ from __future__ import annotations
 from actors.runtime.request import PromptInput
 from quart import Quart, Response, request
 
-from server.api.anthropic.protocol import AnthropicCountTokensRequest, AnthropicMessagesRequest
+from server.api.common.messages_protocol import (
+    AnthropicCountTokensRequest, AnthropicMessagesRequest,
+)
 from server.api.anthropic.render import MessageStream, message_body, sse_body
-from server.api.anthropic.translate import chat_request
+from server.api.common.messages_body import chat_request
 from server.api.common.chat_body import checked, to_chat
 from server.api.common.tokens import token_ids_of
 from server.api.http_io import accepts, check_model, json_response, parse, read_json
