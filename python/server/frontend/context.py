@@ -2,7 +2,8 @@
 else (no config object, health flags or HTTP handles).
 
 - `start`: admits one request and returns its `Generation` (admission slots, the request
-  registry, the actor system's submit and abort are behind it);
+  registry, the actor system's submit and abort are behind it): a text generation, a
+  transcription window (`encoder_input`) or a pooling request (`pooling`);
 - `token_texts`: the tokenizer actor's token texts, for logprobs;
 - `reaper`: the nursery that releases a request's grammar pin once it has retired;
 - `grammar`: what compiling a structured-output constraint needs (`GrammarFacts`).
@@ -14,10 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 from actors.params.encoder import EncoderInput
+from actors.params.pooling import PoolingSpec
 from actors.params.sampling import SamplingParams
 from actors.runtime.request import PromptInput
 from actors.text.detokenizer import TokenTexts
@@ -29,8 +31,11 @@ if TYPE_CHECKING:
 
     from server.state import ServerState
 
-StartGeneration = Callable[[str, list[PromptInput], SamplingParams, EncoderInput | None],
-                           Generation]
+
+class StartGeneration(Protocol):
+    def __call__(self, request_id: str, prompts: list[PromptInput], params: SamplingParams,
+                 *, encoder_input: EncoderInput | None = None,
+                 pooling: PoolingSpec | None = None) -> Generation: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,9 +63,11 @@ class FrontendContext:
 def context_of(srv: ServerState) -> FrontendContext:
     """The service's view of a serving server (its actors are up)."""
 
-    def start(request_id: str, prompts: list[PromptInput], params: SamplingParams,
-              encoder_input: EncoderInput | None) -> Generation:
-        return Generation(srv, request_id, prompts, params, encoder_input=encoder_input)
+    def start(request_id: str, prompts: list[PromptInput], params: SamplingParams, *,
+              encoder_input: EncoderInput | None = None,
+              pooling: PoolingSpec | None = None) -> Generation:
+        return Generation(srv, request_id, prompts, params, pooling=pooling,
+                          encoder_input=encoder_input)
 
     def grammar() -> GrammarFacts:
         info, config = srv.actors.info, srv.config  # type: ignore[union-attr]

@@ -22,10 +22,11 @@ from __future__ import annotations
 from actors.errors import RequestRefused
 from actors.runtime.failures import ClientGone, GenerationPaused, Outcome
 
-__all__ = ["AT_CAPACITY", "Broken", "ClientLeft", "Refused", "ServiceFailure", "Unavailable",
-           "failure_of"]
+__all__ = ["AT_CAPACITY", "NOT_SERVING", "Broken", "ClientLeft", "Refused", "ServiceFailure",
+           "Unavailable", "failure_of"]
 
 AT_CAPACITY = "The server is at capacity; retry shortly."
+NOT_SERVING = "The server is not accepting requests now."
 
 
 class ServiceFailure(Exception):

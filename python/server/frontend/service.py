@@ -347,7 +347,7 @@ async def start(ctx: FrontendContext, request_id: str, prompts: list[PromptInput
         # compile queue is full), off the loop; pinned until the request has retired
         pin = await compile_spec(ctx.grammar(), params.structured)
     try:
-        gen = ctx.start(request_id, prompts, params, encoder_input)
+        gen = ctx.start(request_id, prompts, params, encoder_input=encoder_input)
         await gen.start()
     except BaseException as exc:
         if pin is not None:
