@@ -67,7 +67,8 @@ async def test_stream_adds_up_to_collect():
                 (deltas if isinstance(ev, ChoiceDelta) else finished).append(ev)
         assert len(finished) == 1 and isinstance(finished[0], Finished)
 
-        whole = await (await service.start(context_of(srv), "collected", inputs(), params)).collect()
+        ctx = context_of(srv)
+        whole = await (await service.start(ctx, "collected", inputs(), params)).collect()
         for choice in whole.choices:
             mine = [d for d in deltas if d.index == choice.index]
             assert "".join(d.text for d in mine) == choice.text
@@ -105,7 +106,8 @@ async def test_idle_is_reported_and_nothing_is_lost():
     params = SamplingParams(max_tokens=8, temperature=0.0)
 
     async def body(srv) -> None:
-        reference = await (await service.start(context_of(srv), "ref", inputs()[:1], params)).collect()
+        ctx = context_of(srv)
+        reference = await (await service.start(ctx, "ref", inputs()[:1], params)).collect()
         gen = await service.start(context_of(srv), "idle", inputs()[:1], params)
         idles, text = 0, ""
         # Far shorter than one engine step (tens of ms here), yet long enough that the

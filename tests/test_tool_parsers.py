@@ -1,6 +1,6 @@
-"""Tool-call parsers (server/frontend/chat/tool_parsers): recorded model-like outputs per format, read
-whole and streamed in random splits, which must agree; malformed output must come back
-as content and never raise. Pure Python and fast."""
+"""Tool-call parsers (server/frontend/chat/tool_parsers): recorded model-like outputs per
+format, read whole and streamed in random splits, which must agree; malformed output must
+come back as content and never raise. Pure Python and fast."""
 
 from __future__ import annotations
 

@@ -24,7 +24,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from server.frontend.chat.tool_parsers import ContentDelta, ToolCallDelta, get_tool_parser
 from server.frontend.chat.tool_parsers.base import ToolParser
-from server.frontend.chat.tool_parsers.tool_schema import NamedToolCallParser, RequiredToolCallParser
+from server.frontend.chat.tool_parsers.tool_schema import (
+    NamedToolCallParser, RequiredToolCallParser,
+)
 from test_tool_parsers import CASES, MALFORMED, _stream
 
 PARSERS = ["hermes", "llama3_json", "mistral", "pythonic", "required", "required_single",

@@ -28,7 +28,9 @@ from server.frontend.chat.tool_parsers.base import (
     content_or_none,
     partial_overlap,
 )
-from server.frontend.chat.tool_parsers.tool_schema import NamedToolCallParser, RequiredToolCallParser
+from server.frontend.chat.tool_parsers.tool_schema import (
+    NamedToolCallParser, RequiredToolCallParser,
+)
 
 logger = logging.getLogger(__name__)
 

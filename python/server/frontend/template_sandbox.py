@@ -67,7 +67,8 @@ def _check_size(value: Any) -> None:
 
 
 def _check_chars(size: int | None) -> None:
-    """Refuses an operation whose result (bounded by server.frontend.template_bounds) is too long."""
+    """Refuses an operation whose result (bounded by server.frontend.template_bounds) is
+    too long."""
     if size is not None and size > MAX_RENDERED_CHARS:
         raise jinja2.exceptions.SecurityError("a string operation's result is too large")
 

@@ -184,8 +184,9 @@ async def transcribe_window(srv: ServerState, request_id: str, features: np.ndar
                           f"tokens, got {len(prompt_token_ids)}", "prompt")
     if params.n != 1:
         params = replace(params, n=1)
-    gen = await service.start(context_of(srv), request_id, [PromptInput(token_ids=list(prompt_token_ids))],
-                              params, encoder_input=enc)
+    gen = await service.start(context_of(srv), request_id,
+                              [PromptInput(token_ids=list(prompt_token_ids))], params,
+                              encoder_input=enc)
     async with contextlib.aclosing(gen.stream()) as events:
         async for ev in events:
             if isinstance(ev, ChoiceDelta):
@@ -212,8 +213,8 @@ async def language_detect(srv: ServerState, features: np.ndarray,
     params = SamplingParams(temperature=0.0, max_tokens=1, allowed_token_ids=allowed,
                             logprobs=1, skip_special_tokens=False)
     enc = _encoder_input(toks, features)
-    gen = await service.start(context_of(srv), request_id, [PromptInput(token_ids=[toks.sot])], params,
-                              encoder_input=enc)
+    gen = await service.start(context_of(srv), request_id, [PromptInput(token_ids=[toks.sot])],
+                              params, encoder_input=enc)
     result = await gen.collect()
     choice = result.choices[0]
     if not choice.token_ids:

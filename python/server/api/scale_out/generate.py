@@ -265,7 +265,8 @@ async def handle(srv: ServerState, running: Running, req: GenerateRequest) -> Re
     params = _checked(srv, req)
     base = new_request_id(request.headers.get("X-Request-Id"), req.request_id)
     request_id = f"generate-tokens-{base}"
-    gen = await service.start(context_of(srv), base, [PromptInput(token_ids=list(req.token_ids))], params)
+    gen = await service.start(context_of(srv), base,
+                              [PromptInput(token_ids=list(req.token_ids))], params)
     running.add(request_id, gen)
     renderer = GenerateRenderer(gen, req, request_id, model, params.logprobs is not None)
     if req.stream:
