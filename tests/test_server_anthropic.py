@@ -22,10 +22,10 @@ import httpx
 import jsonschema
 import orjson
 import pytest
-from server.api.common.messages_protocol import AnthropicMessagesRequest
 from server.api.anthropic.render import MessageStream, message_body, stop_reason_of
-from server.api.common.messages_body import chat_request
 from server.api.common.chat_body import to_chat
+from server.api.common.messages_body import chat_request
+from server.api.common.messages_protocol import AnthropicMessagesRequest
 from server.config import ServerConfig
 from server.frontend.chat.tool_calls import choice_factory
 from server.frontend.chat.tools import plan_tools
