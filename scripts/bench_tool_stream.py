@@ -39,9 +39,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the frozen former reading, the baseline
 
-from server.api.openai.tool_parsers import ToolCallDelta, get_tool_parser
-from server.api.openai.tool_parsers.base import ToolParser
-from server.api.openai.tool_parsers.tool_schema import (
+from server.frontend.chat.tool_parsers import ToolCallDelta, get_tool_parser
+from server.frontend.chat.tool_parsers.base import ToolParser
+from server.frontend.chat.tool_parsers.tool_schema import (
     NamedToolCallParser,
     RequiredToolCallParser,
 )

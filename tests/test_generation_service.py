@@ -18,6 +18,7 @@ from server_helpers import BASE_ARGS, default_tokenizer, free_port
 from actors.params.sampling import SamplingParams
 from actors.runtime.request import PromptInput
 from server.frontend import service
+from server.frontend.context import context_of
 from server.frontend.service import ChoiceDelta, Finished, Idle
 
 pytestmark = pytest.mark.slow
@@ -56,7 +57,7 @@ async def test_stream_adds_up_to_collect():
     params = SamplingParams(max_tokens=6, temperature=0.0, logprobs=2)
 
     async def body(srv) -> None:
-        gen = await service.start(srv, "streamed", inputs(), params)
+        gen = await service.start(context_of(srv), "streamed", inputs(), params)
         assert gen.num_choices == 2 and gen.n == 1
         assert [p.text for p in gen.prompts] == PROMPTS
         deltas: list[ChoiceDelta] = []
@@ -66,7 +67,8 @@ async def test_stream_adds_up_to_collect():
                 (deltas if isinstance(ev, ChoiceDelta) else finished).append(ev)
         assert len(finished) == 1 and isinstance(finished[0], Finished)
 
-        whole = await (await service.start(srv, "collected", inputs(), params)).collect()
+        ctx = context_of(srv)
+        whole = await (await service.start(ctx, "collected", inputs(), params)).collect()
         for choice in whole.choices:
             mine = [d for d in deltas if d.index == choice.index]
             assert "".join(d.text for d in mine) == choice.text
@@ -104,8 +106,9 @@ async def test_idle_is_reported_and_nothing_is_lost():
     params = SamplingParams(max_tokens=8, temperature=0.0)
 
     async def body(srv) -> None:
-        reference = await (await service.start(srv, "ref", inputs()[:1], params)).collect()
-        gen = await service.start(srv, "idle", inputs()[:1], params)
+        ctx = context_of(srv)
+        reference = await (await service.start(ctx, "ref", inputs()[:1], params)).collect()
+        gen = await service.start(context_of(srv), "idle", inputs()[:1], params)
         idles, text = 0, ""
         # Far shorter than one engine step (tens of ms here), yet long enough that the
         # waiting loop does not spin and starve the step thread of the GIL.
@@ -125,7 +128,7 @@ async def test_prompt_logprobs_and_n():
     params = SamplingParams(max_tokens=2, temperature=1.0, seed=3, n=2, prompt_logprobs=1)
 
     async def body(srv) -> None:
-        whole = await (await service.start(srv, "n", inputs(), params)).collect()
+        whole = await (await service.start(context_of(srv), "n", inputs(), params)).collect()
         assert [c.index for c in whole.choices] == [0, 1, 2, 3]
         assert len(whole.prompt_logprobs) == 2
         gen_prompts = [len(default_tokenizer()(p)["input_ids"]) for p in PROMPTS]
@@ -143,7 +146,7 @@ async def test_a_consumer_that_stops_early_retires_the_request():
     params = SamplingParams(max_tokens=1000, temperature=0.0, ignore_eos=True)
 
     async def body(srv) -> None:
-        gen = await service.start(srv, "early", inputs()[:1], params)
+        gen = await service.start(context_of(srv), "early", inputs()[:1], params)
         assert len(srv.registry) == 1
         async with aclosing(gen.stream()) as events:
             async for ev in events:

@@ -97,7 +97,7 @@ def test_gemma_is_served_by_name() -> None:
     gemma_path()
     import httpx
 
-    from server.chat_template import NO_TEMPLATE_MESSAGE
+    from server.frontend.chat_template import NO_TEMPLATE_MESSAGE
     from server_helpers import ServerProcess
 
     srv = ServerProcess("--model", GEMMA).wait_ready(timeout=900)

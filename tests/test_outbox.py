@@ -9,7 +9,7 @@ from actors.errors import PromptTooLong
 from actors.runtime.failures import ClientGone, EngineFailed, RowRefused, ServerFailed
 from actors.runtime.outbox import ChoiceUpdate, Outbox, OutboxFailed
 from server.errors import api_error_of
-from server.generation import HTTPOutbox
+from server.frontend.generation import HTTPOutbox
 
 
 async def test_coalesces_until_read():

@@ -1,4 +1,4 @@
-"""The Responses API's SQLite store (server/responses_store.py) on a real file: the count
+"""The Responses API's SQLite store (server/frontend/responses_store.py) on a real file: the count
 bound evicts the oldest, the age bound every row past it, a reopened file keeps what was
 stored, and rows a stopped process left unfinished are failed when it is reopened."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from server.responses_store import ResponseStore
+from server.frontend.responses_store import ResponseStore
 from subproc import child_env
 
 
@@ -59,7 +59,7 @@ def test_age_bound(tmp_path: Path):
 STOPPED = r"""
 import sys, trio
 from pathlib import Path
-from server.responses_store import ResponseStore
+from server.frontend.responses_store import ResponseStore
 
 async def main():
     store = ResponseStore(Path(sys.argv[1]), max_count=10, max_age=0)
@@ -222,7 +222,7 @@ async def test_file_and_folder_modes(tmp_path: Path):
 HOLDER = r"""
 import sys, trio
 from pathlib import Path
-from server.responses_store import ResponseStore
+from server.frontend.responses_store import ResponseStore
 
 async def main():
     store = ResponseStore(Path(sys.argv[1]), max_count=100, max_age=0)

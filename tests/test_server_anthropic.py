@@ -22,12 +22,13 @@ import httpx
 import jsonschema
 import orjson
 import pytest
-from server.api.anthropic.protocol import AnthropicMessagesRequest
 from server.api.anthropic.render import MessageStream, message_body, stop_reason_of
-from server.api.anthropic.translate import chat_request
-from server.api.openai.tool_calls import choice_factory
-from server.api.openai.tools import plan_tools
+from server.api.common.chat_body import to_chat
+from server.api.common.messages_body import chat_request
+from server.api.common.messages_protocol import AnthropicMessagesRequest
 from server.config import ServerConfig
+from server.frontend.chat.tool_calls import choice_factory
+from server.frontend.chat.tools import plan_tools
 from server.frontend.service import (
     ChoiceDelta,
     ChoiceResult,
@@ -537,7 +538,7 @@ def _choice(**body):
     req = AnthropicMessagesRequest.model_validate(
         {"model": MODEL, "max_tokens": 50, "messages": ASK, "tools": TOOLS, **body})
     config = ServerConfig(enable_auto_tool_choice=True, tool_call_parser="hermes")
-    return choice_factory(plan_tools(chat_request(req), config))()
+    return choice_factory(plan_tools(to_chat(chat_request(req)), config))()
 
 
 def _streamed(pieces: list[str], **body) -> list[tuple[str, dict]]:

@@ -129,7 +129,7 @@ TEXT = st.text(st.characters(codec="utf-8"), max_size=40) | st.sampled_from(["",
            | st.dictionaries(TEXT, inner, max_size=4), max_leaves=12))
 def test_template_size_bounds_are_never_below_the_result(s, old, new, count, tab, items, value):
     from jinja2.utils import htmlsafe_json_dumps
-    from server import template_bounds as b
+    from server.frontend import template_bounds as b
 
     assert b.replace_chars(s, old, new, count) >= len(s.replace(old, new, count))
     assert b.expandtabs_chars(s, tab) >= len(s.expandtabs(tab))
@@ -164,8 +164,8 @@ def test_prompt_char_bound_never_refuses_a_prompt_that_fits(text):
 
 
 def test_template_memory_error_is_a_400():
-    from server.chat_template import ChatRenderer
     from server.errors import APIError
+    from server.frontend.chat_template import ChatRenderer
 
     class Huge:
         def __str__(self) -> str:
@@ -346,7 +346,7 @@ def calibrated_slow_template(srv, seconds: float) -> str:
 
 @pytest.mark.slow
 def test_tokenizer_routes_are_bounded(srv):
-    from server.api.openai.tokenize import TOKENIZE_QUEUE, TOKENIZE_THREADS
+    from server.api.common.tokens import TOKENIZE_QUEUE, TOKENIZE_THREADS
 
     # ~0.4 s a render, measured alone: long enough for 30 requests that arrive together to
     # queue, and far from the 5 s render deadline even when the tokenizer threads share the

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from server.chat_template import NO_TEMPLATE_MESSAGE
+from server.frontend.chat_template import NO_TEMPLATE_MESSAGE
 from server_helpers import ServerProcess
 
 

@@ -1,4 +1,4 @@
-"""Tool calls in chat responses (server/api/openai/tool_calls.py), the auto path the small
+"""Tool calls in chat responses (server/frontend/chat/tool_calls.py), the auto path the small
 default model does not take on its own: scripted Hermes output goes through the real
 ChatCompletionRenderer, streamed in random splits and whole, and both must give the same
 calls, ids of the OpenAI shape, vLLM's finish reasons and parallel_tool_calls=false."""
@@ -9,12 +9,13 @@ import json
 import random
 
 import pytest
-from server.api.openai.protocol.chat import ChatCompletionRequest
+from server.api.common.chat_body import to_chat
+from server.api.common.chat_protocol import ChatCompletionRequest
 from server.api.openai.render import ChatCompletionRenderer
-from server.api.openai.tool_calls import choice_factory
-from server.api.openai.tools import plan_tools
 from server.config import ServerConfig
 from server.errors import APIError
+from server.frontend.chat.tool_calls import choice_factory
+from server.frontend.chat.tools import plan_tools
 from server.frontend.service import ChoiceDelta, ChoiceResult, Collected, Usage
 
 TOOLS = [
@@ -43,7 +44,7 @@ class Gen:
 def renderer(**body) -> ChatCompletionRenderer:
     req = ChatCompletionRequest.model_validate(
         {"messages": [{"role": "user", "content": "hi"}], **body})
-    plan = plan_tools(req, HERMES)
+    plan = plan_tools(to_chat(req), HERMES)
     return ChatCompletionRenderer(Gen(), model="m", fingerprint="f", role="assistant",
                                   echoed="", logprobs=False, top_logprobs=0,
                                   new_choice=choice_factory(plan))
@@ -151,9 +152,9 @@ def test_auto_needs_the_flags():
     req = ChatCompletionRequest.model_validate(
         {"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS})
     with pytest.raises(APIError) as err:
-        plan_tools(req, ServerConfig())
+        plan_tools(to_chat(req), ServerConfig())
     assert err.value.param == "tool_choice" and "--enable-auto-tool-choice" in err.value.message
-    assert plan_tools(req, HERMES).choice == "auto"
+    assert plan_tools(to_chat(req), HERMES).choice == "auto"
 
 
 def test_required_and_named_need_the_parser_only():
@@ -165,12 +166,12 @@ def test_required_and_named_need_the_parser_only():
         req = ChatCompletionRequest.model_validate(
             {"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS,
              "tool_choice": choice})
-        assert plan_tools(req, parser_only).choice == kind
+        assert plan_tools(to_chat(req), parser_only).choice == kind
         with pytest.raises(APIError) as err:
-            plan_tools(req, ServerConfig())
+            plan_tools(to_chat(req), ServerConfig())
         assert err.value.param == "tool_choice" and "--tool-call-parser" in err.value.message
     auto = ChatCompletionRequest.model_validate(
         {"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS})
     with pytest.raises(APIError) as err:
-        plan_tools(auto, parser_only)
+        plan_tools(to_chat(auto), parser_only)
     assert "--enable-auto-tool-choice" in err.value.message

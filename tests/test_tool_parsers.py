@@ -1,6 +1,6 @@
-"""Tool-call parsers (server/api/openai/tool_parsers): recorded model-like outputs per format, read
-whole and streamed in random splits, which must agree; malformed output must come back
-as content and never raise. Pure Python and fast."""
+"""Tool-call parsers (server/frontend/chat/tool_parsers): recorded model-like outputs per
+format, read whole and streamed in random splits, which must agree; malformed output must
+come back as content and never raise. Pure Python and fast."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import re
 
 import partial_json_parser
 import pytest
-from server.api.openai.tool_parsers import (
+from server.frontend.chat.tool_parsers import (
     TOOL_PARSERS,
     ContentDelta,
     ToolCallDelta,
@@ -356,9 +356,9 @@ def test_call_arguments_too_deep_to_decode_are_no_json():
     """A named call cut by max_tokens inside 100 000 `[` is no call (the decoder's depth
     limit ends it, not a 500); Anthropic's `input` of such arguments is {}."""
     from server.api.anthropic.render import _input
-    from server.api.openai.tool_calls import ToolCallChoice
-    from server.api.openai.tool_parsers.tool_schema import NamedToolCallParser
-    from server.api.openai.tools import ToolPlan
+    from server.frontend.chat.tool_calls import ToolCallChoice
+    from server.frontend.chat.tool_parsers.tool_schema import NamedToolCallParser
+    from server.frontend.chat.tools import ToolPlan
 
     deep = "[" * 100_000
     plan = ToolPlan("named", [], NamedToolCallParser("f"), schema={})

@@ -1,6 +1,7 @@
-"""Forced tool choice (server/api/openai/tool_parsers/tool_schema): the schema built for "required" and
-for a named function accepts valid call output and rejects wrong names and missing
-arguments; the constrained output reads back into the same calls whole and streamed."""
+"""Forced tool choice (server/frontend/chat/tool_parsers/tool_schema): the schema built for
+"required" and for a named function accepts valid call output and rejects wrong names and
+missing arguments; the constrained output reads back into the same calls whole and
+streamed."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import random
 
 import jsonschema
 import pytest
-from server.api.openai.tool_parsers import ContentDelta, ToolCallDelta
-from server.api.openai.tool_parsers.tool_schema import (
+from server.frontend.chat.tool_parsers import ContentDelta, ToolCallDelta
+from server.frontend.chat.tool_parsers.tool_schema import (
     NamedToolCallParser,
     RequiredToolCallParser,
     ToolChoiceError,

@@ -1,4 +1,4 @@
-"""Streaming tool calls reads each part of a choice's text once (server/api/openai/tool_parsers):
+"""Streaming tool calls reads each part of a choice's text once (server/frontend/chat/tool_parsers):
 
 - per parser, any text (recorded outputs, generated calls, and both mutated: characters,
   tags and escapes inserted, cut or deleted) split at random points streams the same deltas,
@@ -22,9 +22,11 @@ import pytest
 import tool_scan_reference
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from server.api.openai.tool_parsers import ContentDelta, ToolCallDelta, get_tool_parser
-from server.api.openai.tool_parsers.base import ToolParser
-from server.api.openai.tool_parsers.tool_schema import NamedToolCallParser, RequiredToolCallParser
+from server.frontend.chat.tool_parsers import ContentDelta, ToolCallDelta, get_tool_parser
+from server.frontend.chat.tool_parsers.base import ToolParser
+from server.frontend.chat.tool_parsers.tool_schema import (
+    NamedToolCallParser, RequiredToolCallParser,
+)
 from test_tool_parsers import CASES, MALFORMED, _stream
 
 PARSERS = ["hermes", "llama3_json", "mistral", "pythonic", "required", "required_single",

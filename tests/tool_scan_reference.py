@@ -18,9 +18,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from server.api.openai.tool_parsers import hermes, llama3_json, mistral, pythonic
-from server.api.openai.tool_parsers._json_calls import CallShape, arguments_text, decode_call
-from server.api.openai.tool_parsers.base import (
+from server.frontend.chat.tool_parsers import hermes, llama3_json, mistral, pythonic
+from server.frontend.chat.tool_parsers._json_calls import CallShape, arguments_text, decode_call
+from server.frontend.chat.tool_parsers.base import (
     ContentDelta,
     Delta,
     ToolCallDelta,
@@ -28,7 +28,9 @@ from server.api.openai.tool_parsers.base import (
     content_or_none,
     partial_overlap,
 )
-from server.api.openai.tool_parsers.tool_schema import NamedToolCallParser, RequiredToolCallParser
+from server.frontend.chat.tool_parsers.tool_schema import (
+    NamedToolCallParser, RequiredToolCallParser,
+)
 
 logger = logging.getLogger(__name__)
 

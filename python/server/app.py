@@ -20,8 +20,9 @@ from server.api.openai import (
     audio, batch, chat, completions, invocations, models, responses, tokenize,
 )
 from server.auth import APIKeyMiddleware
-from server.errors import APIError, envelope_bytes
-from server.generation import RetireAtRequestEnd
+from server.errors import APIError, api_error_of_failure, envelope_bytes
+from server.frontend.failures import ServiceFailure
+from server.frontend.generation import RetireAtRequestEnd
 from server.state import ServerState
 from server.write_watchdog import WriteWatchdog
 
@@ -88,6 +89,12 @@ def create_app(srv: ServerState) -> Any:
     @app.errorhandler(APIError)
     async def api_error(exc: APIError) -> Response:
         return _error_response(exc.status, exc.message, exc.param, exc.headers)
+
+    @app.errorhandler(ServiceFailure)
+    async def service_failure(exc: ServiceFailure) -> Response:
+        # The generation service's failures, in the same status table for every dialect.
+        error = api_error_of_failure(exc)
+        return _error_response(error.status, error.message, error.param, error.headers)
 
     @app.errorhandler(HTTPException)
     async def http_error(exc: HTTPException) -> Response:

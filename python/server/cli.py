@@ -18,7 +18,7 @@ from actors.loader.default_model import NAMED_MODELS
 from actors.loader.dtype import resolve_quantization
 from actors.params.pooling import PoolerConfig
 
-from server.api.openai.tool_parsers import UnknownToolParserError, check_tool_parser_flags
+from server.frontend.chat.tool_parsers import UnknownToolParserError, check_tool_parser_flags
 from server.config import DEV_MODE_ENV, KEY_ENV_VARS, RUNTIME_LORA_ENV, ServerConfig
 from server.flag_parser import build, field_values, parser_for
 from server.state_dir import default_responses_store, store_path_problem

@@ -25,7 +25,7 @@ RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"  # --allow-runtime-lora-up
 
 
 def _tool_call_parser_help() -> str:
-    from server.api.openai.tool_parsers import tool_parser_names
+    from server.frontend.chat.tool_parsers import tool_parser_names
 
     return ("how the model writes tool calls: one of "
             f"{', '.join(tool_parser_names())}; it serves tool_choice 'required' and named "
@@ -71,7 +71,7 @@ class ServerConfig:
     tokens_only: bool = flag(False, help="serve the tokens-in/tokens-out routes (as "
         "--enable-scale-out, plus /abort_requests without an API key); generate then "
         "returns token ids only and refuses stop strings")
-    # the Responses API's store (server.responses_store): None keeps no responses (the
+    # the Responses API's store (server.frontend.responses_store): None keeps no responses (the
     # CLI's default is a file in the state directory); bounded by count, bytes (the JSON
     # kept) and age (0: none). Each API key's client holds at most count/keys and bytes/keys.
     responses_store: Path | None = flag(

@@ -4,8 +4,9 @@
 
 Messages are written by us; exception text from libraries is never echoed to a client.
 The engine side reports why a request ended as types (actors.errors refusals,
-actors.runtime.failures); `status_of` and `api_error_of` are the one place that turns them
-into HTTP statuses.
+actors.runtime.failures), and the generation service as its failures
+(server.frontend.failures); `status_of`, `api_error_of` and `status_of_failure` are the
+one place that turns them into HTTP statuses, for every dialect's envelope.
 """
 
 from __future__ import annotations
@@ -17,6 +18,10 @@ import orjson
 
 from actors.errors import RequestRefused
 from actors.runtime.failures import ClientGone, GenerationPaused, RequestFailed
+
+from server.frontend.failures import (
+    AT_CAPACITY, Broken, ClientLeft, Refused, ServiceFailure, Unavailable,
+)
 
 # OpenAI-style error types by status.
 _TYPES = {
@@ -84,7 +89,7 @@ def bad_request(message: str, param: str | None = None) -> APIError:
 def overloaded(retry_after: int = 1) -> APIError:
     return APIError(
         503,
-        "The server is at capacity; retry shortly.",
+        AT_CAPACITY,
         headers={"Retry-After": str(retry_after)},
     )
 
@@ -113,3 +118,31 @@ def api_error_of(error: BaseException) -> APIError:
     if isinstance(error, RequestFailed):
         return APIError(status_of(error), error.message)
     return APIError(500, "internal error")
+
+
+def status_of_failure(failure: ServiceFailure) -> int:
+    """The HTTP status of a generation service failure, whichever dialect's envelope it is
+    written in."""
+    if isinstance(failure, Refused):
+        return 400
+    if isinstance(failure, Unavailable):
+        return 503
+    if isinstance(failure, ClientLeft):
+        return CLIENT_GONE
+    return 500
+
+
+def api_error_of_failure(failure: ServiceFailure) -> APIError:
+    """A service failure as the APIError the app writes in the route's envelope."""
+    headers = None if failure.retry_after is None else {"Retry-After": str(failure.retry_after)}
+    return APIError(status_of_failure(failure), failure.message, param=failure.param,
+                    headers=headers)
+
+
+def failure_of_api_error(exc: APIError) -> ServiceFailure:
+    """The failure an admission refusal written as an APIError amounts to (the inverse of
+    `api_error_of_failure`: the same status, message, field and Retry-After)."""
+    retry = exc.headers.get("Retry-After")
+    kind: type[ServiceFailure] = {400: Refused, 503: Unavailable,
+                                  CLIENT_GONE: ClientLeft}.get(exc.status, Broken)
+    return kind(exc.message, exc.param, retry_after=None if retry is None else int(retry))

@@ -110,7 +110,7 @@ def generation_config(text: str) -> str:
 
 def chat_template(text: str) -> str:
     """A template file or literal template text that loads and parses."""
-    from server.chat_template import load_template_arg, parse_template
+    from server.frontend.chat_template import load_template_arg, parse_template
 
     try:
         source = load_template_arg(text)

@@ -12,7 +12,7 @@ from actors.runtime.admission import Admission
 from actors.runtime.metrics_actor import MetricsActor
 from actors.runtime.request import Registry
 from actors.runtime.system import ActorSystem
-from server.chat_template import ChatRenderer
+from server.frontend.chat_template import ChatRenderer
 from server.config import ServerConfig
 from server.fingerprint import system_fingerprint
 from actors.params.limits import RequestLimits

@@ -36,7 +36,7 @@ from actors.runtime.system import ActorSystem, run_actor_system
 from server import transport
 from server.api import lora
 from server.app import create_app
-from server.chat_template import ChatRenderer, load_template_arg
+from server.frontend.chat_template import ChatRenderer, load_template_arg
 from server.config import ServerConfig
 from actors.params.limits import RequestLimits
 from server.errors import LoadRefused

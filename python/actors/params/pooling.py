@@ -125,23 +125,8 @@ def matryoshka_of(hf_config: dict[str, Any]) -> tuple[bool, tuple[int, ...] | No
 
 def check_pooling_prompt(token_ids: list[int], params: SamplingParams,
                          limits: RequestLimits) -> list[int]:
-    """check_prompt for a pooling request: no output token, so the prompt may fill the
+    """check_prompt under pooling's rule: no output token, so the prompt may fill the
     whole context (vLLM's rule and message for embeddings); the refusal names ``input``."""
-    from actors.errors import PromptTooLong, RequestRefused, TokenOutOfVocab
+    from actors.params.prompt import POOLING, check_prompt
 
-    for t in token_ids:
-        if not 0 <= t < limits.vocab_size:
-            raise TokenOutOfVocab(f"Token id {t} is out of vocabulary", param="input")
-    if not token_ids:
-        raise RequestRefused("The input is empty after tokenization.", param="input")
-    limit = limits.max_model_len
-    if limit is None:
-        raise ValueError("check_pooling_prompt needs limits.max_model_len")
-    # One more than the context: truncate_prompt_tokens=-1 keeps all of it (no output).
-    ids = params.truncate_prompt(token_ids, limit + 1)
-    if len(ids) > limit:
-        raise PromptTooLong(
-            f"This model's maximum context length is {limit} tokens. However, your prompt "
-            f"contains {len(ids)} input tokens, which exceeds this limit even without any "
-            "output tokens. Please reduce the length of the input prompt.", param="input")
-    return ids
+    return check_prompt(token_ids, params, limits, POOLING)

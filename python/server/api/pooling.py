@@ -8,9 +8,10 @@ either serves none of them (404, as vLLM, whose routes do not exist for a genera
 /classify exists for classification models only, and none is supported, so it is 404 in
 every mode, as vLLM answers for a model without that task.
 
-Each input becomes one prompt of one request through the same Generation as a completion
-(admission slots, tokenizer actor, engine, Outbox), carrying a PoolingSpec: the engine
-computes the prompt only and answers one float32 vector per prompt. Score and rerank are
+Each input becomes one prompt of one pooling request of the generation service
+(server.frontend.pooled: the same admission slots, tokenizer actor and engine as a
+completion, and the same typed failures), carrying a PoolingSpec: the engine computes the
+prompt only and answers one float32 vector per prompt. Score and rerank are
 bi-encoder cosines between the query's and each document's embedding.
 
 A request carries at most ``--max-pooling-inputs`` inputs in each list field (2048 by
@@ -31,20 +32,21 @@ from typing import Any
 
 import numpy as np
 import orjson
-from quart import Quart, Response
-
 from actors.params.pooling import PoolerConfig, PoolingSpec, matryoshka_of, pooler_from_dir
 from actors.params.sampling import SamplingParams
-from actors.runtime.outbox import OutboxFailed
 from actors.runtime.request import PromptInput
+from quart import Quart, Response
+
 from server.api.http_io import accepts, built_json_response, check_model, read_json
-from server.api.openai.chat import render_call
 from server.api.pooling_bounds import parse_bounded
 from server.api.pooling_protocol import (CohereEmbedRequest, EmbeddingRequest, PoolingFields,
-                                         RerankDocument, RerankRequest, ScoreRequest)
+                                        RerankDocument, RerankRequest, ScoreRequest, chat_of)
 from server.config import ServerConfig
-from server.errors import APIError, api_error_of, bad_request, status_of
-from server.generation import Generation, new_request_id
+from server.errors import api_error_of, bad_request
+from server.frontend.chat.render import render_call
+from server.frontend.context import context_of
+from server.frontend.generation import new_request_id
+from server.frontend.pooled import pool
 from server.state import ServerState
 
 
@@ -155,46 +157,21 @@ async def embed(srv: ServerState, prompts: list[PromptInput], params: SamplingPa
                 ) -> tuple[list[np.ndarray], int]:
     """One vector per prompt (float32, in order) and the prompt tokens they took.
 
-    At most max_num_seqs prompts go in at once (one Generation each group, one after the
-    other): a client's batch (LangChain sends 1000 texts a request) then never needs more
-    admission slots than an idle server has, and it leaves room for other requests."""
+    At most max_num_seqs prompts go in at once (one pooling request of the generation
+    service each group, one after the other): a client's batch (LangChain sends 1000 texts
+    a request) then never needs more admission slots than an idle server has, and it
+    leaves room for other requests."""
     group = srv.config.engine.max_num_seqs
     vectors: list[np.ndarray] = []
     tokens = 0
     base = new_request_id(None, request_id)
     for start in range(0, len(prompts), group):
         part = prompts[start: start + group]
-        got, n = await _embed_group(srv, part, params, spec,
-                                    base if start == 0 else f"{base}-{start}")
-        vectors.extend(got)
-        tokens += n
+        pooled = await pool(context_of(srv), base if start == 0 else f"{base}-{start}", part,
+                            params, spec)
+        vectors.extend(pooled.vectors)
+        tokens += pooled.prompt_tokens
     return vectors, tokens
-
-
-async def _embed_group(srv: ServerState, prompts: list[PromptInput], params: SamplingParams,
-                       spec: PoolingSpec, request_id: str) -> tuple[list[np.ndarray], int]:
-    gen = Generation(srv, request_id, prompts, params, pooling=spec)
-    try:
-        await gen.start()
-        vectors: dict[int, bytes] = {}
-        while True:
-            try:
-                updates = await gen.state.outbox.get()
-            except OutboxFailed as exc:
-                raise APIError(getattr(exc, "status", status_of(exc.error)),
-                               exc.message) from None
-            if not updates:
-                break
-            for u in updates:
-                if u.pooled is not None:
-                    vectors[u.index] = u.pooled
-        if len(vectors) != len(prompts):  # aborted (drain): nothing to answer with
-            raise APIError(503, "The server is not accepting requests now.",
-                           headers={"Retry-After": "5"})
-        tokens = sum(len(r.token_ids) for r in gen.state.prompt_results)
-        return [np.frombuffer(vectors[i], "<f4") for i in range(len(prompts))], tokens
-    finally:
-        gen.retire()
 
 
 def _usage(tokens: int) -> dict[str, Any]:
@@ -224,7 +201,8 @@ def register(app: Quart, srv: ServerState) -> None:
         if (req.input is None) == (req.messages is None):
             raise bad_request("give exactly one of input or messages", "input")
         if req.messages is not None:
-            prompts = [PromptInput(render=render_call(srv, req),
+            assert srv.renderer is not None
+            prompts = [PromptInput(render=render_call(srv.renderer, chat_of(req)),
                                    add_special_tokens=bool(req.add_special_tokens))]
         else:
             prompts = _prompts(req.input, req.add_special_tokens is not False)

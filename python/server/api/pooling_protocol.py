@@ -8,8 +8,9 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from server.api.openai.protocol.chat import ChatMessage
-from server.api.openai.protocol.common import APIModel
+from server.api.common.chat_protocol import ChatMessage
+from server.api.common.protocol import APIModel
+from server.frontend.chat.request import ChatRequest
 
 TokenIds = list[int]
 EmbedInput = str | list[str] | TokenIds | list[TokenIds]
@@ -81,3 +82,13 @@ class RerankRequest(PoolingFields):
     documents: list[str | RerankDocument]
     top_n: int | None = Field(default=None, ge=0)
     return_documents: bool = True
+
+
+def chat_of(req: EmbeddingRequest) -> ChatRequest:
+    """The conversation an embedding request's `messages` form renders (no tools)."""
+    assert req.messages is not None
+    return ChatRequest(
+        messages=tuple(m.model_dump(exclude_none=True) for m in req.messages),
+        chat_template=req.chat_template, chat_template_kwargs=req.chat_template_kwargs,
+        add_generation_prompt=req.add_generation_prompt,
+        continue_final_message=req.continue_final_message)

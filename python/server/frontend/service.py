@@ -4,12 +4,14 @@ per choice out.
 Every API (OpenAI's completions and chat today, the Anthropic Messages and OpenAI Responses
 APIs next) hands it the PromptInputs it rendered and the SamplingParams it built, and reads
 back what each choice generated: text, token ids, logprobs with the tokens' decoded text,
-why it finished, and the request's token counts. Nothing here knows any API's JSON.
+why it finished, and the request's token counts. Nothing here knows any API's JSON or
+HTTP: what goes wrong is a typed `ServiceFailure` (server.frontend.failures) that each
+dialect maps to its envelope.
 
-    gen = await start(srv, request_id, prompts, params)     # APIError: 400, 503 ...
+    gen = await start(ctx, request_id, prompts, params)     # ServiceFailure: Refused ...
     async for event in gen.stream(idle_after=15.0):         # ChoiceDelta | Idle | Failed | Finished
         ...
-    result = await gen.collect()                             # Collected, or APIError
+    result = await gen.collect()                             # Collected, or ServiceFailure
 
 Both `stream` and `collect` retire the request when they end, however they end.
 
@@ -24,18 +26,21 @@ import builtins
 import math
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, overload
+from typing import overload
 
 import trio
-
+from actors.core.structured.cache import GrammarPin
 from actors.params.encoder import EncoderInput
 from actors.params.sampling import SamplingParams
 from actors.runtime.outbox import ChoiceUpdate, OutboxFailed, TokenLogprob
 from actors.runtime.request import PromptInput
+from actors.text.detokenizer import TokenTexts
+
+from server.errors import APIError, failure_of_api_error
+from server.frontend.context import FrontendContext
+from server.frontend.failures import ServiceFailure, failure_of
+from server.frontend.generation import Generation
 from server.frontend.structured import compile_spec
-from server.errors import APIError, status_of
-from server.generation import Generation
-from server.state import ServerState
 
 
 # -- logprobs ---------------------------------------------------------------------------
@@ -172,12 +177,13 @@ class Idle:
 
 @dataclass(frozen=True, slots=True)
 class Failed:
-    """The request failed after it was admitted; nothing more follows. `reason` is the
-    runtime's typed reason; `status` the HTTP status it maps to."""
+    """The request failed after it was admitted; nothing more follows."""
 
-    status: int
-    message: str
-    reason: BaseException | None = None
+    failure: ServiceFailure
+
+    @property
+    def message(self) -> str:
+        return self.failure.message
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,7 +236,7 @@ class _Accumulator:
 class TextGeneration:
     """One admitted generation, read as typed deltas (stream) or whole (collect)."""
 
-    def __init__(self, gen: Generation, texts: Any) -> None:
+    def __init__(self, gen: Generation, texts: TokenTexts) -> None:
         # texts: the tokenizer actor's TokenTexts, for each prompt's first token (the one
         # position no logprob carries: an echo with logprobs still shows its text).
         self._gen = gen
@@ -279,7 +285,7 @@ class TextGeneration:
                     with trio.move_on_after(wait) as waiting:
                         updates = await outbox.get()  # cancel-safe: nothing is lost
                 except OutboxFailed as exc:
-                    yield Failed(status_of(exc.error), exc.message, exc.error)
+                    yield Failed(failure_of(exc.error))
                     return
                 if waiting.cancelled_caught:
                     yield IDLE
@@ -292,8 +298,8 @@ class TextGeneration:
             self.retire()
 
     async def collect(self) -> Collected:
-        """Everything, once every choice has finished. A failure after admission is an
-        APIError. Retires the request."""
+        """Everything, once every choice has finished. A failure after admission is a
+        ServiceFailure. Retires the request."""
         acc = [_Accumulator() for _ in range(self.num_choices)]
         prompt_lps: list[PromptLogprobs | None] = [None] * len(self.prompts)
         outbox = self._gen.state.outbox
@@ -302,7 +308,7 @@ class TextGeneration:
                 try:
                     updates = await outbox.get()
                 except OutboxFailed as exc:
-                    raise APIError(status_of(exc.error), exc.message) from None
+                    raise failure_of(exc.error) from None
                 for u in updates:
                     a = acc[u.index]
                     a.text.append(u.text)
@@ -327,38 +333,42 @@ class TextGeneration:
                            u.finish_reason, u.stop_reason, generated, prompt_lps)
 
 
-async def start(srv: ServerState, request_id: str, prompts: list[PromptInput],
+async def start(ctx: FrontendContext, request_id: str, prompts: list[PromptInput],
                 params: SamplingParams,
                 encoder_input: EncoderInput | None = None) -> TextGeneration:
-    """Admit the request and wait until its prompts are tokenized. Raises APIError (503 when
-    the server is full or not serving, 400 for a prompt the engine cannot take).
+    """Admit the request and wait until its prompts are tokenized. Raises ServiceFailure
+    (Unavailable when the server is full or not serving, Refused for a prompt the engine
+    cannot take).
     ``encoder_input``: an encoder-decoder model's (Whisper: one prompt, the decoder's
     tokens; see server.frontend.transcription)."""
     pin = None
     if params.structured is not None:
         # compiled before admission (a 400 for a spec the backend refuses, a 503 when the
         # compile queue is full), off the loop; pinned until the request has retired
-        pin = await compile_spec(srv, params.structured)
+        pin = await compile_spec(ctx.grammar(), params.structured)
     try:
-        gen = Generation(srv, request_id, prompts, params, encoder_input=encoder_input)
+        gen = ctx.start(request_id, prompts, params, encoder_input=encoder_input)
         await gen.start()
-    except BaseException:
+    except BaseException as exc:
         if pin is not None:
             pin.release()  # the engine compiles for itself (off its threads) if it must
+        if isinstance(exc, APIError):  # the admission still answers in HTTP's terms
+            raise failure_of_api_error(exc) from None
         raise
     if pin is not None:
-        _release_when_retired(srv, gen, pin)
+        _release_when_retired(ctx.reaper, gen, pin)
     try:
-        return TextGeneration(gen, srv.token_texts)
+        return TextGeneration(gen, ctx.token_texts)
     except BaseException:
         gen.retire()
         raise
 
 
-def _release_when_retired(srv: ServerState, gen: Generation, pin: Any) -> None:
+def _release_when_retired(reaper: trio.Nursery | None, gen: Generation,
+                          pin: GrammarPin) -> None:
     """Unpins the request's grammar once every sequence of it has left the engine."""
     state = gen.state
-    if srv.reaper is None or state.retired.is_set():
+    if reaper is None or state.retired.is_set():
         pin.release()
         return
 
@@ -368,4 +378,4 @@ def _release_when_retired(srv: ServerState, gen: Generation, pin: Any) -> None:
         finally:
             pin.release()
 
-    srv.reaper.start_soon(release)
+    reaper.start_soon(release)

@@ -25,9 +25,11 @@ ids include the timestamp tokens (>= ``toks.timestamp_begin``: t seconds is
 timestamp_begin + round(t / 0.02), relative to the window's start); ``text`` is the tokens
 decoded without special tokens (timestamps among those), for callers that need none.
 
-Errors: APIError (400 for features of the wrong shape or dtype, or a prompt the model
-cannot take; 503 when the server is full or not serving); a failure after admission
-ends the iterator with APIError. Leaving the iterator early (aclosing) aborts the window.
+Errors: APIError 400 for features of the wrong shape or dtype, or a decoder prompt out of
+bounds; the generation service's ServiceFailure (server.frontend.failures: Refused for a
+prompt the model cannot take, Unavailable when the server is full or not serving) at
+admission, and the failure that ends a window after it. Leaving the iterator early
+(aclosing) aborts the window.
 On a server whose model is not Whisper, every function here raises APIError 400.
 """
 
@@ -41,12 +43,13 @@ from functools import lru_cache
 from typing import Any
 
 import numpy as np
-
 from actors.params.encoder import EncoderInput
 from actors.params.sampling import SamplingParams
 from actors.runtime.request import PromptInput
+
 from server.errors import APIError, bad_request
 from server.frontend import service
+from server.frontend.context import context_of
 from server.frontend.service import ChoiceDelta, Failed, Finished
 from server.state import ServerState
 
@@ -171,8 +174,8 @@ def _encoder_input(toks: WhisperTokens, features: np.ndarray) -> EncoderInput:
 async def transcribe_window(srv: ServerState, request_id: str, features: np.ndarray,
                             prompt_token_ids: list[int], params: SamplingParams
                             ) -> AsyncIterator[WindowDelta]:
-    """Decodes one window: admitted like any generation (its APIError before the first
-    delta), then its deltas as the engine produces them. Use under contextlib.aclosing:
+    """Decodes one window: admitted like any generation (its ServiceFailure before the
+    first delta), then its deltas as the engine produces them. Use under contextlib.aclosing:
     leaving early aborts the window in the engine (its cross-attention K/V is freed)."""
     toks = whisper_tokens(srv)
     enc = _encoder_input(toks, features)
@@ -181,8 +184,9 @@ async def transcribe_window(srv: ServerState, request_id: str, features: np.ndar
                           f"tokens, got {len(prompt_token_ids)}", "prompt")
     if params.n != 1:
         params = replace(params, n=1)
-    gen = await service.start(srv, request_id, [PromptInput(token_ids=list(prompt_token_ids))],
-                              params, encoder_input=enc)
+    gen = await service.start(context_of(srv), request_id,
+                              [PromptInput(token_ids=list(prompt_token_ids))], params,
+                              encoder_input=enc)
     async with contextlib.aclosing(gen.stream()) as events:
         async for ev in events:
             if isinstance(ev, ChoiceDelta):
@@ -192,7 +196,7 @@ async def transcribe_window(srv: ServerState, request_id: str, features: np.ndar
                 if ids or ev.finish_reason is not None:
                     yield WindowDelta(ids, ev.text, ev.finish_reason)
             elif isinstance(ev, Failed):
-                raise APIError(ev.status, ev.message)
+                raise ev.failure
             elif isinstance(ev, Finished):
                 return
 
@@ -209,8 +213,8 @@ async def language_detect(srv: ServerState, features: np.ndarray,
     params = SamplingParams(temperature=0.0, max_tokens=1, allowed_token_ids=allowed,
                             logprobs=1, skip_special_tokens=False)
     enc = _encoder_input(toks, features)
-    gen = await service.start(srv, request_id, [PromptInput(token_ids=[toks.sot])], params,
-                              encoder_input=enc)
+    gen = await service.start(context_of(srv), request_id, [PromptInput(token_ids=[toks.sot])],
+                              params, encoder_input=enc)
     result = await gen.collect()
     choice = result.choices[0]
     if not choice.token_ids:

@@ -30,8 +30,8 @@ from typing import Any
 
 from server import sse
 from server.api.anthropic.errors import envelope
-from server.api.openai.render import ChatChoice
-from server.api.openai.tool_calls import is_json
+from server.errors import status_of_failure
+from server.frontend.chat.tool_calls import ChatChoice, is_json
 from server.frontend.service import (
     ChoiceDelta,
     Collected,
@@ -207,7 +207,7 @@ async def sse_body(gen: TextGeneration, stream: MessageStream) -> AsyncIterator[
                 elif isinstance(item, Idle):
                     yield PING
                 elif isinstance(item, Failed):
-                    for ev in stream.fail(item.status, item.message):
+                    for ev in stream.fail(status_of_failure(item.failure), item.message):
                         yield ev
                     return
                 elif isinstance(item, Finished):

@@ -1,6 +1,7 @@
 """POST /v1/messages and POST /v1/messages/count_tokens.
 
-A request is translated into the chat request it amounts to (`translate`), then runs
+A request is translated into the chat request it amounts to
+(server.api.common.messages_body, shared with the scale-out /v1/messages/render), then runs
 exactly as /v1/chat/completions runs one: the same template render, tool plan,
 SamplingParams, admission, request id and generation service; only the response shape
 (`render`) and the error envelope (`errors`, chosen by the app for these paths) are
@@ -13,28 +14,33 @@ from __future__ import annotations
 from actors.runtime.request import PromptInput
 from quart import Quart, Response, request
 
-from server.api.anthropic.protocol import AnthropicCountTokensRequest, AnthropicMessagesRequest
+from server.api.common.messages_protocol import (
+    AnthropicCountTokensRequest, AnthropicMessagesRequest,
+)
 from server.api.anthropic.render import MessageStream, message_body, sse_body
-from server.api.anthropic.translate import chat_request
+from server.api.common.messages_body import chat_request
+from server.api.common.chat_body import checked, to_chat
+from server.api.common.tokens import token_ids_of
 from server.api.http_io import accepts, check_model, json_response, parse, read_json
-from server.api.openai.chat import checked, render_call
-from server.api.openai.tokenize import token_ids_of
-from server.api.openai.tool_calls import choice_factory
-from server.api.openai.tools import plan_tools
 from server.frontend import service
-from server.generation import new_request_id
+from server.frontend.chat.render import render_call
+from server.frontend.chat.tool_calls import choice_factory
+from server.frontend.chat.tools import plan_tools
+from server.frontend.context import context_of
+from server.frontend.generation import new_request_id
 from server.sse import sse_response
 from server.state import ServerState
 
 
 async def create_message(srv: ServerState, req: AnthropicMessagesRequest) -> Response:
-    chat = chat_request(req)
-    model, plan, params = checked(srv, chat)  # every check chat makes, in its order
+    body = chat_request(req)
+    model, chat, plan, params = checked(srv, body)  # every check chat makes, in its order
     # As on chat: the template renders special tokens itself, none are added.
-    prompts = [PromptInput(render=render_call(srv, chat, plan.tools),
+    assert srv.renderer is not None
+    prompts = [PromptInput(render=render_call(srv.renderer, chat, plan.tools),
                            add_special_tokens=chat.add_special_tokens)]
     rid = new_request_id(request.headers.get("X-Request-Id"), None)
-    gen = await service.start(srv, rid, prompts, params)
+    gen = await service.start(context_of(srv), rid, prompts, params)
     choice = choice_factory(plan)()
     if req.stream:
         return sse_response(sse_body(gen, MessageStream(gen, model=model, choice=choice)))
@@ -43,11 +49,13 @@ async def create_message(srv: ServerState, req: AnthropicMessagesRequest) -> Res
 
 
 async def count_tokens(srv: ServerState, req: AnthropicCountTokensRequest) -> Response:
-    chat = chat_request(req)
-    check_model(srv, chat.model)  # after the translation's checks, as create makes them
+    body = chat_request(req)
+    check_model(srv, body.model)  # after the translation's checks, as create makes them
     # The tool plan's checks too: a request create would refuse is not counted.
+    chat = to_chat(body)
     plan = plan_tools(chat, srv.config)
-    render = render_call(srv, chat, plan.tools)
+    assert srv.renderer is not None
+    render = render_call(srv.renderer, chat, plan.tools)
     ids = await token_ids_of(srv, render, chat.add_special_tokens)
     return json_response({"input_tokens": len(ids)})
 

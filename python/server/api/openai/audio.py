@@ -37,8 +37,9 @@ from server.api.http_io import json_response
 from server.api.openai.audio_form import (SpeechRequest, parse_form, read_upload,
                                           sampling_params, upload_request_class)
 from server.audio import MISSING_EXTRA, missing_packages
-from server.errors import APIError, bad_request
-from server.generation import new_request_id
+from server.errors import APIError, api_error_of_failure, bad_request
+from server.frontend.failures import ServiceFailure
+from server.frontend.generation import new_request_id
 from server.state import ServerState
 
 if sys.version_info < (3, 11):
@@ -98,7 +99,8 @@ class Job:
                     results[i].token_ids += delta.token_ids
                     results[i].text.append(delta.text)
 
-        # The first failure (an APIError) cancels the other windows and is the answer.
+        # The first failure (an APIError or ServiceFailure) cancels the other windows and
+        # is the answer.
         try:
             async with trio.open_nursery() as nursery:
                 for i in range(len(results)):
@@ -112,7 +114,7 @@ def _first_api_error(group: BaseExceptionGroup) -> BaseException:
     for exc in group.exceptions:
         if isinstance(exc, BaseExceptionGroup):
             return _first_api_error(exc)
-        if isinstance(exc, APIError):
+        if isinstance(exc, (APIError, ServiceFailure)):
             return exc
     return group
 
@@ -281,8 +283,9 @@ async def stream_body(job: Job, opened: tuple[AsyncIterator[Any], list[Any]]
                 yield sse.event(chunk)
         if req.include_usage:
             yield sse.event({**head, "choices": [], "usage": usage()})
-    except APIError as exc:
-        yield sse.error_event(exc.status, exc.message)
+    except (APIError, ServiceFailure) as exc:
+        error = api_error_of_failure(exc) if isinstance(exc, ServiceFailure) else exc
+        yield sse.error_event(error.status, error.message)
     yield sse.DONE
 
 

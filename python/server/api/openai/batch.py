@@ -2,7 +2,7 @@
 conversation, in order.
 
 The body is a chat body whose `messages` is a list of conversations. Everything but the
-conversations is checked once, by chat's own checks (`chat.checked`), and the N prompts
+conversations is checked once, by chat's own checks (`chat_body.checked`), and the N prompts
 go to the generation service as one request: the tokenizer renders them together and
 admits them back to back, so the engine schedules them in the same step, and the
 admission slots are taken for all N or for none.
@@ -17,18 +17,21 @@ from __future__ import annotations
 
 import dataclasses
 from typing import Any
+
+from actors.runtime.request import PromptInput
 from pydantic import Field
 from quart import Quart, Response, request
 
-from actors.runtime.request import PromptInput
+from server.api.common.chat_body import checked, echo_text, response_role, to_chat
+from server.api.common.chat_protocol import ChatCompletionRequest, ChatMessage
+from server.api.common.params import MAX_PROMPTS
 from server.api.http_io import accepts, built_json_response, parse, read_json
-from server.api.openai import chat
-from server.api.openai.params import MAX_PROMPTS
-from server.api.openai.protocol.chat import ChatCompletionRequest, ChatMessage
 from server.api.openai.render import ChatCompletionRenderer
 from server.errors import bad_request
 from server.frontend import service
-from server.generation import new_request_id
+from server.frontend.chat.render import render_call
+from server.frontend.context import context_of
+from server.frontend.generation import new_request_id
 from server.state import ServerState
 
 
@@ -78,15 +81,16 @@ def conversations(req: BatchChatCompletionRequest) -> list[ChatCompletionRequest
 async def handle(srv: ServerState, req: BatchChatCompletionRequest) -> Response:
     check_batch(req)
     singles = conversations(req)
-    model, plan, params = chat.checked(srv, singles[0])
+    model, _, plan, params = checked(srv, singles[0])
     # echo scores each prompt in chat; the batch response has no place for those scores.
     params = dataclasses.replace(params, prompt_logprobs=None)
-    prompts = [PromptInput(render=chat.render_call(srv, single, plan.tools),
+    assert srv.renderer is not None
+    prompts = [PromptInput(render=render_call(srv.renderer, to_chat(single), plan.tools),
                            add_special_tokens=req.add_special_tokens) for single in singles]
     rid = new_request_id(request.headers.get("X-Request-Id"), req.request_id)
-    gen = await service.start(srv, rid, prompts, params)
-    per_prompt = [(role, chat.echo_text(single, role))
-                  for single in singles for role in (chat.response_role(single),)]
+    gen = await service.start(context_of(srv), rid, prompts, params)
+    per_prompt = [(role, echo_text(single, role))
+                  for single in singles for role in (response_role(single),)]
     renderer = ChatCompletionRenderer(
         gen, model=model, fingerprint=srv.fingerprint, role=per_prompt[0][0], echoed="",
         logprobs=bool(req.logprobs), top_logprobs=req.top_logprobs or 0,

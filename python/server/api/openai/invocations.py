@@ -22,11 +22,11 @@ from typing import Any
 
 from quart import Quart, Response, g, request
 
+from server.api.common.chat_protocol import ChatCompletionRequest
+from server.api.common.completion_protocol import CompletionRequest
 from server.api.http_io import accepts, read_json
 from server.api.openai import batch
 from server.api.openai.batch import BatchChatCompletionRequest
-from server.api.openai.protocol.chat import ChatCompletionRequest
-from server.api.openai.protocol.completions import CompletionRequest
 from server.errors import bad_request
 from server.state import ServerState
 

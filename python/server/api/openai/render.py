@@ -13,12 +13,10 @@ order of keys, which are null and which are left out, -inf written as -9999.0.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import aclosing
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from server import sse
-from server.api.openai.render_json import (
+from server.api.common.render_json import (
     chat_logprobs,
     completion_logprobs,
     echo_logprobs,
@@ -27,48 +25,14 @@ from server.api.openai.render_json import (
     response_usage_json,
     usage_json,
 )
+from server.frontend.chat.tool_calls import ChatChoice
 from server.frontend.service import (
     ChoiceDelta,
     Collected,
-    Failed,
-    Finished,
-    Idle,
     LogprobEntry,
     TextGeneration,
     Usage,
 )
-
-
-class ChunkRenderer(Protocol):
-    def first_chunks(self) -> list[dict[str, Any]]: ...
-    def chunk(self, delta: ChoiceDelta) -> dict[str, Any] | None: ...
-    def final(self, usage: Usage) -> dict[str, Any] | None: ...
-
-
-async def sse_body(gen: TextGeneration, renderer: ChunkRenderer) -> AsyncIterator[bytes]:
-    """An OpenAI stream: the renderer's chunks as `data:` events, a keep-alive comment while
-    nothing comes, an error event if the request fails, then `data: [DONE]`. `finally`
-    retires the request, also when the client disconnects."""
-    try:
-        for first in renderer.first_chunks():
-            yield sse.event(first)
-        async with aclosing(gen.stream(idle_after=sse.KEEPALIVE_INTERVAL)) as events:
-            async for ev in events:
-                if isinstance(ev, ChoiceDelta):
-                    chunk = renderer.chunk(ev)
-                    if chunk is not None:
-                        yield sse.event(chunk)
-                elif isinstance(ev, Idle):
-                    yield sse.KEEPALIVE  # e.g. queued behind a long prefill
-                elif isinstance(ev, Failed):
-                    yield sse.error_event(ev.status, ev.message)
-                elif isinstance(ev, Finished):
-                    final = renderer.final(ev.usage)
-                    if final is not None:
-                        yield sse.event(final)
-        yield sse.DONE
-    finally:
-        gen.retire()
 
 
 class _StreamOptions:
@@ -196,40 +160,6 @@ class CompletionRenderer(_Renderer):
 
 
 # -- /v1/chat/completions -------------------------------------------------------------------
-def chat_message(role: str, content: str | None,
-                 tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    # vLLM's shape: tool_calls is left out when there are none; the rest are null.
-    message = {"role": role, "content": content, "refusal": None, "annotations": None,
-               "audio": None, "function_call": None}
-    if tool_calls:
-        message["tool_calls"] = tool_calls
-    message["reasoning"] = None
-    return message
-
-
-class ChatChoice:
-    """One choice of a chat response. Its text becomes message content as it is; a
-    tool-call parser (tool_calls.ToolCallChoice) keeps here what it has seen of the choice
-    and splits the text into content and tool calls."""
-
-    __slots__ = ()
-
-    def delta(self, d: ChoiceDelta) -> dict[str, Any] | None:
-        """The chunk's delta; None when nothing may go out yet."""
-        # A token whose text is held back still gets its chunk (content "", its logprobs),
-        # as vLLM sends it; a finish without any token has an empty delta.
-        return {"content": d.text} if d.text or d.token_ids else {}
-
-    def finish_reason(self, reason: str | None) -> str | None:
-        """The chunk's finish_reason, once delta() has seen the choice's last delta."""
-        return reason
-
-    def message(self, role: str, echoed: str, text: str, reason: str | None,
-                stop_reason: str | int | None = None) -> tuple[dict[str, Any], str | None]:
-        """The whole choice's message and finish_reason."""
-        return chat_message(role, echoed + text), reason
-
-
 class ChatCompletionRenderer(_Renderer):
     """The shapes of one /v1/chat/completions response."""
 

@@ -8,7 +8,7 @@ as on chat (tools.plan_tools: "required" and named functions by constrained deco
 the generation service runs it. responses_render shapes the output, whole or as typed
 stream events (`event: <type>` + `data: <json>`, numbered by sequence_number).
 
-Stored responses (server.responses_store, SQLite, off the event loop) serve GET and
+Stored responses (server.frontend.responses_store, SQLite, off the event loop) serve GET and
 `previous_response_id`: a later turn renders the stored conversation, then the stored
 output, then its own input. `store: false` keeps nothing. Each row belongs to the client
 of the request's API key (all clients are one without keys), which holds at most its
@@ -25,8 +25,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from types import SimpleNamespace
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 from actors.params.sampling import SamplingParams
@@ -34,11 +33,11 @@ from actors.runtime.request import PromptInput
 from quart import Quart, Response, request
 
 from server import sse
+from server.api.common.chat_protocol import ChatTool
+from server.api.common.params import build_params
+from server.api.common.protocol import APIModel
+from server.api.common.unsupported import check_unsupported
 from server.api.http_io import accepts, check_model, json_response, parse, read_json
-from server.api.openai.chat import template_kwargs
-from server.api.openai.params import build_params
-from server.api.openai.protocol.chat import ChatTool
-from server.api.openai.protocol.common import APIModel
 from server.api.openai.protocol.responses import ResponsesRequest
 from server.api.openai.responses_background import BackgroundResponses
 from server.api.openai.responses_input import conversation, input_messages, items_to_messages
@@ -51,18 +50,24 @@ from server.api.openai.responses_render import (
     final_body,
     new_id,
 )
-from server.api.openai.tools import ToolPlan, apply_plan, history_messages, plan_tools
-from server.api.openai.unsupported import check_unsupported
 from server.auth import presented_key
 from server.errors import APIError, bad_request
 from server.frontend import service
+from server.frontend.chat.render import render_call
+from server.frontend.chat.request import ChatRequest
+from server.frontend.chat.tools import ToolPlan, apply_plan, plan_tools
+from server.frontend.context import context_of
+from server.frontend.failures import ServiceFailure
+from server.frontend.generation import detach_from_request, new_request_id
+from server.frontend.responses_store import UNFINISHED, ResponseStore, client_id
 from server.frontend.service import ChoiceDelta, Failed, Finished, Idle, TextGeneration
-from server.generation import detach_from_request, new_request_id
-from server.responses_store import UNFINISHED, ResponseStore, client_id
 from server.sse import sse_response
 from server.state import ServerState
 
 log = logging.getLogger("server.responses")
+
+# A refusal of either kind: the request's own checks (APIError) or the service's.
+_Named = TypeVar("_Named", APIError, ServiceFailure)
 
 MAX_METADATA_PAIRS = 16  # OpenAI's bounds on `metadata`
 MAX_METADATA_KEY = 64
@@ -115,7 +120,17 @@ def _tool_plan(srv: ServerState, req: ResponsesRequest) -> ToolPlan:
     if "tool_choice" in req.model_fields_set and (
             req.tools or req.tool_choice not in ("auto", "none")):
         fields["tool_choice"] = _chat_tool_choice(req.tool_choice)
-    return plan_tools(parse(_ToolRequest, fields), srv.config)  # type: ignore[arg-type]
+    tools = parse(_ToolRequest, fields)
+    structured = tools.structured_outputs
+    if hasattr(structured, "model_dump"):
+        structured = structured.model_dump(by_alias=True)
+    return plan_tools(ChatRequest(
+        messages=(),
+        tools=None if tools.tools is None else tuple(
+            t.model_dump(exclude_none=True) for t in tools.tools),
+        tool_choice=tools.tool_choice, tool_choice_given="tool_choice" in tools.model_fields_set,
+        parallel_tool_calls=tools.parallel_tool_calls, structured_outputs=structured,
+    ), srv.config)
 
 
 def _response_format(req: ResponsesRequest) -> dict[str, Any] | None:
@@ -234,13 +249,11 @@ class ResponsesAPI:
         except APIError as exc:
             raise _named_for_responses(exc) from None
         assert srv.renderer is not None
-        render = srv.renderer.prepare(
-            history_messages(conversation(req.instructions, history, messages)),
-            request_template=req.chat_template,
-            kwargs=template_kwargs(SimpleNamespace(
-                reasoning_effort=req.reasoning.effort if req.reasoning else None,
-                chat_template_kwargs=req.chat_template_kwargs)),
-            add_generation_prompt=True, continue_final_message=False, tools=plan.tools)
+        render = render_call(srv.renderer, ChatRequest(
+            messages=tuple(conversation(req.instructions, history, messages)),
+            chat_template=req.chat_template, chat_template_kwargs=req.chat_template_kwargs,
+            reasoning_effort=req.reasoning.effort if req.reasoning else None,
+        ), plan.tools)
         store = self.store if req.store else None
         client = self._client()
         shape = ResponseShape(response_id=new_id("resp"), model=model,
@@ -251,8 +264,8 @@ class ResponsesAPI:
             detach_from_request()  # the generation outlives this request
         rid = new_request_id(request.headers.get("X-Request-Id"), req.request_id)
         try:
-            gen = await service.start(srv, rid, [PromptInput(render=render)], params)
-        except APIError as exc:
+            gen = await service.start(context_of(srv), rid, [PromptInput(render=render)], params)
+        except ServiceFailure as exc:
             raise _named_for_responses(exc) from None
         if req.background:
             assert self.background is not None  # _check: background needs the store
@@ -338,7 +351,7 @@ class ResponsesAPI:
         return final
 
 
-def _named_for_responses(exc: APIError) -> APIError:
+def _named_for_responses(exc: _Named) -> _Named:
     """A refusal names the field the client sent: `text.format` for the constraint chat
     calls response_format, `input` for the prompt."""
     if exc.param is not None and exc.param.startswith("response_format"):

@@ -25,9 +25,10 @@ from server.api.openai.responses_render import (
     failed_body,
     final_body,
 )
-from server.errors import APIError, bad_request
+from server.errors import bad_request
+from server.frontend.failures import ServiceFailure
+from server.frontend.responses_store import UNFINISHED, ResponseStore
 from server.frontend.service import TextGeneration
-from server.responses_store import UNFINISHED, ResponseStore
 from server.state import ServerState
 
 log = logging.getLogger("server.responses")
@@ -89,7 +90,7 @@ class BackgroundResponses:
                     job.builder.feed(choice.text, choice.logprobs, choice.finish_reason or "stop")
                     job.final = final_body(job.shape, job.builder, result.usage,
                                            choice.finish_reason)
-                except APIError as exc:
+                except ServiceFailure as exc:
                     job.final = failed_body(job.shape, job.builder, exc.message)
             if job.scope.cancelled_caught:
                 job.final = job.shape.body("cancelled", [])

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from server.api.openai.tools import check_arguments_depth
 from server.errors import bad_request
+from server.frontend.chat.tools import check_arguments_depth
 
 _ROLES = ("user", "assistant", "system", "developer")
 _TEXT_PARTS = ("input_text", "output_text", "text")

@@ -23,8 +23,8 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from server.api.openai.tool_parsers import ContentDelta, ToolCallDelta
-from server.api.openai.tools import ToolPlan
+from server.frontend.chat.tool_parsers import ContentDelta, ToolCallDelta
+from server.frontend.chat.tools import ToolPlan
 from server.frontend.service import LogprobEntry, Usage
 
 DISCONNECTED = "client_disconnected"  # incomplete_details.reason of an abandoned stream

@@ -1,52 +1,33 @@
 """vLLM's tokenizer routes: POST /tokenize (a prompt, or chat messages through the chat
-template), POST /detokenize and GET /tokenizer_info.
-
-The work runs in worker threads, TOKENIZE_THREADS at a time, with at most TOKENIZE_QUEUE
-more waiting; beyond that 503 + Retry-After, as a full generation queue answers (each
-waiting request holds its body, up to --max-body-bytes).
-"""
+template), POST /detokenize and GET /tokenizer_info. The work runs in the bounded worker
+threads of server.api.common.tokens."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-import trio
 from quart import Quart, Response
 
+from server.api.common.tokens import in_tokenizer_thread, token_ids_of
 from server.api.http_io import accepts, check_model, json_response, parse, read_json
-from server.api.openai.chat import render_call
 from server.api.openai.protocol.tokenize import DetokenizeRequest, TokenizeRequest
-from server.errors import bad_request, overloaded
+from server.errors import bad_request
+from server.frontend.chat.render import render_call
+from server.frontend.chat.request import ChatRequest
 from server.state import ServerState
 
-TOKENIZE_THREADS = 2
-TOKENIZE_QUEUE = 16
-_TOKENIZE_LIMITER = trio.CapacityLimiter(TOKENIZE_THREADS)
 
-
-async def _in_tokenizer_thread(fn: Any) -> Any:
-    if _TOKENIZE_LIMITER.statistics().tasks_waiting >= TOKENIZE_QUEUE:
-        raise overloaded()
-    return await trio.to_thread.run_sync(fn, limiter=_TOKENIZE_LIMITER)
-
-
-async def token_ids_of(srv: ServerState, render: Callable[[], str],
-                       add_special_tokens: bool) -> list[int]:
-    """What /tokenize gives: the rendered text (a chat template's, or a prompt as it is)
-    tokenized in a tokenizer thread; text that cannot fit the context is refused
-    untokenized, as generation refuses it."""
-    tok = srv.tokenizer
-
-    def work() -> list[int]:
-        text = render()
-        too_long = srv.prompt_bound.error(text, srv.limits.max_model_len)
-        if too_long is not None:
-            raise bad_request(too_long, "prompt")
-        return tok.backend_tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
-
-    return await _in_tokenizer_thread(work)
+def to_chat(req: TokenizeRequest) -> ChatRequest:
+    """The chat request whose prompt /tokenize counts (no tool plan: tools go to the
+    template as sent)."""
+    assert req.messages is not None
+    return ChatRequest(
+        messages=tuple(m.model_dump(exclude_none=True) for m in req.messages),
+        tools=req.tools, chat_template=req.chat_template,
+        chat_template_kwargs=req.chat_template_kwargs,
+        add_generation_prompt=req.add_generation_prompt,
+        continue_final_message=req.continue_final_message)
 
 
 def register(app: Quart, srv: ServerState) -> None:
@@ -58,7 +39,8 @@ def register(app: Quart, srv: ServerState) -> None:
         if (req.prompt is None) == (req.messages is None):
             raise bad_request("give exactly one of prompt or messages")
         if req.messages is not None:
-            render = render_call(srv, req)
+            assert srv.renderer is not None
+            render = render_call(srv.renderer, to_chat(req))
             add_special = bool(req.add_special_tokens)
         else:
             prompt = req.prompt
@@ -83,7 +65,7 @@ def register(app: Quart, srv: ServerState) -> None:
         for t in req.tokens:
             if not 0 <= t < vocab:
                 raise bad_request(f"Token id {t} is out of vocabulary", "tokens")
-        text = await _in_tokenizer_thread(
+        text = await in_tokenizer_thread(
             partial(srv.tokenizer.backend_tokenizer.decode, req.tokens, skip_special_tokens=False)
         )
         return json_response({"prompt": text})

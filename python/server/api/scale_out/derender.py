@@ -16,16 +16,16 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from actors.params.limits import MAX_N
 from quart import Quart, Response
 
-from actors.params.limits import MAX_N
+from server.api.common.chat_protocol import ChatCompletionRequest
+from server.api.common.completion_protocol import CompletionRequest
+from server.api.common.protocol import APIModel
+from server.api.common.render_json import chat_logprobs, completion_logprobs
 from server.api.http_io import accepts, built_json_response, check_model, parse, read_json
-from server.api.openai.protocol.chat import ChatCompletionRequest
-from server.api.openai.protocol.common import APIModel
-from server.api.openai.protocol.completions import CompletionRequest
-from server.api.openai.render import chat_message
-from server.api.openai.render_json import chat_logprobs, completion_logprobs
 from server.errors import bad_request
+from server.frontend.chat.tool_calls import chat_message
 from server.frontend.service import LogprobEntry, TopLogprob
 from server.state import ServerState
 

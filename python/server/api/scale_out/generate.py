@@ -18,23 +18,25 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+from actors.runtime.request import PromptInput
 from quart import Quart, Response, request
 
-from actors.runtime.request import PromptInput
-from server.api.http_io import accepts, built_json_response, check_model, parse, read_json
-from server.api.openai.params import build_params, check_stream_options
-from server.api.openai.render import chat_message, sse_body
-from server.api.openai.render_json import (
+from server.api.common.params import build_params, check_stream_options
+from server.api.common.render_json import (
     MIN_LOGPROB,
     prompt_logprobs_json,
     response_usage_json,
     usage_json,
 )
+from server.api.common.stream import sse_body
+from server.api.http_io import accepts, built_json_response, check_model, parse, read_json
 from server.api.scale_out.protocol import AbortRequests, GenerateRequest
 from server.errors import APIError, bad_request
 from server.frontend import service
+from server.frontend.chat.tool_calls import chat_message
+from server.frontend.context import context_of
+from server.frontend.generation import new_request_id
 from server.frontend.service import ChoiceDelta, Collected, LogprobEntry, TextGeneration, Usage
-from server.generation import new_request_id
 from server.sse import sse_response
 from server.state import ServerState
 
@@ -126,7 +128,7 @@ def _ranked(lp: LogprobEntry) -> list[tuple[int, str, float, int | None]]:
 
 
 def _clamped(v: float) -> float:
-    return v if v >= MIN_LOGPROB else MIN_LOGPROB  # NaN too
+    return max(v, MIN_LOGPROB)  # NaN too
 
 
 def tokens_logprobs(items: Sequence[LogprobEntry]) -> dict[str, Any]:
@@ -263,7 +265,8 @@ async def handle(srv: ServerState, running: Running, req: GenerateRequest) -> Re
     params = _checked(srv, req)
     base = new_request_id(request.headers.get("X-Request-Id"), req.request_id)
     request_id = f"generate-tokens-{base}"
-    gen = await service.start(srv, base, [PromptInput(token_ids=list(req.token_ids))], params)
+    gen = await service.start(context_of(srv), base,
+                              [PromptInput(token_ids=list(req.token_ids))], params)
     running.add(request_id, gen)
     renderer = GenerateRenderer(gen, req, request_id, model, params.logprobs is not None)
     if req.stream:

@@ -1,6 +1,6 @@
 """POST /v1/messages/render: an Anthropic Messages request rendered and tokenized without
 generating, as vLLM 0.33 serves it: translated into the chat request /v1/messages runs
-(`anthropic.translate.chat_request`), then rendered as /v1/chat/completions/render renders
+(`common.messages_body.chat_request`), then rendered as /v1/chat/completions/render renders
 it, so the token ids are exactly what /v1/messages would compute. Errors on this path use
 Anthropic's envelope, as on every /v1/messages route."""
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from quart import Quart, Response
 
-from server.api.anthropic.protocol import AnthropicMessagesRequest
-from server.api.anthropic.translate import chat_request
+from server.api.common.messages_protocol import AnthropicMessagesRequest
+from server.api.common.messages_body import chat_request
 from server.api.http_io import accepts, json_response, parse, read_json
 from server.api.scale_out.render import chat_generate_request
 from server.state import ServerState

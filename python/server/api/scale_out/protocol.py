@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from server.api.openai.protocol.common import APIModel, SamplingFields, StreamOptions
+from server.api.common.protocol import APIModel, SamplingFields, StreamOptions
 
 OutputMode = Literal["tokens", "text", "derender"]
 

@@ -3,7 +3,7 @@ and tokenized, and its sampling parameters resolved, without generating; the ans
 body /inference/v1/generate takes (vLLM's GenerateRequest; a list of them for completions,
 one per prompt).
 
-The checks are the generation routes' own (`chat.checked`, `completions.checked`), the
+The checks are the generation routes' own (`chat_body.checked`, `completion_body.checked`), the
 tokens are what /tokenize gives for the same input, and the prompt then passes the check
 generation applies (`check_prompt`: vocabulary, context, truncate_prompt_tokens). Another
 API renders through the same two steps: `rendered_prompt` (PromptInput -> token ids) and
@@ -18,21 +18,23 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from quart import Quart, Response, request
-
 from actors.errors import RequestRefused
 from actors.params.prompt import check_prompt
 from actors.params.sampling import SamplingParams
 from actors.params.structured import StructuredSpec
 from actors.runtime.request import PromptInput
+from quart import Quart, Response, request
+
+from server.api.common import chat_body, completion_body
+from server.api.common.chat_protocol import ChatCompletionRequest
+from server.api.common.completion_protocol import CompletionRequest
+from server.api.common.protocol import StreamOptions
+from server.api.common.tokens import token_ids_of
 from server.api.http_io import accepts, json_response, parse, read_json
-from server.api.openai import chat, completions
-from server.api.openai.protocol.chat import ChatCompletionRequest
-from server.api.openai.protocol.completions import CompletionRequest
-from server.api.openai.protocol.common import StreamOptions
-from server.api.openai.tokenize import token_ids_of
 from server.errors import api_error_of
-from server.generation import new_request_id
+from server.frontend.chat.render import render_call, template_kwargs
+from server.frontend.chat.request import ChatRequest
+from server.frontend.generation import new_request_id
 from server.state import ServerState
 
 PATHS = ("/v1/chat/completions/render", "/v1/completions/render")
@@ -97,7 +99,7 @@ async def rendered_prompt(srv: ServerState, prompt: PromptInput,
         render = prompt.render
         if render is None:
             text = prompt.text or ""
-            render = lambda: text  # noqa: E731
+            render = lambda: text
         ids = await token_ids_of(srv, render, prompt.add_special_tokens)
     assert srv.limits is not None
     try:
@@ -128,12 +130,13 @@ def generate_request_json(srv: ServerState, request_id: str, token_ids: list[int
     }
 
 
-def _parse_context(req: ChatCompletionRequest, plan_tools: Any) -> dict[str, Any]:
+def _parse_context(req: ChatCompletionRequest, chat: ChatRequest,
+                   plan_tools: Any) -> dict[str, Any]:
     """What a derendering server needs to parse the output (vLLM's ParseContext)."""
     history = sum(len(m.tool_calls or []) for m in req.messages if m.role == "assistant")
     return {"tools": plan_tools, "tool_choice": req.tool_choice or "none",
             "parallel_tool_calls": req.parallel_tool_calls, "include_reasoning": True,
-            "chat_template_kwargs": chat.template_kwargs(req) or {},
+            "chat_template_kwargs": template_kwargs(chat) or {},
             "history_tool_call_cnt": history}
 
 
@@ -141,14 +144,15 @@ async def chat_generate_request(srv: ServerState, req: ChatCompletionRequest
                                 ) -> dict[str, Any]:
     """The generate request a chat request amounts to (also what /v1/messages/render
     answers for the chat request a Messages request translates to)."""
-    _, plan, params = chat.checked(srv, req)
-    prompt = PromptInput(render=chat.render_call(srv, req, plan.tools),
-                         add_special_tokens=req.add_special_tokens)
+    _, chat, plan, params = chat_body.checked(srv, req)
+    assert srv.renderer is not None
+    prompt = PromptInput(render=render_call(srv.renderer, chat, plan.tools),
+                         add_special_tokens=chat.add_special_tokens)
     ids = await rendered_prompt(srv, prompt, params)
     rid = new_request_id(request.headers.get("X-Request-Id"), req.request_id)
     return generate_request_json(
         srv, f"chatcmpl-{rid}", ids, params, model=req.model, stream=bool(req.stream),
-        stream_options=req.stream_options, parse_context=_parse_context(req, plan.tools),
+        stream_options=req.stream_options, parse_context=_parse_context(req, chat, plan.tools),
         return_token_ids=False)
 
 
@@ -163,7 +167,7 @@ def register(app: Quart, srv: ServerState) -> None:
     @accepts(CompletionRequest)
     async def completions_render() -> Response:
         req = parse(CompletionRequest, await read_json())
-        _, prompts, params = completions.checked(srv, req)
+        _, prompts, params = completion_body.checked(srv, req)
         base = f"cmpl-{new_request_id(request.headers.get('X-Request-Id'), req.request_id)}"
         out = []
         for i, prompt in enumerate(prompts):

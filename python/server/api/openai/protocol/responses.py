@@ -12,8 +12,8 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from server.api.openai.protocol.chat import ReasoningEffort
-from server.api.openai.protocol.common import APIModel, SamplingFields
+from server.api.common.chat_protocol import ReasoningEffort
+from server.api.common.protocol import APIModel, SamplingFields
 
 # vLLM's (and OpenAI's) include values; only the output logprobs change what is returned,
 # the others name outputs of tools this server does not run.

@@ -6,8 +6,8 @@ from typing import Any
 
 from pydantic import Field
 
-from server.api.openai.protocol.chat import ChatMessage
-from server.api.openai.protocol.common import APIModel
+from server.api.common.chat_protocol import ChatMessage
+from server.api.common.protocol import APIModel
 
 
 class TokenizeRequest(APIModel):

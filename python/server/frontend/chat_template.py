@@ -9,7 +9,7 @@ model types), and /v1/completions serves as usual. A request
 may pass `chat_template_kwargs`, but only names the template actually reads, and never
 the names the renderer itself controls.
 
-A template is a program: it renders in server.template_sandbox, bounded in time, memory,
+A template is a program: it renders in server.frontend.template_sandbox, bounded in time, memory,
 output and the size of every value it builds; whatever goes wrong in a render (the
 template's own raise_exception, a bound, a recursion or memory error) is the request's
 fault: a 400.
@@ -29,8 +29,8 @@ from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from server.errors import APIError, bad_request
-from server.template_bounds import MAX_RENDERED_CHARS
-from server.template_sandbox import (
+from server.frontend.template_bounds import MAX_RENDERED_CHARS
+from server.frontend.template_sandbox import (
     RENDER_TIMEOUT,
     BoundedEnvironment,
     RenderTimeout,

@@ -19,10 +19,43 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from server.api.openai.render import ChatChoice, chat_message
-from server.api.openai.tool_parsers import ContentDelta, Delta, ToolCallDelta
-from server.api.openai.tools import ToolPlan
+from server.frontend.chat.tool_parsers import ContentDelta, Delta, ToolCallDelta
+from server.frontend.chat.tools import ToolPlan
 from server.frontend.service import ChoiceDelta
+
+
+def chat_message(role: str, content: str | None,
+                 tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    # vLLM's shape: tool_calls is left out when there are none; the rest are null.
+    message = {"role": role, "content": content, "refusal": None, "annotations": None,
+               "audio": None, "function_call": None}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    message["reasoning"] = None
+    return message
+
+
+class ChatChoice:
+    """One choice of a chat response. Its text becomes message content as it is; a
+    tool-call parser (tool_calls.ToolCallChoice) keeps here what it has seen of the choice
+    and splits the text into content and tool calls."""
+
+    __slots__ = ()
+
+    def delta(self, d: ChoiceDelta) -> dict[str, Any] | None:
+        """The chunk's delta; None when nothing may go out yet."""
+        # A token whose text is held back still gets its chunk (content "", its logprobs),
+        # as vLLM sends it; a finish without any token has an empty delta.
+        return {"content": d.text} if d.text or d.token_ids else {}
+
+    def finish_reason(self, reason: str | None) -> str | None:
+        """The chunk's finish_reason, once delta() has seen the choice's last delta."""
+        return reason
+
+    def message(self, role: str, echoed: str, text: str, reason: str | None,
+                stop_reason: str | int | None = None) -> tuple[dict[str, Any], str | None]:
+        """The whole choice's message and finish_reason."""
+        return chat_message(role, echoed + text), reason
 
 
 def choice_factory(plan: ToolPlan) -> Callable[[], ChatChoice]:

@@ -1,4 +1,4 @@
-"""From an Anthropic request to the chat request our chat route runs, so that the chat
+"""From an Anthropic Messages request to the chat body it amounts to, so that the chat
 template, tool planning (`tools.plan_tools`: vLLM's checks, the constraint of a forced
 choice, the `--tool-call-parser` of "auto") and the SamplingParams are the chat route's
 own, not a second copy of them.
@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from server.api.anthropic.protocol import (
+from server.api.common.messages_protocol import (
     AnthropicImageBlock,
     AnthropicMessage,
     AnthropicMessagesRequest,
@@ -36,8 +36,8 @@ from server.api.anthropic.protocol import (
     AnthropicToolResultBlock,
     AnthropicToolUseBlock,
 )
+from server.api.common.chat_protocol import ChatCompletionRequest
 from server.api.http_io import parse
-from server.api.openai.protocol.chat import ChatCompletionRequest
 from server.errors import bad_request
 
 _NO_IMAGES = "image content blocks are not supported: the served model reads text only"

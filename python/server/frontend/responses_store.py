@@ -17,7 +17,7 @@ progress) are never evicted, by any bound: they count against their client's sha
 the client's finished rows go instead.
 
 Several processes may share one file (replicas on one machine): each store object is an
-owner (server.responses_owners) whose name is written on the rows it runs. A running row
+owner (server.frontend.responses_owners) whose name is written on the rows it runs. A running row
 whose owner is gone is marked failed, when a store opens the file and when the row is
 read. A cancel asked through the row (`request_cancel`) is seen by the owner, which polls
 `cancel_requests`. The file must be on a local file system (WAL needs shared memory,
@@ -45,10 +45,10 @@ from typing import Any
 import orjson
 import trio
 
-from server.responses_owners import Owner
+from server.frontend.responses_owners import Owner
 from server.state_dir import make_private_dirs
 
-log = logging.getLogger("server.responses_store")
+log = logging.getLogger("server.frontend.responses_store")
 
 UNFINISHED = ("queued", "in_progress")
 DEFAULT_MAX_BYTES = 1 << 30

@@ -1,4 +1,5 @@
-"""The bodies of POST /v1/messages and POST /v1/messages/count_tokens.
+"""The bodies of POST /v1/messages and POST /v1/messages/count_tokens (Anthropic's Messages
+API), which the Anthropic dialect serves and the scale-out /v1/messages/render renders.
 
 Unknown fields are ignored, as vLLM 0.33's Anthropic models ignore them (clients send
 `cache_control`, `anthropic-beta` features and the like freely). Types are strict, as on the

@@ -11,8 +11,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from server.api.openai.tool_parsers import _json_scan as js
-from server.api.openai.tool_parsers.base import CallProgress
+from server.frontend.chat.tool_parsers import _json_scan as js
+from server.frontend.chat.tool_parsers.base import CallProgress
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ Besides jinja's sandbox (no Python internals), a render is bounded in time (REND
 checked on every template line), in memory growth (MAX_RENDER_GROWTH), in output
 (MAX_RENDERED_CHARS, counted while it is produced) and in the size of any one value it
 builds: `*` and `**`, size arguments, and every operation that can multiply its inputs are
-checked before they run (server.template_bounds). Rendering runs on the thread that
+checked before they run (server.frontend.template_bounds). Rendering runs on the thread that
 prepares every prompt, so an unbounded template would stall all requests, not just its own.
 """
 
@@ -22,9 +22,9 @@ import jinja2
 from jinja2.compiler import CodeGenerator
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from server import template_bounds as bounds
+from server.frontend import template_bounds as bounds
 from server.errors import APIError
-from server.template_bounds import MAX_RENDERED_CHARS
+from server.frontend.template_bounds import MAX_RENDERED_CHARS
 
 RENDER_TIMEOUT = 5.0  # seconds; real chat templates render in milliseconds
 MAX_POWER_BITS = 4096  # largest integer `**` may build
@@ -67,7 +67,8 @@ def _check_size(value: Any) -> None:
 
 
 def _check_chars(size: int | None) -> None:
-    """Refuses an operation whose result (bounded by server.template_bounds) is too long."""
+    """Refuses an operation whose result (bounded by server.frontend.template_bounds) is
+    too long."""
     if size is not None and size > MAX_RENDERED_CHARS:
         raise jinja2.exceptions.SecurityError("a string operation's result is too large")
 
@@ -122,7 +123,7 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
     allocates: `*`, `**` and `%`, call arguments (str.center, ljust, zfill, format...), and
     the padding filters; and every operation that can multiply its inputs (replace,
     expandtabs, join, format, `%`, `+`, `~`, tojson) has its result's length bounded first
-    (server.template_bounds). The output cap alone comes too late for a value that is
+    (server.frontend.template_bounds). The output cap alone comes too late for a value that is
     built and then measured (`|length`) rather than printed."""
 
     intercepted_binops = frozenset({"*", "**", "%", "+"})

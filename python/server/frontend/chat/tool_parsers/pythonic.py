@@ -25,8 +25,8 @@ import math
 import re
 from typing import Any
 
-from server.api.openai.tool_parsers import _json_scan as js
-from server.api.openai.tool_parsers.base import (
+from server.frontend.chat.tool_parsers import _json_scan as js
+from server.frontend.chat.tool_parsers.base import (
     CallProgress,
     ParsedToolCalls,
     Scan,

@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from server.api.openai.protocol.common import SamplingFields
+from server.api.common.protocol import SamplingFields
 
 Prompt = str | list[str] | list[int] | list[list[int]]
 DEFAULT_MAX_TOKENS = 16

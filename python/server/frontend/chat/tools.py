@@ -1,6 +1,7 @@
-"""Tool choice on /v1/chat/completions, the request side: which choice a request makes, the
-checks vLLM makes of `tools` and `tool_choice` (400s naming the field), what the choice
-changes in the SamplingParams, and the assistant history the chat template receives.
+"""Tool choice of a chat request (a `ChatRequest`, whichever dialect built it), the request
+side: which choice a request makes, the checks vLLM makes of `tools` and `tool_choice`
+(400s naming the field), what the choice changes in the SamplingParams, and the assistant
+history the chat template receives.
 
 - `"none"` (and no tools): the output is plain content; tools still reach the template.
 - `"auto"` (also `tools` without `tool_choice`): the server's `--tool-call-parser` reads the
@@ -18,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,16 +27,16 @@ from actors.errors import RequestRefused
 from actors.params.sampling import SamplingParams
 from actors.params.structured import StructuredSpec
 
-from server.api.openai.protocol.chat import ChatCompletionRequest
-from server.api.openai.tool_parsers import ToolParser, get_tool_parser
-from server.api.openai.tool_parsers.tool_schema import (
+from server.config import ServerConfig
+from server.errors import bad_request
+from server.frontend.chat.request import ChatRequest
+from server.frontend.chat.tool_parsers import ToolParser, get_tool_parser
+from server.frontend.chat.tool_parsers.tool_schema import (
     ToolChoiceError,
     forced_tool_parser,
     named_function,
     tool_choice_schema,
 )
-from server.config import ServerConfig
-from server.errors import bad_request
 from server.json_depth import MAX_JSON_DEPTH, text_nesting_depth
 
 logger = logging.getLogger(__name__)
@@ -62,33 +64,21 @@ class ToolPlan:
         return self.choice in ("required", "named")
 
 
-def _choice_given(req: ChatCompletionRequest) -> Any:
-    """tool_choice as vLLM defaults it: "auto" when tools come without one, "none" when
-    neither comes; an explicit null stays null (no calls are returned for it)."""
-    if "tool_choice" not in req.model_fields_set:
-        return "auto" if req.tools else "none"
-    return req.tool_choice
-
-
-def check_tool_fields(req: ChatCompletionRequest) -> Any:
+def check_tool_fields(chat: ChatRequest) -> Any:
     """vLLM's protocol checks, in its order; returns the effective tool_choice."""
-    choice = _choice_given(req)
-    structured = getattr(req, "structured_outputs", None)
-    if structured is None:
-        structured = (req.model_extra or {}).get("structured_outputs")
-    if hasattr(structured, "model_dump"):
-        structured = structured.model_dump(by_alias=True)
-    if isinstance(structured, dict) and any(
+    choice = chat.effective_tool_choice
+    structured = chat.structured_outputs
+    if isinstance(structured, Mapping) and any(
         structured.get(k) is not None for k in ("json", "regex", "choice")
     ) and choice not in ("none", "auto", "required"):
         raise bad_request("You can only either use constraints for structured outputs or tools, "
                           "not both.", "tool_choice")
-    if req.tools is not None and len(req.tools) == 0:
+    if chat.tools is not None and len(chat.tools) == 0:
         raise bad_request("`tools` must not be an empty array. Either provide at least one "
                           "tool or omit the field entirely.", "tools")
     if choice is None or choice == "none":
         return choice
-    if req.tools is None:
+    if chat.tools is None:
         raise bad_request("When using `tool_choice`, `tools` must be set.", "tool_choice")
     if isinstance(choice, dict):
         function = choice.get("function")
@@ -102,7 +92,7 @@ def check_tool_fields(req: ChatCompletionRequest) -> Any:
         if not isinstance(name, str) or not name:
             raise bad_request(f"Invalid `name` in `function`: `{name}` in `tool_choice`! "
                               f"{_CORRECT_NAMED}", "tool_choice.function.name")
-        if all(tool.function.name != name for tool in req.tools):
+        if all(tool["function"]["name"] != name for tool in chat.tools):
             raise bad_request("The tool specified in `tool_choice` does not match any of the "
                               "specified `tools`", "tool_choice")
     elif choice not in ("auto", "required"):
@@ -111,10 +101,10 @@ def check_tool_fields(req: ChatCompletionRequest) -> Any:
     return choice
 
 
-def plan_tools(req: ChatCompletionRequest, config: ServerConfig) -> ToolPlan:
+def plan_tools(chat: ChatRequest, config: ServerConfig) -> ToolPlan:
     """The request's tool choice, checked against the request and the server's flags."""
-    choice = check_tool_fields(req)
-    tools = None if req.tools is None else [t.model_dump(exclude_none=True) for t in req.tools]
+    choice = check_tool_fields(chat)
+    tools = chat.tool_dicts()
     if choice is None or choice == "none":
         return ToolPlan("none", tools)
     # As vLLM: "auto" needs both flags, "required" and named functions the parser only
@@ -128,7 +118,7 @@ def plan_tools(req: ChatCompletionRequest, config: ServerConfig) -> ToolPlan:
         raise bad_request(f"tool_choice={what} requires --tool-call-parser to be set",
                           "tool_choice")
     parser_cls = get_tool_parser(parser_name)
-    parallel = req.parallel_tool_calls
+    parallel = chat.parallel_tool_calls
     if choice == "auto":
         return ToolPlan("auto", tools, parser_cls(tools),
                         keep_special_tokens=parser_cls.keeps_special_tokens,

@@ -3,13 +3,13 @@
 A field that changes what is generated (or what the response carries) must not be dropped
 silently: a client that sets it would get a plausible answer that ignores it. Unknown
 fields that change nothing stay accepted (extra="allow"), as vLLM accepts them. Structured
-outputs (response_format, structured_outputs, guided_*) are served: server.api.openai.structured.
+outputs (response_format, structured_outputs, guided_*) are served: server.api.common.structured.
 """
 
 from __future__ import annotations
 
+from server.api.common.protocol import APIModel
 from server.errors import bad_request
-from server.api.openai.protocol.common import APIModel
 
 # field -> what the 400 says is missing. A field counts as set when it is truthy.
 UNSUPPORTED = {

@@ -19,7 +19,7 @@ from typing import Any
 from actors.errors import RequestRefused
 from actors.params.structured import StructuredSpec
 
-from server.api.openai.protocol.common import SamplingFields
+from server.api.common.protocol import SamplingFields
 from server.errors import bad_request
 
 __all__ = ["spec_of"]

@@ -18,8 +18,8 @@ from actors.errors import RequestRefused
 from actors.params.limits import RequestLimits
 from actors.params.sampling import SamplingParams
 
-from server.api.openai.protocol.common import SamplingFields
-from server.api.openai.structured import spec_of
+from server.api.common.protocol import SamplingFields
+from server.api.common.structured import spec_of
 from server.errors import bad_request
 
 # The HTTP edge's own bound: prompts in one request (each is an engine request).

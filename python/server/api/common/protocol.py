@@ -2,8 +2,8 @@
 
 Unknown fields are accepted and ignored (extra="allow"), as OpenAI clients send vendor
 extensions freely; the vLLM extensions that would change the output and are not implemented
-are refused by name in server.api.openai.unsupported. Types are checked here; value ranges by
-SamplingParams.validate (through server.api.openai.params, which only maps the fields).
+are refused by name in server.api.common.unsupported. Types are checked here; value ranges by
+SamplingParams.validate (through server.api.common.params, which only maps the fields).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ class SamplingFields(APIModel):
     cache_salt: str | None = None  # SamplingParams.validate (vLLM's rules and ours)
     request_id: str | None = Field(default=None, max_length=256)
     user: str | None = None
-    # Structured outputs (server.api.openai.structured maps them onto one StructuredSpec);
+    # Structured outputs (server.api.common.structured maps them onto one StructuredSpec);
     # the guided_* fields are vLLM's older spellings, honoured here.
     response_format: dict[str, Any] | None = None
     structured_outputs: StructuredOutputs | None = None

@@ -4,7 +4,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from server.api.openai.protocol.common import APIModel, SamplingFields
+from server.api.common.protocol import APIModel, SamplingFields
 
 # vLLM's (and OpenAI's) reasoning efforts; the chat template receives the request's value.
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
@@ -57,7 +57,7 @@ class ChatCompletionRequest(SamplingFields):
     chat_template_kwargs: dict[str, Any] | None = None
     documents: list[dict[str, Any]] | None = None
     tools: list[ChatTool] | None = None
-    # Checked by server.api.openai.tools, in vLLM's order and words (a named choice is
+    # Checked by server.frontend.chat.tools, in vLLM's order and words (a named choice is
     # {"type": "function", "function": {"name": ...}}).
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = True

@@ -8,12 +8,12 @@ stream's `Scanner` reads each delta once, from where the last one stopped).
 output for `"required"` or a named function, and the reading of that output.
 
 It depends on nothing else in the server; the chat route takes it up through
-`server.api.openai.tools` (the request) and `tool_calls` (the response).
+`server.frontend.chat.tools` (the request) and `tool_calls` (the response).
 """
 
 from __future__ import annotations
 
-from server.api.openai.tool_parsers.base import (
+from server.frontend.chat.tool_parsers.base import (
     CallProgress,
     ContentDelta,
     Delta,
@@ -26,10 +26,10 @@ from server.api.openai.tool_parsers.base import (
     ToolParser,
     make_tool_call_id,
 )
-from server.api.openai.tool_parsers.hermes import HermesToolParser
-from server.api.openai.tool_parsers.llama3_json import Llama3JsonToolParser
-from server.api.openai.tool_parsers.mistral import MistralToolParser
-from server.api.openai.tool_parsers.pythonic import PythonicToolParser
+from server.frontend.chat.tool_parsers.hermes import HermesToolParser
+from server.frontend.chat.tool_parsers.llama3_json import Llama3JsonToolParser
+from server.frontend.chat.tool_parsers.mistral import MistralToolParser
+from server.frontend.chat.tool_parsers.pythonic import PythonicToolParser
 
 # `llama4_json` is the same format under the name vLLM also registers it by.
 TOOL_PARSERS: dict[str, type[ToolParser]] = {

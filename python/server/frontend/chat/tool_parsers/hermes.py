@@ -16,9 +16,9 @@ special tokens for requests with tools.
 
 from __future__ import annotations
 
-from server.api.openai.tool_parsers import _json_scan as js
-from server.api.openai.tool_parsers._json_calls import CallScanner, CallShape, decode_call
-from server.api.openai.tool_parsers.base import (
+from server.frontend.chat.tool_parsers import _json_scan as js
+from server.frontend.chat.tool_parsers._json_calls import CallScanner, CallShape, decode_call
+from server.frontend.chat.tool_parsers.base import (
     CallProgress,
     ParsedToolCalls,
     Scan,

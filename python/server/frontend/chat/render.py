@@ -1,0 +1,41 @@
+"""The chat template's render call for a `ChatRequest`: every cheap check now (400s before
+admission), the render itself deferred to the tokenizer actor's thread."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from server.frontend.chat.request import ChatRequest
+from server.frontend.chat.tools import history_messages
+from server.frontend.chat_template import ChatRenderer
+
+
+def render_call(renderer: ChatRenderer, chat: ChatRequest,
+                tools: list[dict[str, Any]] | None = None) -> functools.partial[str]:
+    """The deferred render of `chat`. ``tools``: what the template receives, when a tool
+    plan has checked them (else the request's own)."""
+    if tools is None:
+        tools = chat.tool_dicts()
+    return renderer.prepare(
+        history_messages([dict(m) for m in chat.messages]),
+        request_template=chat.chat_template,
+        kwargs=template_kwargs(chat),
+        add_generation_prompt=chat.add_generation_prompt,
+        continue_final_message=chat.continue_final_message,
+        tools=tools,
+        documents=None if chat.documents is None else [dict(d) for d in chat.documents],
+    )
+
+
+def template_kwargs(chat: ChatRequest) -> dict[str, Any] | None:
+    """chat_template_kwargs, plus reasoning_effort as vLLM passes it on: under its own name,
+    and as enable_thinking unless the request's kwargs set that (a template that reads
+    neither never sees them)."""
+    given = None if chat.chat_template_kwargs is None else dict(chat.chat_template_kwargs)
+    effort = chat.reasoning_effort
+    if effort is None:
+        return given
+    kwargs = dict(given or {}, reasoning_effort=effort)
+    kwargs.setdefault("enable_thinking", effort != "none")
+    return kwargs
