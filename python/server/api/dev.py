@@ -26,7 +26,7 @@ from actors.messages import Control, ControlResult
 from server import __version__
 from server.api.http_io import json_response, read_json
 from server.errors import APIError, bad_request
-from server.generation import request_names
+from server.frontend.generation import request_names
 from server.state import ServerState
 
 log = logging.getLogger("server.dev")
