@@ -557,7 +557,7 @@ def test_a_child_process_core_answers_add_while_it_compiles(default_model: Any) 
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(str(loaded.model_dir))
-        from actors.messages import Admit
+        from actors.messages import Admit, Generate
         from actors.params.sampling import SamplingParams
 
         prompt = tuple(tok.encode("Answer in JSON:", add_special_tokens=False))
