@@ -7,6 +7,9 @@
 - `any_at_boundaries`: `Any` in the annotations a module shows to others: the parameters and
   return types of its public functions and of its public classes' public methods, and the
   annotated fields of its public classes. Names starting with `_` are private and not counted.
+  `bare_any_at_boundaries` counts only annotations that are `Any` itself (or `Any | None`):
+  an object whose type the module does not say, as `srv: Any`; `dict[str, Any]` for JSON
+  is not counted there.
 - `dialect_imports`: imports from one API dialect package (server/api/<dialect>/) into code
   outside it, by importing package; siblings importing each other is what a neutral chat
   core removes.
@@ -49,28 +52,59 @@ def _any_in(node: ast.AST | None) -> int:
                    and "Any" in n.value.replace("AnyStr", "")))
 
 
-def _signature_any(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
-    a = fn.args
-    params = [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg]
-    return sum(_any_in(p.annotation) for p in params if p is not None) + _any_in(fn.returns)
+def _bare_any(node: ast.AST | None) -> int:
+    """1 when the annotation is Any itself (or Any | None): an object whose type is not
+    said, as opposed to Any inside a JSON container such as dict[str, Any]."""
+    if node is None:
+        return 0
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        text = node.value.replace(" ", "")
+        return int(text in ("Any", "Any|None", "None|Any", "Optional[Any]"))
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        sides = [node.left, node.right]
+        if any(isinstance(x, ast.Constant) and x.value is None for x in sides):
+            return max(_bare_any(x) for x in sides)
+        return 0
+    if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and \
+            node.value.id == "Optional":
+        return _bare_any(node.slice)
+    return int((isinstance(node, ast.Name) and node.id == "Any")
+               or (isinstance(node, ast.Attribute) and node.attr == "Any"))
 
 
-def boundary_any(path: Path) -> int:
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    count = 0
-    for node in tree.body:
+def _annotations(path: Path) -> list[ast.AST]:
+    """The annotations a module shows others: public functions' and public classes' public
+    methods' parameters and returns, public classes' annotated fields."""
+    out: list[ast.AST] = []
+
+    def signature(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        a = fn.args
+        params = [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg]
+        out.extend(p.annotation for p in params if p is not None and p.annotation)
+        if fn.returns is not None:
+            out.append(fn.returns)
+
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
                 not node.name.startswith("_"):
-            count += _signature_any(node)
+            signature(node)
         elif isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
             for item in node.body:
                 if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and (
                         not item.name.startswith("_") or item.name == "__init__"):
-                    count += _signature_any(item)
+                    signature(item)
                 elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name) \
                         and not item.target.id.startswith("_"):
-                    count += _any_in(item.annotation)
-    return count
+                    out.append(item.annotation)
+    return out
+
+
+def boundary_any(path: Path) -> int:
+    return sum(_any_in(a) for a in _annotations(path))
+
+
+def boundary_bare_any(path: Path) -> int:
+    return sum(_bare_any(a) for a in _annotations(path))
 
 
 def dialect_imports(root: Path) -> dict[str, int]:
@@ -104,6 +138,8 @@ def main() -> None:
     root = ap.parse_args().root
     per_file = {str(p.relative_to(root)): n for p in sorted((root / "python").rglob("*.py"))
                 if (n := boundary_any(p))}
+    bare = {str(p.relative_to(root)): n for p in sorted((root / "python").rglob("*.py"))
+            if (n := boundary_bare_any(p))}
     code = long_files(root, ("python", "csrc"))
     print(json.dumps({
         "code_files_over_400": code,
@@ -111,6 +147,8 @@ def main() -> None:
         "tests_and_scripts_over_400": long_files(root, ("tests", "scripts")),
         "any_at_boundaries": sum(per_file.values()),
         "any_at_boundaries_top": dict(sorted(per_file.items(), key=lambda kv: -kv[1])[:15]),
+        "bare_any_at_boundaries": sum(bare.values()),
+        "bare_any_at_boundaries_top": dict(sorted(bare.items(), key=lambda kv: -kv[1])[:15]),
         "dialect_imports": dialect_imports(root),
         "python_files": sum(1 for _ in (root / "python").rglob("*.py")),
         "csrc_src_top_level_files": sum(1 for p in (root / "csrc" / "src").iterdir()

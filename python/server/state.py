@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -16,6 +16,15 @@ from server.frontend.chat_template import ChatRenderer
 from server.config import ServerConfig
 from server.fingerprint import system_fingerprint
 from actors.params.limits import RequestLimits
+
+if TYPE_CHECKING:  # annotations only: these modules import this one, or are heavy
+    from transformers import PreTrainedTokenizerBase
+
+    from actors.runtime.prompt_bounds import PromptCharBound
+    from actors.text.detokenizer import TokenTexts
+    from server.api.lora import LoraNames
+    from server.transport import ConnectionTable
+    from server.write_watchdog import WriteWatchdog
 
 
 @dataclass
@@ -37,7 +46,7 @@ class ServerState:
     # Set once the actors are up (None while loading). `actors` is the engine side's handle;
     # the fields below it are taken from it (or from the engine's info) for the routes.
     actors: ActorSystem | None = None
-    tokenizer: Any = None
+    tokenizer: PreTrainedTokenizerBase | None = None
     limits: RequestLimits | None = None
     defaults: dict[str, Any] = field(default_factory=dict)
     renderer: ChatRenderer | None = None
@@ -48,11 +57,11 @@ class ServerState:
     model_root: str = ""
     # From the tokenizer actor: logprob token texts (actors.text.detokenizer.TokenTexts)
     # and the prompt length bound (actors.runtime.prompt_bounds.PromptCharBound).
-    token_texts: Any = None
-    prompt_bound: Any = None
-    write_watchdog: Any = None  # server.write_watchdog.WriteWatchdog, set by create_app
-    connections: Any = None  # server.transport.ConnectionTable, set by the supervisor
-    lora_names: Any = None  # server.api.lora.LoraNames: the served adapters, once one loads
+    token_texts: TokenTexts | None = None
+    prompt_bound: PromptCharBound | None = None
+    write_watchdog: WriteWatchdog | None = None  # set by create_app
+    connections: ConnectionTable | None = None  # set by the supervisor
+    lora_names: LoraNames | None = None  # the served adapters, once one loads
     _fingerprint: str | None = field(default=None, repr=False)
 
     @property

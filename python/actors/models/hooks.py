@@ -16,9 +16,13 @@ Whisper's hook (whisper_rules.WhisperHook) is the reason this exists.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from actors.params.kinds import RequestKind
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 __all__ = ["ModelHook", "PromptRules", "hook_for"]
 
@@ -32,7 +36,7 @@ class ModelHook:
         refuses one above the model's position table)."""
         return requested
 
-    def suppress_tokens(self, tokenizer: Any) -> tuple[int, ...]:
+    def suppress_tokens(self, tokenizer: PreTrainedTokenizerBase) -> tuple[int, ...]:
         """Tokens a sequence of this model never draws."""
         return ()
 
@@ -40,7 +44,8 @@ class ModelHook:
         """Tokens it never draws first."""
         return ()
 
-    def prompt_rules(self, tokenizer: Any, eos_token_ids: tuple[int, ...]) -> PromptRules | None:
+    def prompt_rules(self, tokenizer: PreTrainedTokenizerBase, eos_token_ids: tuple[int, ...]
+                     ) -> PromptRules | None:
         """The logits processors a sequence runs under, chosen from its prompt."""
         return None
 
@@ -48,6 +53,6 @@ class ModelHook:
         """Raises ValueError for a request whose inputs this model cannot take."""
 
 
-def hook_for(model: Any, config: Any) -> ModelHook:
+def hook_for(model: torch.nn.Module, config: PretrainedConfig) -> ModelHook:
     make = getattr(model, "decoding_hook", None)
     return make(config) if make is not None else ModelHook()

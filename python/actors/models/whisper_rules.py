@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -36,6 +36,9 @@ from actors.models.hooks import ModelHook, PromptRules
 from actors.params.kinds import RequestKind, Transcribe
 
 __all__ = ["MAX_INITIAL_TIMESTAMP_INDEX", "WHISPER_CONTROL", "TimestampRules", "WhisperHook"]
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 log = logging.getLogger("actors.models.whisper")
 
@@ -89,7 +92,7 @@ WHISPER_CONTROL = ("<|transcribe|>", "<|translate|>", "<|startoftranscript|>",
 
 
 class WhisperHook(ModelHook):
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: PretrainedConfig) -> None:
         self.config = config
 
     def context_length(self, requested: int) -> int:
@@ -102,7 +105,7 @@ class WhisperHook(ModelHook):
             return limit
         return requested
 
-    def suppress_tokens(self, tokenizer: Any) -> tuple[int, ...]:
+    def suppress_tokens(self, tokenizer: PreTrainedTokenizerBase) -> tuple[int, ...]:
         """The config's suppress_tokens and the control tokens the tokenizer has."""
         vocab = tokenizer.get_vocab()
         control = {vocab[t] for t in WHISPER_CONTROL if t in vocab}
@@ -111,7 +114,8 @@ class WhisperHook(ModelHook):
     def begin_suppress_tokens(self) -> tuple[int, ...]:
         return tuple(self.config.extra.get("begin_suppress_tokens", ()))
 
-    def prompt_rules(self, tokenizer: Any, eos_token_ids: tuple[int, ...]) -> PromptRules | None:
+    def prompt_rules(self, tokenizer: PreTrainedTokenizerBase, eos_token_ids: tuple[int, ...]
+                     ) -> PromptRules | None:
         """A window's timestamp rules when its prompt asks for timestamps (no
         <|notimestamps|> in it); None otherwise. (The runner skips them for a window with
         allowed_token_ids: language detection's [sot] prompt.)"""
