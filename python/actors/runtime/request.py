@@ -26,7 +26,6 @@ import trio
 from actors.errors import DuplicateRequest
 from actors.messages import Admit
 from actors.params.encoder import EncoderInput
-from actors.params.kinds import request_kind
 from actors.params.pooling import PoolingSpec
 from actors.params.sampling import SamplingParams
 from actors.runtime.failures import Outcome, ServerFailed
@@ -67,24 +66,18 @@ class Choice:
 
 @dataclass(slots=True, eq=False)
 class EngineRequest:
-    """One prompt of a request as the engine knows it: one Admit with params.n choices."""
+    """One prompt of a request as the engine knows it: the frozen Admit that went to the
+    engine (one prompt, params.n choices), and the tokenizer actor's books on its choices."""
 
-    engine_id: str
+    admit: Admit
     prompt_index: int
-    params: SamplingParams  # the request's, max_tokens clamped to the room the prompt leaves
-    prompt_token_ids: list[int]
-    admitted_at: float
     choices: list[Choice] = field(default_factory=list)
-    pooling: PoolingSpec | None = None  # a pooling request: one vector, no tokens
-    encoder_input: EncoderInput | None = None  # a transcription request: the audio window
     abort_requested: bool = False  # every choice
     done: bool = False  # every choice retired
 
-    def admit(self) -> Admit:
-        """The message that admits it to the engine (and through it to the core)."""
-        return Admit(self.engine_id, tuple(self.prompt_token_ids),
-                     request_kind(self.params, self.pooling, self.encoder_input),
-                     arrival_time=self.admitted_at, priority=self.params.priority)
+    @property
+    def engine_id(self) -> str:
+        return self.admit.request_id
 
 
 class RequestState:

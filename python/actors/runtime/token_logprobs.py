@@ -3,7 +3,7 @@ ids whose texts a response may print (decoded by the tokenizer actor off the eve
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from actors.messages import RequestOutput
 from actors.runtime.outbox import TokenLogprob
@@ -16,7 +16,7 @@ def has_logprobs(out: RequestOutput) -> bool:
 
 
 def named_ids(lps: list[TokenLogprob], prompt_lps: list[TokenLogprob | None] | None,
-              prompt: list[int]) -> Iterator[int]:
+              prompt: Sequence[int]) -> Iterator[int]:
     """Every token id a response may print for these logprobs (an echo prints the prompt's
     first token, which has no logprob)."""
     for lp in lps:
@@ -40,7 +40,7 @@ def logprobs_of(token_ids: list[int], out: RequestOutput) -> list[TokenLogprob]:
     ]
 
 
-def prompt_logprobs_of(prompt: list[int], out: RequestOutput
+def prompt_logprobs_of(prompt: Sequence[int], out: RequestOutput
                      ) -> list[TokenLogprob | None] | None:
     lps = out.prompt_logprobs
     if lps is None:

@@ -32,7 +32,8 @@ from dataclasses import replace
 import trio
 
 from actors.errors import RequestRefused
-from actors.messages import RequestOutput
+from actors.messages import Admit, RequestOutput
+from actors.params.kinds import request_kind
 from actors.runtime import faults
 from actors.runtime.burst import Arrivals
 from actors.runtime.failures import ClientGone, Outcome, PrepareFailed, RowRefused
@@ -216,7 +217,7 @@ class TokenizerActor:
                     continue
                 # Never blocks (see the bound above), and no checkpoint between prompts and
                 # requests: the engine actor takes them all into the same step.
-                self._to_engine(req.admit())
+                self._to_engine(req.admit)
             state.note_retired()
 
     def _make_engine_requests(self, state: RequestState) -> None:
@@ -227,15 +228,11 @@ class TokenizerActor:
         for p, result in enumerate(state.prompt_results):
             room = state.max_model_len - len(result.token_ids)
             max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
-            req = EngineRequest(
-                engine_id=f"{state.request_id}-{p}",
-                prompt_index=p,
-                params=replace(params, max_tokens=max_tokens),
-                prompt_token_ids=result.token_ids,
-                admitted_at=state.arrival,
-                pooling=state.pooling,
-                encoder_input=state.encoder_input,
-            )
+            req = EngineRequest(Admit(
+                f"{state.request_id}-{p}", tuple(result.token_ids),
+                request_kind(replace(params, max_tokens=max_tokens), state.pooling,
+                             state.encoder_input),
+                arrival_time=state.arrival, priority=params.priority), prompt_index=p)
             for i in range(n):
                 req.choices.append(Choice(
                     index=i,
@@ -313,7 +310,7 @@ class TokenizerActor:
             found = self._registry.engine_requests.get(out.request_id)
             if found is None or not has_logprobs(out):
                 continue
-            prompt = found[1].prompt_token_ids
+            prompt = found[1].admit.prompt_token_ids
             lps = logprobs_of(list(out.new_token_ids), out)
             prompt_lps = prompt_logprobs_of(prompt, out)
             texts = self.token_texts
