@@ -219,7 +219,7 @@ def test_a_client_that_leaves_mid_stream_frees_its_sequence(cluster: RayCluster)
     body = {"model": MODEL, "prompt": "Tell me a very long story.", "max_tokens": 900,
             "ignore_eos": True, "temperature": 0, "stream": True}
     with httpx.stream("POST", cluster.url + "/v1/completions", json=body, timeout=60) as r:
-        assert r.status_code == 200
+        assert r.status_code == 200, r.read()
         replica = r.headers["x-replica-id"]
         events = 0
         for line in r.iter_lines():
