@@ -7,6 +7,8 @@ can move to another process unchanged (``actors.core.process`` proves the first)
         Admit / Abort / Control    ------------->   EngineCore.add / abort / control
         TokenBatch, EngineStats,   <-------------   EngineCore.step / stats
         ControlResult
+        PrepareGrammar             ------------->   EngineCore.prepare_grammar (any time)
+        GrammarVerdict             <-------------
 
     Scheduler --StepPlan--> ModelRunner --StepResult--> Scheduler   (inside the core)
 
