@@ -11,6 +11,7 @@ not a speed-up.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from collections.abc import Iterator
@@ -97,6 +98,35 @@ def test_metrics_is_one_exposition_with_an_engine_label(server: ServerProcess) -
     samples = [line.rsplit(" ", 1)[0] for line in text.splitlines()
                if line and not line.startswith("#")]
     assert len(samples) == len(set(samples))  # no series given twice
+
+
+def test_constraints_compile_in_the_engines_and_a_refusal_is_the_same_400(
+        server: ServerProcess) -> None:
+    """With every engine in a child process, a constraint compiles there and constrains,
+    and a spec the backend refuses is the 400 an in-process engine gives, naming its
+    field."""
+    pytest.importorskip("llguidance")
+    from actors.core.structured import GrammarCache, StructuredSpec
+    from actors.errors import RequestRefused
+    from structured_helpers import _backend
+
+    for _ in range(2):
+        r = httpx.post(server.url + "/v1/completions", timeout=120, json={
+            "model": MODEL, "prompt": "Answer:", "max_tokens": 12, "temperature": 0,
+            "structured_outputs": {"regex": "[a-z]{3}-[0-9]{2}"}})
+        assert r.status_code == 200, r.text
+        assert re.fullmatch("[a-z]{3}-[0-9]{2}", r.json()["choices"][0]["text"])
+    schema = {"type": "object", "properties": {"a": {"type": 7}}}
+    r = httpx.post(server.url + "/v1/completions", timeout=60, json={
+        "model": MODEL, "prompt": "Hi", "max_tokens": 4,
+        "structured_outputs": {"json": schema}})
+    with pytest.raises(RequestRefused) as in_process:
+        GrammarCache(_backend("guidance")).get(StructuredSpec.from_params(
+            json=schema, source="structured_outputs"))
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert (error["message"], error["param"]) == (in_process.value.message,
+                                                  in_process.value.param)
 
 
 def test_a_dead_engine_fails_health_and_the_server_exits_1(server: ServerProcess) -> None:

@@ -571,6 +571,57 @@ def test_a_child_process_core_answers_add_while_it_compiles(default_model: Any) 
         assert text.startswith(('{"p0"', '{ "p0"')), text
 
 
+@pytest.mark.slow
+def test_a_child_process_core_compiles_a_prepared_grammar_once(default_model: Any, tok: Any,
+                                                                 backend: Any) -> None:
+    """The front end's compile before admission runs in the core's process, once: the
+    child's cache counts one compile, the parent's none, the child's add finds it pinned;
+    a refusal comes back with the in-process cache's message and field."""
+    import trio
+    from actors.config import EngineConfig
+    from actors.core.process import ProcessEngineCore
+    from actors.core.structured.cache import shared_compiles
+    from actors.messages import Admit, Generate, PrepareGrammar
+    from actors.params.sampling import SamplingParams
+
+    loaded = default_model[0]
+    config = EngineConfig(model=str(loaded.source), dtype="float32", kv_cache_memory=64 << 20,
+                          max_model_len=256, num_threads=1)
+    with ProcessEngineCore(config) as core:
+        info = core.info
+        model = (info.model_dir, info.vocab_size, tuple(info.eos_token_ids))
+        in_parent = shared_compiles(*model)
+        nonce = uuid.uuid4().hex[:6]
+        spec = StructuredSpec.from_params(regex=f"{nonce}-[a-z]{{4}}")
+
+        async def prepare(s: StructuredSpec) -> Any:
+            return await core.prepare_grammar(PrepareGrammar(s, DEFAULT_MAX_PENDING))
+
+        verdict = trio.run(prepare, spec)
+        assert verdict.outcome == "ok" and verdict.pin > 0
+        assert core.stats().grammar_compiles == 1
+        assert trio.run(prepare, spec).outcome == "ok"  # found compiled
+        prompt = tuple(tok.encode("Answer:", add_special_tokens=False))
+        core.add(Admit("prepared", prompt, Generate(SamplingParams(
+            temperature=0.0, max_tokens=12, n=2, structured=spec)), 0.0))
+        out = _run(core)
+        for i in range(2):
+            ids = [t for o in out["prepared", i] for t in o.new_token_ids
+                   if t not in info.eos_token_ids]
+            assert re.fullmatch(f"{nonce}-[a-z]{{4}}", tok.decode(ids))
+        core.release_grammar(verdict.pin)
+        core.release_grammar(verdict.pin + 1)
+        core.release_grammar(verdict.pin)  # released twice, or unknown: ignored
+        assert core.stats().grammar_compiles == 1  # the child's add did not compile again
+        assert shared_compiles(*model) == in_parent  # and the parent compiled nothing
+        bad = StructuredSpec.from_params(json={"type": "objectx", "title": nonce})
+        refused = trio.run(prepare, bad)
+        with pytest.raises(RequestRefused) as in_process:
+            GrammarCache(backend).get(bad)
+        assert (refused.outcome, refused.message, refused.param) == (
+            "refused", in_process.value.message, in_process.value.param)
+
+
 # -- pathological specs: refused quickly, or compiled within the default bound -------------
 
 QUICK_S = 1.0  # a refusal's budget (generous: the CI machine is shared)

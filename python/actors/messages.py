@@ -7,6 +7,8 @@ can move to another process unchanged (``actors.core.process`` proves the first)
         Admit / Abort / Control    ------------->   EngineCore.add / abort / control
         TokenBatch, EngineStats,   <-------------   EngineCore.step / stats
         ControlResult
+        PrepareGrammar             ------------->   EngineCore.prepare_grammar (any time)
+        GrammarVerdict             <-------------
 
     Scheduler --StepPlan--> ModelRunner --StepResult--> Scheduler   (inside the core)
 
@@ -50,11 +52,13 @@ __all__ = [
     "EngineInfo",
     "EngineStats",
     "Generate",
+    "GrammarVerdict",
     "SeqRef",
     "Logprobs",
     "NewSeq",
     "Pool",
     "PooledOutput",
+    "PrepareGrammar",
     "PromptLogprobs",
     "RequestOutput",
     "SampledToken",
@@ -67,6 +71,29 @@ __all__ = [
 ]
 
 # ------------------------------------------------------------- front end -> engine core
+
+
+@dataclass(frozen=True, slots=True)
+class PrepareGrammar:
+    """Compile ``spec`` before its request is admitted (EngineCore.prepare_grammar), in the
+    core's process. ``max_pending``: the front end's bound on compiles pending at once
+    (None: never turned away)."""
+
+    spec: StructuredSpec
+    max_pending: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GrammarVerdict:
+    """The answer to a PrepareGrammar. ``outcome`` "ok": compiled and pinned until
+    ``EngineCore.release_grammar(pin)``; "refused": the spec is at fault (``message``,
+    ``param`` name it); "busy": no compile slot now (retry after ``retry_after`` s)."""
+
+    outcome: str
+    pin: int = 0
+    message: str = ""
+    param: str | None = None
+    retry_after: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +196,7 @@ class EngineStats:
     prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache
     prefix_cache_hits: int = 0  # of those, tokens found
     num_preemptions: int = 0
+    grammar_compiles: int = 0  # grammars compiled in the core's process (cache misses)
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,8 +20,10 @@ from actors.config import EngineConfig  # re-exported
 from actors.core.build import build_parts
 from actors.core.operator import Operator, WeightOrigin
 from actors.errors import RequestRefused
+from actors.core.structured.cache import shared_compiles
+from actors.core.structured.prepared import PreparedGrammars
 from actors.messages import Abort, Admit, Control, ControlResult, EngineInfo, EngineStats
-from actors.messages import Generate, RequestOutput, TokenBatch
+from actors.messages import Generate, GrammarVerdict, PrepareGrammar, RequestOutput, TokenBatch
 from actors.params.sampling import SamplingParams
 
 if TYPE_CHECKING:
@@ -53,6 +55,9 @@ class LLMEngine:
         self.origin = WeightOrigin(self.model_dir, self.dtype, config.quantization,
                                    self.loaded.source)
         self.operator = Operator(self)
+        self._grammar_key = (str(self.model_dir), self.vocab_size, tuple(self.eos_token_ids))
+        self._prepared = PreparedGrammars(config.structured_outputs_backend, self.grammar_cache,
+                                          *self._grammar_key)
         log.info("engine ready in %.1f s", time.perf_counter() - t0)
 
     def grammar_cache(self, backend: str | None = None) -> GrammarCache:
@@ -118,6 +123,14 @@ class LLMEngine:
             self.scheduler.abort(abort.request_id, abort.index)
             self._release_cross_kv()
 
+    async def prepare_grammar(self, request: PrepareGrammar) -> GrammarVerdict:
+        """Compiles a constraint before admission, on the grammar cache's workers, and pins
+        it for ``add`` (EngineCore.prepare_grammar; actors.core.structured.prepared)."""
+        return await self._prepared.prepare(request)
+
+    def release_grammar(self, pin: int) -> None:
+        self._prepared.release(pin)
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._held)
 
@@ -140,7 +153,8 @@ class LLMEngine:
         return EngineStats(num_running=s.num_running, num_waiting=s.num_waiting + len(self._held),
                            kv_usage=s.kv_usage, prefix_cache_queries=s.prefix_queried_tokens,
                            prefix_cache_hits=s.prefix_hit_tokens,
-                           num_preemptions=s.num_preemptions)
+                           num_preemptions=s.num_preemptions,
+                           grammar_compiles=shared_compiles(*self._grammar_key))
 
     def control(self, command: Control) -> ControlResult:
         """Operator commands between steps (actors.core.operator)."""

@@ -18,21 +18,23 @@ and waits for it.
 The in-process engine and this one give the same tokens for the same calls: a draw
 depends only on (seed, position) and its row, never on the process it runs in.
 
-The parent's ``add`` waits for the child's answer, and the parent calls it on its event
-loop's thread: the child's ``LLMEngine.add`` therefore never compiles a grammar nor builds
-a grammar backend (the child has its own grammar cache, which the server's compile did not
-fill). It queues the compile on the cache's workers and holds the request; a later step
-admits it once compiled (``actors.core.structured.held``), while the parent goes on serving.
+``prepare_grammar`` / ``release_grammar`` have a pipe of their own (the child answers
+them while it steps: ``actors.core.process_grammar``), so a request's constraint compiles
+once, in the child, before the request is admitted. The parent's ``add`` waits for the
+child's answer on its event loop's thread, so the child's ``LLMEngine.add`` never compiles
+either: a spec not prepared (nor pinned) there is queued on the cache's workers and its
+request held until a later step (``actors.core.structured.held``).
 """
 
 from __future__ import annotations
 
 import multiprocessing
-import traceback
+import threading
 from typing import Any
 
+from actors.core.process_grammar import GrammarClient, portable, serve_grammars
 from actors.messages import Abort, Admit, Control, ControlResult, EngineInfo, EngineStats
-from actors.messages import TokenBatch
+from actors.messages import GrammarVerdict, PrepareGrammar, TokenBatch
 
 __all__ = ["EngineCoreDied", "ProcessEngineCore"]
 
@@ -50,11 +52,14 @@ class ProcessEngineCore:
     def __init__(self, config: Any, *, start_timeout: float = START_TIMEOUT_S) -> None:
         ctx = multiprocessing.get_context("spawn")
         self._conn, child_conn = ctx.Pipe()
-        self._proc = ctx.Process(target=_serve, args=(child_conn, config),
+        grammar_conn, child_grammar_conn = ctx.Pipe()
+        self._proc = ctx.Process(target=_serve, args=(child_conn, child_grammar_conn, config),
                                  name="llmserve-engine-core", daemon=True)
         self._proc.start()
-        child_conn.close()  # the child's end; EOF here once the child exits
+        child_conn.close()  # the child's ends; EOF here once the child exits
+        child_grammar_conn.close()
         self._closed = False
+        self._grammars = GrammarClient(grammar_conn, self._died)
         try:
             if not self._conn.poll(start_timeout):
                 raise EngineCoreDied(f"the engine core did not start in {start_timeout} s")
@@ -74,6 +79,12 @@ class ProcessEngineCore:
 
     def abort(self, abort: Abort) -> None:
         self._call("abort", abort)
+
+    async def prepare_grammar(self, request: PrepareGrammar) -> GrammarVerdict:
+        return await self._grammars.prepare(request)
+
+    def release_grammar(self, pin: int) -> None:
+        self._grammars.release(pin)
 
     def step(self) -> TokenBatch:
         return self._call("step")
@@ -121,6 +132,10 @@ class ProcessEngineCore:
             self._proc.kill()
         self._proc.join()
         self._conn.close()
+        self._grammars.close()
+
+    def _died(self) -> EngineCoreDied:
+        return EngineCoreDied(f"the engine core exited ({self._proc.exitcode})")
 
     def _call(self, op: str, arg: Any = None) -> Any:
         if self._closed:
@@ -153,16 +168,19 @@ _OPS = {
 }
 
 
-def _serve(conn: Any, config: Any) -> None:
-    """The child's loop: build the engine, then answer until told to close or orphaned."""
+def _serve(conn: Any, grammar_conn: Any, config: Any) -> None:
+    """The child's loop: build the engine, then answer until told to close or orphaned;
+    the grammar pipe is answered by a thread of its own."""
     try:
         from actors.core.engine import LLMEngine
 
         engine = LLMEngine(config)
         conn.send(("ok", engine.info))
     except BaseException as exc:  # the parent raises it; the child has nothing to run
-        conn.send(("err", _portable(exc)))
+        conn.send(("err", portable(exc)))
         return
+    threading.Thread(target=serve_grammars, args=(grammar_conn, engine), daemon=True,
+                     name="grammar-requests").start()
     while True:
         try:
             op, arg = conn.recv()
@@ -173,19 +191,5 @@ def _serve(conn: Any, config: Any) -> None:
         try:
             reply = ("ok", _OPS[op](engine, arg))
         except Exception as exc:
-            reply = ("err", _portable(exc))
+            reply = ("err", portable(exc))
         conn.send(reply)
-
-
-def _portable(exc: BaseException) -> BaseException:
-    """The exception itself if it survives pickling, else a RuntimeError naming it; with
-    the child's traceback attached as a note either way."""
-    import pickle
-
-    note = "in the engine core process:\n" + "".join(traceback.format_exception(exc))
-    try:
-        out = pickle.loads(pickle.dumps(exc))
-    except Exception:
-        out = RuntimeError(f"{type(exc).__name__}: {exc}")
-    out.add_note(note)
-    return out

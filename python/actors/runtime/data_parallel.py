@@ -17,6 +17,11 @@ waits on another's. This module only fans out over them:
   edge's own counters (http_requests, rejections) live on engine 0's metrics actor.
 - failure: any engine's actor failing calls the same on_fatal (the supervisor then answers
   /health 503 and exits 1); that engine's requests fail, the others' get the grace period.
+- grammars: a request's constraint compiles before admission on every engine, each in its
+  own process, at once (its placement is only decided when it is registered, after the
+  compile, and requests of one schema land on every engine soon anyway). A refusal from
+  any engine is the answer (the spec is at fault; every engine gives the same one), then a
+  full queue (503); the others' pins are released. One pin per engine, released together.
 - controls (/pause, /sleep, LoRA loads...) go to every engine; the answer is the first
   refusal or failure, else engine 0's. A LoRA load refused by one engine is unloaded from
   the engines that took it (all or none), and a caller that leaves is no failure.
@@ -28,6 +33,7 @@ same cores; N > 1 is then a functional arrangement, not a speed-up.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -38,7 +44,7 @@ import trio
 
 from actors.core.process import EngineCoreDied
 from actors.core.protocol import EngineCore
-from actors.messages import Control, ControlResult, EngineInfo
+from actors.messages import Control, ControlResult, EngineInfo, GrammarVerdict, PrepareGrammar
 from actors.runtime.admission import Admission
 from actors.runtime.burst import DEFAULT_WINDOW, AdmissionWindow
 from actors.runtime.failures import GenerationPaused, ServerFailed
@@ -156,6 +162,8 @@ class DataParallelSystem:
     registry: DataParallelRegistry
     metrics: DataParallelMetrics
     stopped: trio.Event = field(default_factory=trio.Event)
+    _pins: dict[int, list[int]] = field(default_factory=dict)  # each engine's pin, by ours
+    _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     @property
     def info(self) -> EngineInfo:
@@ -187,6 +195,39 @@ class DataParallelSystem:
         i = self.registry.engine_of(state)
         if i is not None:
             self.systems[i].abort(state)
+
+    async def prepare_grammar(self, request: PrepareGrammar) -> GrammarVerdict:
+        """Compiles the constraint on every engine at once; "ok" once every one has it."""
+        verdicts: list[GrammarVerdict | None] = [None] * len(self.systems)
+
+        async def one(i: int) -> None:
+            verdicts[i] = await self.systems[i].prepare_grammar(request)
+
+        def release_all() -> None:
+            for i, v in enumerate(verdicts):
+                if v is not None and v.outcome == "ok":
+                    self.systems[i].release_grammar(v.pin)
+
+        try:
+            async with trio.open_nursery() as nursery:
+                for i in range(len(self.systems)):
+                    nursery.start_soon(one, i)
+        except BaseException:
+            release_all()
+            raise
+        done = [v for v in verdicts if v is not None]
+        bad = (next((v for v in done if v.outcome == "refused"), None)
+               or next((v for v in done if v.outcome != "ok"), None))
+        if bad is not None:
+            release_all()
+            return bad
+        ours = next(self._ids)
+        self._pins[ours] = [v.pin for v in done]
+        return GrammarVerdict("ok", pin=ours)
+
+    def release_grammar(self, pin: int) -> None:
+        for i, theirs in enumerate(self._pins.pop(pin, ())):
+            self.systems[i].release_grammar(theirs)
 
     async def control(self, command: Control) -> ControlResult:
         results: list[ControlResult] = [ControlResult(False)] * len(self.systems)

@@ -16,8 +16,9 @@ the rest of their burst: actors.runtime.burst.
 
 The core is touched only here: ``add``, ``abort`` and ``control`` between steps on the Trio
 thread, ``step`` in a worker thread under a limiter of one (the core is not re-entrant, and
-its native code releases the GIL, so the Trio thread keeps serving HTTP meanwhile). A step
-is never cancelled midway: it leaves the core consistent.
+its native code releases the GIL, so the Trio thread keeps serving HTTP meanwhile);
+``prepare_grammar`` at any time (the core compiles on its grammar workers while this loop
+awaits). A step is never cancelled midway: it leaves the core consistent.
 
 The tokenizer <-> engine cycle has one edge that never blocks: the batch channel is written
 with ``send_nowait`` only after taking a credit that the tokenizer returns once it has
@@ -44,7 +45,16 @@ import trio
 
 from actors.core.protocol import EngineCore
 from actors.errors import RequestRefused
-from actors.messages import Abort, Admit, Control, ControlResult, EngineStats, TokenBatch
+from actors.messages import (
+    Abort,
+    Admit,
+    Control,
+    ControlResult,
+    EngineStats,
+    GrammarVerdict,
+    PrepareGrammar,
+    TokenBatch,
+)
 from actors.runtime import faults
 from actors.runtime.accounting import Entry, Ledger
 from actors.runtime.burst import Arrivals
@@ -128,6 +138,15 @@ class EngineActor(EngineControls):
         """Why a new request would be refused now (paused in abort or wait mode), else None:
         the front door answers it before any response starts."""
         return self._pause.refusal()
+
+    async def prepare_grammar(self, request: PrepareGrammar) -> GrammarVerdict:
+        """A constraint compiled before its request is admitted, in the core's process
+        (EngineCore.prepare_grammar): the compile never runs on the step thread nor this
+        loop, and steps go on meanwhile."""
+        return await self._core.prepare_grammar(request)
+
+    def release_grammar(self, pin: int) -> None:
+        self._core.release_grammar(pin)
 
     # -- the actor -------------------------------------------------------------------
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED):

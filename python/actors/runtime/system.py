@@ -12,6 +12,7 @@ events); the tokenizer actor owns the request state they refer to.
     system.registry.add(state); await system.submit(state)
     system.refusal()  # GenerationPaused while paused in abort or wait mode, else None
     system.abort(state); await system.control(Control(...))
+    verdict = await system.prepare_grammar(PrepareGrammar(spec)); system.release_grammar(pin)
     system.close_submissions()  # shutdown by closure: every actor ends once its input does
 
 Nothing here knows HTTP: a front end (python -m server, a test) builds RequestStates,
@@ -36,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from actors.core.protocol import EngineCore
-from actors.messages import Control, ControlResult, EngineInfo
+from actors.messages import Control, ControlResult, EngineInfo, GrammarVerdict, PrepareGrammar
 from actors.runtime.admission import Admission
 from actors.runtime.burst import DEFAULT_WINDOW, AdmissionWindow, Arrivals
 from actors.runtime.engine_actor import BATCH_CREDITS, EngineActor
@@ -116,6 +117,14 @@ class ActorSystem:
             self.tokenizer.abort(AbortRequest(state.request_id))
         else:  # never submitted (or gone): nothing of it runs
             state.cancelled = True
+
+    async def prepare_grammar(self, request: PrepareGrammar) -> GrammarVerdict:
+        """Compiles a request's constraint in the engine core's process before the request
+        is admitted; an "ok" stays pinned there until ``release_grammar(verdict.pin)``."""
+        return await self.engine.prepare_grammar(request)
+
+    def release_grammar(self, pin: int) -> None:
+        self.engine.release_grammar(pin)
 
     async def control(self, command: Control) -> ControlResult:
         """An operator command, applied by the engine between two steps. abort_requests

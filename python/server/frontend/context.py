@@ -6,18 +6,21 @@ else (no config object, health flags or HTTP handles).
   transcription window (`encoder_input`) or a pooling request (`pooling`);
 - `token_texts`: the tokenizer actor's token texts, for logprobs;
 - `reaper`: the nursery that releases a request's grammar pin once it has retired;
-- `grammar`: what compiling a structured-output constraint needs (`GrammarFacts`).
+- `grammar`: the server's bounds on a structured-output constraint (`GrammarBounds`);
+- `prepare_grammar` / `release_grammar`: the engine side compiles a constraint, in the
+  process that owns the engine core, and pins it until released (the actor system's).
 
 The routes build one per request with `context_of(srv)` (a handful of reads).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 import trio
+from actors.messages import GrammarVerdict, PrepareGrammar
 from actors.params.encoder import EncoderInput
 from actors.params.pooling import PoolingSpec
 from actors.params.sampling import SamplingParams
@@ -27,8 +30,6 @@ from actors.text.detokenizer import TokenTexts
 from server.frontend.generation import Generation
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
-
     from server.state import ServerState
 
 
@@ -39,14 +40,9 @@ class StartGeneration(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class GrammarFacts:
-    """The model's and the server's facts a grammar compiles against."""
+class GrammarBounds:
+    """The server's bounds on a constraint, applied before the engine side is asked."""
 
-    model_dir: str
-    vocab_size: int
-    eos_token_ids: tuple[int, ...]
-    tokenizer: PreTrainedTokenizerBase
-    default_backend: str
     max_grammar_bytes: int
     max_grammar_subschemas: int
     max_pending_grammars: int
@@ -57,7 +53,9 @@ class FrontendContext:
     start: StartGeneration
     token_texts: TokenTexts
     reaper: trio.Nursery | None
-    grammar: Callable[[], GrammarFacts]
+    grammar: Callable[[], GrammarBounds]
+    prepare_grammar: Callable[[PrepareGrammar], Awaitable[GrammarVerdict]]
+    release_grammar: Callable[[int], None]
 
 
 def context_of(srv: ServerState) -> FrontendContext:
@@ -69,15 +67,18 @@ def context_of(srv: ServerState) -> FrontendContext:
         return Generation(srv, request_id, prompts, params, pooling=pooling,
                           encoder_input=encoder_input)
 
-    def grammar() -> GrammarFacts:
-        info, config = srv.actors.info, srv.config  # type: ignore[union-attr]
-        return GrammarFacts(
-            model_dir=info.model_dir, vocab_size=info.vocab_size,
-            eos_token_ids=tuple(info.eos_token_ids), tokenizer=srv.tokenizer,
-            default_backend=config.engine.structured_outputs_backend,
-            max_grammar_bytes=config.max_grammar_bytes,
-            max_grammar_subschemas=config.max_grammar_subschemas,
-            max_pending_grammars=config.max_pending_grammars)
+    def grammar() -> GrammarBounds:
+        config = srv.config
+        return GrammarBounds(max_grammar_bytes=config.max_grammar_bytes,
+                             max_grammar_subschemas=config.max_grammar_subschemas,
+                             max_pending_grammars=config.max_pending_grammars)
+
+    async def prepare_grammar(request: PrepareGrammar) -> GrammarVerdict:
+        return await srv.actors.prepare_grammar(request)  # type: ignore[union-attr]
+
+    def release_grammar(pin: int) -> None:
+        srv.actors.release_grammar(pin)  # type: ignore[union-attr]
 
     return FrontendContext(start=start, token_texts=srv.token_texts, reaper=srv.reaper,
-                           grammar=grammar)
+                           grammar=grammar, prepare_grammar=prepare_grammar,
+                           release_grammar=release_grammar)

@@ -24,12 +24,11 @@ from __future__ import annotations
 
 import builtins
 import math
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import overload
 
 import trio
-from actors.core.structured.cache import GrammarPin
 from actors.params.encoder import EncoderInput
 from actors.params.sampling import SamplingParams
 from actors.runtime.outbox import ChoiceUpdate, OutboxFailed, TokenLogprob
@@ -341,22 +340,22 @@ async def start(ctx: FrontendContext, request_id: str, prompts: list[PromptInput
     cannot take).
     ``encoder_input``: an encoder-decoder model's (Whisper: one prompt, the decoder's
     tokens; see server.frontend.transcription)."""
-    pin = None
+    unpin = None
     if params.structured is not None:
-        # compiled before admission (a 400 for a spec the backend refuses, a 503 when the
-        # compile queue is full), off the loop; pinned until the request has retired
-        pin = await compile_spec(ctx.grammar(), params.structured)
+        # compiled by the engine side before admission (a 400 for a spec the backend
+        # refuses, a 503 when the compile queue is full); pinned until the request retires
+        unpin = await compile_spec(ctx, params.structured)
     try:
         gen = ctx.start(request_id, prompts, params, encoder_input=encoder_input)
         await gen.start()
     except BaseException as exc:
-        if pin is not None:
-            pin.release()  # the engine compiles for itself (off its threads) if it must
+        if unpin is not None:
+            unpin()  # the engine compiles for itself (off its threads) if it must
         if isinstance(exc, APIError):  # the admission still answers in HTTP's terms
             raise failure_of_api_error(exc) from None
         raise
-    if pin is not None:
-        _release_when_retired(ctx.reaper, gen, pin)
+    if unpin is not None:
+        _release_when_retired(ctx.reaper, gen, unpin)
     try:
         return TextGeneration(gen, ctx.token_texts)
     except BaseException:
@@ -365,17 +364,17 @@ async def start(ctx: FrontendContext, request_id: str, prompts: list[PromptInput
 
 
 def _release_when_retired(reaper: trio.Nursery | None, gen: Generation,
-                          pin: GrammarPin) -> None:
+                          unpin: Callable[[], None]) -> None:
     """Unpins the request's grammar once every sequence of it has left the engine."""
     state = gen.state
     if reaper is None or state.retired.is_set():
-        pin.release()
+        unpin()
         return
 
     async def release() -> None:
         try:
             await state.retired.wait()
         finally:
-            pin.release()
+            unpin()
 
     reaper.start_soon(release)

@@ -17,9 +17,9 @@ pins its request's spec until the request has retired, so that the engine finds 
 at admission however many other specs went by), and a ``GrammarHold``, the engine's claim
 on a compile that it never waits for (``LLMEngine.add`` checks it between steps).
 
-``shared_cache`` holds one cache per (backend, tokenizer) for the whole process: the server
-compiles a request's spec through it before admission, and an in-process engine core asking
-for the same spec then finds it compiled.
+``shared_cache`` holds one cache per (backend, tokenizer) for the whole process: the engine
+core compiles a request's spec through it when the front end asks before admission
+(``actors.core.structured.prepared``), and its ``add`` then finds the spec compiled.
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_CAPACITY", "DEFAULT_COMPILE_TIMEOUT_S", "DEFAULT_MAX_BYTES",
            "DEFAULT_MAX_PENDING", "DEFAULT_MAX_SUBSCHEMAS", "CompileQueueFull", "GrammarCache",
-           "GrammarHold", "GrammarPin", "peek_shared_cache", "shared_cache"]
+           "GrammarHold", "GrammarPin", "peek_shared_cache", "shared_cache",
+           "shared_compiles"]
 
 DEFAULT_CAPACITY = 256
 DEFAULT_COMPILE_TIMEOUT_S = 10.0
@@ -304,6 +305,13 @@ def peek_shared_cache(backend: str, model_dir: str, vocab_size: int,
                       eos_token_ids: tuple[int, ...]) -> GrammarCache | None:
     """The cache ``shared_cache`` built for these arguments, or None (never builds)."""
     return _SHARED.get(_shared_key(backend, model_dir, vocab_size, eos_token_ids))
+
+
+def shared_compiles(model_dir: str, vocab_size: int, eos_token_ids: tuple[int, ...]) -> int:
+    """The compiles queued so far by this process's caches for the model (every backend)."""
+    model = (str(model_dir), int(vocab_size), tuple(eos_token_ids))
+    caches = [c for k, c in list(_SHARED.items()) if k[1:] == model]
+    return sum(c.stats()["misses"] for c in caches)
 
 
 def _shared_key(backend: str, model_dir: str, vocab_size: int,
