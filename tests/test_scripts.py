@@ -221,3 +221,31 @@ def test_bench_fast_forward_smoke() -> None:
     assert b1["on"]["output_tokens"] == b1["off"]["output_tokens"] == 24
     assert b1["on"]["model_steps"] < b1["off"]["model_steps"] == 24
     assert b1["tokens_per_s_ratio_on_off"] > 0
+
+
+def test_arch_metrics_holds_the_tree_to_its_rules() -> None:
+    """The house rules arch_metrics counts: no code file over 400 lines, and no API dialect
+    imported by a sibling (only the app that mounts the routes and the auth guard that picks
+    an envelope by path import dialect packages)."""
+    out = run_json(str(SCRIPTS / "arch_metrics.py"))
+    assert out["code_files_over_400"] == {}
+    importers = {key.split(" -> ")[0] for key in out["dialect_imports"]}
+    assert importers <= {"server.app", "server.auth"}, out["dialect_imports"]
+    assert out["csrc_src_top_level_files"] == 0  # the core's sources live in family folders
+
+
+def test_wire_record_normalizes_what_differs_between_runs_only() -> None:
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        import wire_record
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    body = ('{"id":"chatcmpl-3f9a1c","created":1765000000,"x":0.0386211462,'
+            '"url":"http://127.0.0.1:38621/v1","msg":"msg_01AbC","n":38621}')
+    got = wire_record.normalize(body, 38621)
+    assert got == ('{"id":"<id>","created": <t>,"x":0.0386211462,'
+                   '"url":"http://127.0.0.1:<port>/v1","msg":"<id>","n":38621}')
+    same = {"a": {"status": 200, "body": "x"}}
+    assert wire_record.compare(same, dict(same)) == 0
+    assert wire_record.compare(same, {"a": {"status": 200, "body": "y"}}) == 1
+    assert wire_record.compare(same, {}) == 1
