@@ -7,6 +7,8 @@ the generation service.
 - `tools`: the tool plan (vLLM's checks of tools and tool_choice, the constraint of a
   forced choice, the parser of "auto") and the assistant history the template reads;
 - `tool_parsers/`: the tool-call parsers, whole and streamed;
+- `reasoning/`: the reasoning parsers, which split a choice's text into reasoning and
+  content, whole and streamed (not yet wired into the routes);
 - `tool_calls`: the per-choice state that splits a choice's text into content and tool
   calls as it streams (each dialect shapes what it yields);
 - `render.render_call`: the chat template's deferred render of a `ChatRequest`.
