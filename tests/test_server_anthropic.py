@@ -336,7 +336,6 @@ BAD = [
     ({"top_k": -2}, "invalid_request_error"),
     ({"stop_sequences": ["a", "b", "c", "d", "e"]}, "invalid_request_error"),
     ({"stop_sequences": "a"}, "invalid_request_error"),
-    ({"tools": []}, "invalid_request_error"),
     ({"tools": [{"name": "f"}]}, "invalid_request_error"),
     ({"tool_choice": {"type": "any"}}, "invalid_request_error"),  # no tools
     ({"tools": TOOLS, "tool_choice": {"type": "tool"}}, "invalid_request_error"),

@@ -143,6 +143,28 @@ def test_none_and_auto_answer_as_content(client):
         assert "<|im_end|>" not in choice.message.content
 
 
+def test_an_empty_tools_array_is_an_omitted_one(server):
+    """As vLLM 0.34 (and OpenAI): `tools: []` is no tools; "auto" and "required" have
+    nothing to call and answer as "none"; a named tool still names one that is not there."""
+    with httpx.Client(base_url=server, timeout=60) as c:
+        plain = c.post("/v1/chat/completions", json={
+            "messages": ASK, "max_tokens": 8, "temperature": 0}).json()
+        for extra in ({}, {"tool_choice": "auto"}, {"tool_choice": "required"},
+                      {"tool_choice": "none"}):
+            r = c.post("/v1/chat/completions", json={
+                "messages": ASK, "max_tokens": 8, "temperature": 0, "tools": [], **extra})
+            assert r.status_code == 200, (extra, r.text)
+            message = r.json()["choices"][0]["message"]
+            assert not message.get("tool_calls")
+            # The same prompt as without tools: the template saw none.
+            assert message["content"] == plain["choices"][0]["message"]["content"], extra
+        r = c.post("/v1/chat/completions", json={
+            "messages": ASK, "max_tokens": 8, "tools": [], "tool_choice": NAMED})
+        assert r.status_code == 400
+        assert r.json()["error"]["message"] == ("The tool specified in `tool_choice` does not "
+                                                "match any of the specified `tools`")
+
+
 def test_history_with_tool_results_renders(server, client):
     history = [*ASK, {"role": "assistant", "content": "", "tool_calls": [
         {"id": "call1", "type": "function",
@@ -160,7 +182,6 @@ def test_history_with_tool_results_renders(server, client):
 
 BAD = [
     ({"tool_choice": "auto"}, "tool_choice", False),  # tool_choice without tools
-    ({"tools": [], "tool_choice": "auto"}, "tools", False),
     ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice", True),
     ({"tool_choice": "sometimes"}, "tool_choice", True),
     ({"tool_choice": {"type": "function"}}, "tool_choice.function", True),

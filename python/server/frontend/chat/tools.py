@@ -73,12 +73,14 @@ def check_tool_fields(chat: ChatRequest) -> Any:
     ) and choice not in ("none", "auto", "required"):
         raise bad_request("You can only either use constraints for structured outputs or tools, "
                           "not both.", "tool_choice")
-    if chat.tools is not None and len(chat.tools) == 0:
-        raise bad_request("`tools` must not be an empty array. Either provide at least one "
-                          "tool or omit the field entirely.", "tools")
+    tools = chat.tools
+    if tools is not None and len(tools) == 0 and not isinstance(choice, dict):
+        # As vLLM 0.34 and OpenAI: an empty array is an omitted one; "auto" and "required"
+        # have nothing to call. A named tool keeps it, so the lookup below names the mismatch.
+        return "none"
     if choice is None or choice == "none":
         return choice
-    if chat.tools is None:
+    if tools is None:
         raise bad_request("When using `tool_choice`, `tools` must be set.", "tool_choice")
     if isinstance(choice, dict):
         function = choice.get("function")
@@ -92,7 +94,7 @@ def check_tool_fields(chat: ChatRequest) -> Any:
         if not isinstance(name, str) or not name:
             raise bad_request(f"Invalid `name` in `function`: `{name}` in `tool_choice`! "
                               f"{_CORRECT_NAMED}", "tool_choice.function.name")
-        if all(tool["function"]["name"] != name for tool in chat.tools):
+        if all(tool["function"]["name"] != name for tool in tools):
             raise bad_request("The tool specified in `tool_choice` does not match any of the "
                               "specified `tools`", "tool_choice")
     elif choice not in ("auto", "required"):
@@ -104,7 +106,7 @@ def check_tool_fields(chat: ChatRequest) -> Any:
 def plan_tools(chat: ChatRequest, config: ServerConfig) -> ToolPlan:
     """The request's tool choice, checked against the request and the server's flags."""
     choice = check_tool_fields(chat)
-    tools = chat.tool_dicts()
+    tools = chat.tool_dicts() or None  # an empty array is no tools: the template sees none
     if choice is None or choice == "none":
         return ToolPlan("none", tools)
     # As vLLM: "auto" needs both flags, "required" and named functions the parser only
