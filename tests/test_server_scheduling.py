@@ -122,3 +122,27 @@ def test_bad_cache_salt_is_400(server, salt, needle):
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert needle in err["message"] and err["param"] == "cache_salt"
+
+
+def test_the_priority_header_sets_a_request_priority(plain_server):
+    """X-Vllm-Priority, as vLLM 0.34 reads it: an integer header overrides the body's
+    priority (chat, completions, Responses); a header that is not an integer is ignored.
+    The default server schedules first come first served, so a priority other than 0
+    from the header is refused as one from the body is."""
+    url = plain_server.url
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    cmpl = {"model": MODEL, "prompt": "Hi", "max_tokens": 2}
+    for path, body in (("/v1/chat/completions", chat), ("/v1/completions", cmpl),
+                       ("/v1/responses", {"model": MODEL, "input": "Hi",
+                                          "max_output_tokens": 16})):
+        r = httpx.post(url + path, json=body, headers={"X-Vllm-Priority": "5"}, timeout=60)
+        assert r.status_code == 400, (path, r.text)
+        assert "Got priority 5 but Priority scheduling is not enabled." in r.text, r.text
+        for ignored in ("0", "high"):
+            r = httpx.post(url + path, json=body, headers={"X-Vllm-Priority": ignored},
+                           timeout=60)
+            assert r.status_code == 200, (path, ignored, r.text)
+    # The header wins over the body's value.
+    r = httpx.post(url + "/v1/completions", json={**cmpl, "priority": 3},
+                   headers={"X-Vllm-Priority": "0"}, timeout=60)
+    assert r.status_code == 200, r.text

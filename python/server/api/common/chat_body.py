@@ -10,7 +10,7 @@ from __future__ import annotations
 from actors.params.sampling import SamplingParams
 
 from server.api.common.chat_protocol import ChatCompletionRequest
-from server.api.common.params import build_params, check_stream_options
+from server.api.common.params import build_params, check_stream_options, priority_header
 from server.api.common.unsupported import check_unsupported
 from server.api.http_io import check_model
 from server.api.lora import with_adapter
@@ -79,7 +79,7 @@ def sampling_params(srv: ServerState, req: ChatCompletionRequest) -> SamplingPar
     assert srv.limits is not None
     return build_params(req, max_tokens=max_tokens, logprobs=logprobs, defaults=srv.defaults,
                         limits=srv.limits, prompt_logprobs=None if req.stream else prompt_lps,
-                        aliases=aliases)
+                        aliases=aliases, priority_header=priority_header())
 
 
 def checked(srv: ServerState, req: ChatCompletionRequest

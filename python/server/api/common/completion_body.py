@@ -10,7 +10,12 @@ from actors.params.sampling import SamplingParams
 from actors.runtime.request import PromptInput
 
 from server.api.common.completion_protocol import CompletionRequest
-from server.api.common.params import MAX_PROMPTS, build_params, check_stream_options
+from server.api.common.params import (
+    MAX_PROMPTS,
+    build_params,
+    check_stream_options,
+    priority_header,
+)
 from server.api.common.unsupported import check_unsupported
 from server.api.http_io import check_model
 from server.api.lora import with_adapter
@@ -60,7 +65,7 @@ def sampling_params(srv: ServerState, req: CompletionRequest) -> SamplingParams:
     return build_params(
         req, max_tokens=1 if echo_only(req) else req.max_tokens, logprobs=req.logprobs,
         defaults=srv.defaults, limits=srv.limits,
-        prompt_logprobs=None if req.stream else prompt_lps,
+        prompt_logprobs=None if req.stream else prompt_lps, priority_header=priority_header(),
     )
 
 

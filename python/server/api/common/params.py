@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from quart import has_request_context, request
+
 from actors.errors import RequestRefused
 from actors.params.limits import RequestLimits
 from actors.params.sampling import SamplingParams
@@ -24,6 +26,9 @@ from server.errors import bad_request
 
 # The HTTP edge's own bound: prompts in one request (each is an engine request).
 MAX_PROMPTS = 64
+
+# vLLM's header that sets a request's priority over the body's (chat, completions, Responses).
+PRIORITY_HEADER = "X-Vllm-Priority"
 
 # Request fields that fall back to the model's generation defaults when unset.
 _DEFAULTED = ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
@@ -39,11 +44,14 @@ def build_params(
     limits: RequestLimits,
     prompt_logprobs: int | None = None,
     aliases: dict[str, str] | None = None,
+    priority_header: str | None = None,
 ) -> SamplingParams:
     """``prompt_logprobs``: what the engine computes (the route's choice; echo may imply
     it). ``req.prompt_logprobs`` is checked here as vLLM checks it. ``aliases``: the request
     field a SamplingParams field came from, where the names differ (chat's top_logprobs),
-    so that a 400 names what the client sent."""
+    so that a 400 names what the client sent. ``priority_header``: the request's
+    X-Vllm-Priority header, which wins over the body's priority when it is an integer (a
+    header that is not one is ignored, as vLLM does)."""
     asked = req.prompt_logprobs
     if req.stream and asked is not None and asked != 0:
         # As vLLM: a stream cannot carry them (0 is let through and computes nothing).
@@ -73,7 +81,7 @@ def build_params(
         allowed_token_ids=None if allowed is None else tuple(allowed),
         truncate_prompt_tokens=req.truncate_prompt_tokens,
         truncation_side=req.truncation_side or "left",
-        priority=req.priority,
+        priority=_priority(req.priority, priority_header),
         cache_salt=req.cache_salt,
         structured=spec_of(req),
         **fields,
@@ -107,3 +115,17 @@ def _logit_bias(bias: dict[str, float] | None) -> dict[int | str, float] | None:
         except ValueError:
             out[key] = value
     return out
+
+
+def _priority(body: int, header: str | None) -> int:
+    if header is not None:
+        try:
+            return int(header)
+        except ValueError:
+            pass
+    return body
+
+
+def priority_header() -> str | None:
+    """The current HTTP request's X-Vllm-Priority, if there is one."""
+    return request.headers.get(PRIORITY_HEADER) if has_request_context() else None

@@ -34,7 +34,7 @@ from quart import Quart, Response, request
 
 from server import sse
 from server.api.common.chat_protocol import ChatTool
-from server.api.common.params import build_params
+from server.api.common.params import build_params, priority_header
 from server.api.common.protocol import APIModel
 from server.api.common.unsupported import check_unsupported
 from server.api.http_io import accepts, check_model, json_response, parse, read_json
@@ -194,7 +194,8 @@ def _sampling_params(srv: ServerState, req: ResponsesRequest, plan: ToolPlan) ->
     params = build_params(req, max_tokens=req.max_output_tokens, logprobs=_top_logprobs(req),
                           defaults=srv.defaults, limits=srv.limits,
                           aliases={"max_tokens": "max_output_tokens",
-                                   "logprobs": "top_logprobs"})
+                                   "logprobs": "top_logprobs"},
+                          priority_header=priority_header())
     return apply_plan(params, plan)
 
 
