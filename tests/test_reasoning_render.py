@@ -7,9 +7,11 @@ the history's reasoning as the template receives it."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
+from actors.params.sampling import SamplingParams
 from server.api.common.chat_body import to_chat
 from server.api.common.chat_protocol import ChatCompletionRequest
 from server.api.openai.render import ChatCompletionRenderer
@@ -24,6 +26,7 @@ from server.frontend.chat.render import template_kwargs
 from server.frontend.chat.tool_calls import choice_factory
 from server.frontend.chat.tools import history_messages, plan_tools
 from server.frontend.service import ChoiceDelta, ChoiceResult, Collected, Usage
+from server_helpers import default_tokenizer
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}}}}]
@@ -184,26 +187,17 @@ def test_the_parser_reads_the_kwargs_the_template_got():
 
 
 def test_special_markers_keep_special_tokens():
-    class Added:
-        def __init__(self, content: str, special: bool) -> None:
-            self.content, self.special = content, special
-
-    class Tok:
-        added_tokens_decoder = {1: Added("<think>", False), 2: Added("[THINK]", True)}
-        all_special_tokens = ["<|endoftext|>"]
-
-    tok = Tok()
+    tok = default_tokenizer()  # SmolLM2's: ChatML's tokens are special, <think> is text
     assert not markers_are_special(("<think>", "</think>"), tok)
-    assert markers_are_special(("[THINK]", "[/THINK]"), tok)
-    from actors.params.sampling import SamplingParams
-
+    assert markers_are_special(("<|im_start|>", "</think>"), tok)
     chat = to_chat(ChatCompletionRequest.model_validate(
         {"messages": [{"role": "user", "content": "hi"}]}))
-    plan = plan_reasoning(chat, ServerConfig(reasoning_parser="mistral"), default_kwargs=None,
-                          tokenizer=tok)
-    assert apply_reasoning(SamplingParams(), plan).skip_special_tokens is False
     plan = plan_reasoning(chat, R1_SERVER, default_kwargs=None, tokenizer=tok)
+    assert plan is not None and not plan.keep_special_tokens
     assert apply_reasoning(SamplingParams(), plan).skip_special_tokens is True
+    kept = dataclasses.replace(plan, keep_special_tokens=True)
+    assert apply_reasoning(SamplingParams(), kept).skip_special_tokens is False
+    assert plan_reasoning(chat, ServerConfig(), default_kwargs=None, tokenizer=tok) is None
 
 
 def test_history_reasoning_reaches_the_template_under_both_names():

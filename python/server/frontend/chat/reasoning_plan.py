@@ -89,7 +89,7 @@ def apply_reasoning(params: SamplingParams, plan: ReasoningPlan | None) -> Sampl
 class ReasoningChoice(ChatChoice):
     """One choice whose text a reasoning parser splits before `inner` reads the content."""
 
-    __slots__ = ("_inner", "_plan", "_parser", "_stream")
+    __slots__ = ("_inner", "_parser", "_plan", "_stream")
 
     def __init__(self, plan: ReasoningPlan, inner: ChatChoice, prompt: str | None) -> None:
         self._plan = plan
