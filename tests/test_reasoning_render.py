@@ -22,9 +22,10 @@ from server.frontend.chat.reasoning_plan import (
     plan_reasoning,
     reasoning_factory,
 )
-from server.frontend.chat.render import template_kwargs
+from server.frontend.chat.render import render_call, template_kwargs
 from server.frontend.chat.tool_calls import choice_factory
 from server.frontend.chat.tools import history_messages, plan_tools
+from server.frontend.chat_template import ChatRenderer
 from server.frontend.service import ChoiceDelta, ChoiceResult, Collected, Usage
 from server_helpers import default_tokenizer
 
@@ -210,3 +211,18 @@ def test_history_reasoning_reaches_the_template_under_both_names():
     assert (out[1]["reasoning"], out[1]["reasoning_content"]) == ("old", "old")
     assert (out[2]["reasoning"], out[2]["reasoning_content"]) == ("new", "new")
     assert "reasoning" not in out[0] and "reasoning" not in out[3]
+
+
+def test_the_template_gets_the_server_kwargs_under_the_requests_and_the_history():
+    template = ("{% for m in messages %}{{ m.role }}:{{ m.reasoning_content or '' }}|"
+                "{% endfor %}thinking={{ enable_thinking }}")
+    renderer_ = ChatRenderer(object(), template=template,
+                             default_kwargs={"enable_thinking": False})
+    messages = [{"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "a", "reasoning": "because"},
+                {"role": "user", "content": "more"}]
+    for body, thinking in (({}, "False"), ({"chat_template_kwargs": {"enable_thinking": True}},
+                                           "True"), ({"reasoning_effort": "low"}, "True")):
+        chat = to_chat(ChatCompletionRequest.model_validate({"messages": messages, **body}))
+        assert render_call(renderer_, chat)() == (
+            f"user:|assistant:because|user:|thinking={thinking}")
