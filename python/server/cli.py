@@ -18,6 +18,7 @@ from actors.loader.default_model import NAMED_MODELS
 from actors.loader.dtype import resolve_quantization
 from actors.params.pooling import PoolerConfig
 
+from server.frontend.chat import reasoning
 from server.frontend.chat.tool_parsers import UnknownToolParserError, check_tool_parser_flags
 from server.config import DEV_MODE_ENV, KEY_ENV_VARS, RUNTIME_LORA_ENV, ServerConfig
 from server.flag_parser import build, field_values, parser_for
@@ -36,6 +37,13 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         check_tool_parser_flags(args.enable_auto_tool_choice, args.tool_call_parser)
     except UnknownToolParserError as exc:
         parser.error(str(exc))
+    if args.reasoning_parser is not None:
+        try:
+            reasoning.get(args.reasoning_parser)
+        except reasoning.UnknownReasoningParserError as exc:
+            parser.error(str(exc))
+    elif args.reasoning_content_field:
+        parser.error("--reasoning-content-field needs --reasoning-parser")
     if args.pooler_config is not None:
         try:
             PoolerConfig.parse(args.pooler_config)

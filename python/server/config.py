@@ -33,6 +33,16 @@ def _tool_call_parser_help() -> str:
             "'auto'. Default: none")
 
 
+def _reasoning_parser_help() -> str:
+    from server.frontend.chat.reasoning import names
+
+    return ("how the model writes its reasoning: one of "
+            f"{', '.join(names())}, or a name an llmserve.reasoning_parsers entry point "
+            "registers; chat completions then answer the reasoning in message.reasoning "
+            "(streamed: delta.reasoning) and content without it, and count "
+            "completion_tokens_details.reasoning_tokens. Default: none (the text is content)")
+
+
 @dataclass
 class ServerConfig:
     # Every engine setting (model, context, KV cache, scheduling, seed, generation
@@ -64,6 +74,17 @@ class ServerConfig:
     enable_auto_tool_choice: bool = flag(False, help="let requests use tool_choice 'auto' "
         "(the model decides; needs --tool-call-parser)")
     tool_call_parser: str | None = flag(None, metavar="NAME", help=_tool_call_parser_help)
+    # reasoning (server.frontend.chat.reasoning_plan): the parser that splits the output,
+    # the template kwargs under every request's, and the pre-0.34 output field
+    reasoning_parser: str | None = flag(None, metavar="NAME", help=_reasoning_parser_help)
+    default_chat_template_kwargs: dict[str, object] | None = flag(
+        None, type="template_kwargs", metavar="JSON", help="chat template kwargs every chat "
+        "request gets under its own chat_template_kwargs (the request's win), e.g. "
+        '\'{"enable_thinking": false}\'. Default: none')
+    reasoning_content_field: bool = flag(
+        False, help="also answer the reasoning as reasoning_content (message and delta), "
+        "beside reasoning, for clients that read the field's older name (vLLM before 0.34, "
+        "llama.cpp, SGLang); needs --reasoning-parser")
     # scale-out: /render, /derender, /inference/v1/generate and abort (403 when off)
     enable_scale_out: bool = flag(False, help="serve the scale-out routes: "
         "/v1/chat/completions/render, /v1/completions/render, their /derender, "

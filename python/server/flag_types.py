@@ -1,5 +1,5 @@
 """Value types of the command line (argparse `type=`): sizes with k/m/g suffixes, token
-counts, name=path pairs, JSON lists, and vLLM's JSON configs (--kv-events-config,
+counts, name=path pairs, JSON lists, chat template kwargs, and vLLM's JSON configs (--kv-events-config,
 --structured-outputs-config, --profiler-config). Each raises argparse's
 ArgumentTypeError, so a bad value is a usage error (exit 2) before anything loads. Range
 checks of plain numbers are server.flag_checks'."""
@@ -145,6 +145,23 @@ def json_list(text: str) -> list[str]:
         value = [s for s in text.split(",") if s]
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise argparse.ArgumentTypeError("expected a JSON list of strings")
+    return value
+
+
+def template_kwargs(text: str) -> dict[str, Any]:
+    """--default-chat-template-kwargs: a JSON object of keys a request's
+    chat_template_kwargs may set (checked now, not on every request)."""
+    from server.frontend.chat_template import RESERVED_KWARGS
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object")
+    bad = sorted(k for k in value if k in RESERVED_KWARGS or not k.isidentifier())
+    if bad:
+        raise argparse.ArgumentTypeError(f"chat template kwargs may not set {', '.join(bad)}")
     return value
 
 

@@ -178,6 +178,7 @@ class Supervisor:
             template=load_template_arg(cfg.chat_template),
             content_format=cfg.chat_template_content_format,
             trust_request_template=cfg.trust_request_chat_template,
+            default_kwargs=cfg.default_chat_template_kwargs,
         )
         srv.admission = system.admission
         srv.registry = system.registry

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -117,7 +118,10 @@ class ChatRenderer:
         template: str | None,
         content_format: str = "auto",
         trust_request_template: bool = False,
+        default_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
+        # --default-chat-template-kwargs: under every request's own kwargs (render.py)
+        self.default_kwargs: Mapping[str, Any] = dict(default_kwargs or {})
         self._default = template or getattr(tokenizer, "chat_template", None)
         if isinstance(self._default, dict):  # named templates: take the default one
             self._default = self._default.get("default")

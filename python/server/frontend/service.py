@@ -206,6 +206,9 @@ class ChoiceResult:
     logprobs: Logprobs
     finish_reason: str | None
     stop_reason: str | int | None
+    # (text, tokens) of each delta as it came, for readers that must see the text as a
+    # stream would (a reasoning parser counts reasoning tokens per delta)
+    pieces: list[tuple[str, int]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -225,6 +228,7 @@ class Collected:
 @dataclass(slots=True)
 class _Accumulator:
     text: list[str] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)  # each text piece's tokens
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
@@ -311,6 +315,7 @@ class TextGeneration:
                 for u in updates:
                     a = acc[u.index]
                     a.text.append(u.text)
+                    a.sizes.append(len(u.token_ids))
                     a.token_ids.extend(u.token_ids)
                     a.logprobs.extend(u.logprobs)
                     if u.prompt_logprobs is not None and u.index % self.n == 0:
@@ -320,7 +325,7 @@ class TextGeneration:
         finally:
             self.retire()
         choices = [ChoiceResult(i, "".join(a.text), a.token_ids, Logprobs(a.logprobs),
-                                a.finish_reason, a.stop_reason)
+                                a.finish_reason, a.stop_reason, list(zip(a.text, a.sizes)))
                    for i, a in enumerate(acc)]
         return Collected(choices, prompt_lps, self.usage(sum(c.num_tokens for c in choices)))
 

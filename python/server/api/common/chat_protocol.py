@@ -29,6 +29,10 @@ class ChatMessage(APIModel):
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
+    # An assistant turn's reasoning (interleaved thinking); reasoning_content is its name
+    # before vLLM 0.34, accepted on input only (chat.tools.history_messages maps both).
+    reasoning: str | None = None
+    reasoning_content: str | None = None
 
 
 class FunctionDefinition(APIModel):
@@ -63,3 +67,5 @@ class ChatCompletionRequest(SamplingFields):
     parallel_tool_calls: bool | None = True
     response_format: dict[str, Any] | None = None
     reasoning_effort: ReasoningEffort | None = None
+    # With --reasoning-parser: false leaves the reasoning out of the response.
+    include_reasoning: bool = True

@@ -1,6 +1,6 @@
 """POST /v1/chat/completions: the body's checks and its neutral `ChatRequest`
-(server.api.common.chat_body), the chat core's template render and tool plan
-(server.frontend.chat), and the handler that hands the prompt to the generation service
+(server.api.common.chat_body), the chat core's template render, tool plan and reasoning
+plan (server.frontend.chat), and the handler that hands the prompt to the generation service
 and its output to ChatCompletionRenderer."""
 
 from __future__ import annotations
@@ -14,6 +14,11 @@ from server.api.common.stream import sse_body
 from server.api.http_io import accepts, built_json_response, parse, read_json
 from server.api.openai.render import ChatCompletionRenderer
 from server.frontend import service
+from server.frontend.chat.reasoning_plan import (
+    apply_reasoning,
+    plan_reasoning,
+    reasoning_factory,
+)
 from server.frontend.chat.render import render_call
 from server.frontend.chat.tool_calls import choice_factory
 from server.frontend.context import context_of
@@ -25,6 +30,9 @@ from server.state import ServerState
 async def handle(srv: ServerState, req: ChatCompletionRequest) -> Response:
     model, chat, plan, params = checked(srv, req)
     assert srv.renderer is not None
+    thinking = plan_reasoning(chat, srv.config, default_kwargs=srv.renderer.default_kwargs,
+                              tokenizer=srv.tokenizer, include_reasoning=req.include_reasoning)
+    params = apply_reasoning(params, thinking)
     prompts = [PromptInput(render=render_call(srv.renderer, chat, plan.tools),
                            add_special_tokens=chat.add_special_tokens)]
     rid = new_request_id(request.headers.get("X-Request-Id"), req.request_id)
@@ -36,7 +44,8 @@ async def handle(srv: ServerState, req: ChatCompletionRequest) -> Response:
         logprobs=bool(req.logprobs), top_logprobs=req.top_logprobs or 0,
         include_usage=bool(opts and opts.include_usage),
         continuous_usage=bool(opts and opts.continuous_usage_stats),
-        new_choice=choice_factory(plan))
+        new_choice=reasoning_factory(thinking, choice_factory(plan), gen.prompts[0].text),
+        reasoning_usage=thinking is not None)
     if req.stream:
         return sse_response(sse_body(gen, renderer))
     result = await gen.collect()

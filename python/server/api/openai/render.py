@@ -55,16 +55,22 @@ class _Renderer:
     def _base(self) -> dict[str, Any]:
         raise NotImplementedError
 
+    def _usage(self, usage: Usage, index: int | None = None,
+               whole: bool = False) -> dict[str, Any]:
+        """Usage JSON; `index`: one choice's (continuous usage), else every choice's."""
+        return response_usage_json(usage) if whole else usage_json(usage)
+
     def _with_choice_usage(self, chunk: dict[str, Any], d: ChoiceDelta) -> dict[str, Any]:
         if self.options.continuous_usage:
-            chunk["usage"] = usage_json(self.gen.choice_usage(d.index, d.generated_tokens))
+            chunk["usage"] = self._usage(self.gen.choice_usage(d.index, d.generated_tokens),
+                                         d.index)
         return chunk
 
     def final(self, usage: Usage) -> dict[str, Any] | None:
         """The closing usage chunk (stream_options.include_usage), else nothing."""
         if not self.options.include_usage:
             return None
-        return dict(self._base(), choices=[], usage=usage_json(usage),
+        return dict(self._base(), choices=[], usage=self._usage(usage),
                     system_fingerprint=self.fingerprint)
 
 
@@ -167,7 +173,8 @@ class ChatCompletionRenderer(_Renderer):
                  echoed: str, logprobs: bool, top_logprobs: int, include_usage: bool = False,
                  continuous_usage: bool = False,
                  new_choice: Callable[[], ChatChoice] = ChatChoice,
-                 per_prompt: Sequence[tuple[str, str]] | None = None) -> None:
+                 per_prompt: Sequence[tuple[str, str]] | None = None,
+                 reasoning_usage: bool = False) -> None:
         self.gen = gen
         self.model = model
         self.fingerprint = fingerprint
@@ -180,6 +187,18 @@ class ChatCompletionRenderer(_Renderer):
         self.top_logprobs = top_logprobs
         self.options = _StreamOptions(include_usage, continuous_usage)
         self.choices = [new_choice() for _ in range(gen.num_choices)]
+        # With a reasoning parser, usage carries completion_tokens_details.reasoning_tokens
+        # (vLLM's; without one the usage is left as it was, with no details).
+        self.reasoning_usage = reasoning_usage
+
+    def _usage(self, usage: Usage, index: int | None = None,
+               whole: bool = False) -> dict[str, Any]:
+        out = super()._usage(usage, index, whole)
+        if self.reasoning_usage:
+            choices = self.choices if index is None else [self.choices[index]]
+            out["completion_tokens_details"] = {
+                "reasoning_tokens": sum(c.reasoning_tokens for c in choices)}
+        return out
 
     def _base(self) -> dict[str, Any]:
         return {"id": self.response_id, "object": "chat.completion.chunk",
@@ -189,7 +208,7 @@ class ChatCompletionRenderer(_Renderer):
         chunk = dict(self._base(), choices=[{"index": index, "delta": delta, "logprobs": None,
                                              "finish_reason": None}])
         if self.options.continuous_usage:
-            chunk["usage"] = usage_json(self.gen.choice_usage(index, 0))
+            chunk["usage"] = self._usage(self.gen.choice_usage(index, 0), index)
         return chunk
 
     def first_chunks(self) -> list[dict[str, Any]]:
@@ -228,8 +247,7 @@ class ChatCompletionRenderer(_Renderer):
         for r in result.choices:
             role, echoed = (self.role, self.echoed) if self.per_prompt is None else \
                 self.per_prompt[r.index // self.gen.n]
-            message, reason = self.choices[r.index].message(
-                role, echoed, r.text, r.finish_reason, r.stop_reason)
+            message, reason = self.choices[r.index].whole(r, role, echoed)
             choices.append({"index": r.index, "message": message,
                             "logprobs": self._logprobs_json(r.logprobs),
                             "finish_reason": reason, "stop_reason": r.stop_reason})
@@ -237,7 +255,7 @@ class ChatCompletionRenderer(_Renderer):
             "id": self.response_id, "object": "chat.completion", "created": self.gen.created,
             "model": self.model, "choices": choices, "service_tier": None,
             "system_fingerprint": self.fingerprint,
-            "usage": response_usage_json(result.usage),
+            "usage": self._usage(result.usage, whole=True),
             "prompt_logprobs": prompt_logprobs_json(
                 result.prompt_logprobs[0] if result.prompt_logprobs else None),
         }

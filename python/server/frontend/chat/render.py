@@ -4,6 +4,7 @@ admission), the render itself deferred to the tokenizer actor's thread."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from typing import Any
 
 from server.frontend.chat.request import ChatRequest
@@ -20,7 +21,7 @@ def render_call(renderer: ChatRenderer, chat: ChatRequest,
     return renderer.prepare(
         history_messages([dict(m) for m in chat.messages]),
         request_template=chat.chat_template,
-        kwargs=template_kwargs(chat),
+        kwargs=template_kwargs(chat, renderer.default_kwargs),
         add_generation_prompt=chat.add_generation_prompt,
         continue_final_message=chat.continue_final_message,
         tools=tools,
@@ -28,14 +29,18 @@ def render_call(renderer: ChatRenderer, chat: ChatRequest,
     )
 
 
-def template_kwargs(chat: ChatRequest) -> dict[str, Any] | None:
-    """chat_template_kwargs, plus reasoning_effort as vLLM passes it on: under its own name,
-    and as enable_thinking unless the request's kwargs set that (a template that reads
-    neither never sees them)."""
+def template_kwargs(chat: ChatRequest, defaults: Mapping[str, Any] | None = None
+                    ) -> dict[str, Any] | None:
+    """chat_template_kwargs over the server's `defaults` (--default-chat-template-kwargs),
+    plus reasoning_effort as vLLM passes it on: under its own name, and as enable_thinking
+    unless the request's own kwargs set that (a template that reads neither never sees
+    them). The reasoning parser reads the same kwargs (`enable_thinking`, `thinking`)."""
     given = None if chat.chat_template_kwargs is None else dict(chat.chat_template_kwargs)
     effort = chat.reasoning_effort
-    if effort is None:
+    if effort is not None:
+        given = dict(given or {}, reasoning_effort=effort)
+        if "enable_thinking" not in (chat.chat_template_kwargs or {}):
+            given["enable_thinking"] = effort != "none"
+    if not defaults:
         return given
-    kwargs = dict(given or {}, reasoning_effort=effort)
-    kwargs.setdefault("enable_thinking", effort != "none")
-    return kwargs
+    return dict(defaults, **(given or {}))

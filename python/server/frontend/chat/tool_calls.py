@@ -21,7 +21,7 @@ from typing import Any
 
 from server.frontend.chat.tool_parsers import ContentDelta, Delta, ToolCallDelta
 from server.frontend.chat.tools import ToolPlan
-from server.frontend.service import ChoiceDelta
+from server.frontend.service import ChoiceDelta, ChoiceResult
 
 
 def chat_message(role: str, content: str | None,
@@ -52,10 +52,24 @@ class ChatChoice:
         """The chunk's finish_reason, once delta() has seen the choice's last delta."""
         return reason
 
-    def message(self, role: str, echoed: str, text: str, reason: str | None,
+    def message(self, role: str, echoed: str, text: str | None, reason: str | None,
                 stop_reason: str | int | None = None) -> tuple[dict[str, Any], str | None]:
-        """The whole choice's message and finish_reason."""
+        """The whole choice's message and finish_reason. `text` None: the choice has no
+        content (a reasoning parser took all of it)."""
+        if text is None:
+            return chat_message(role, echoed or None), reason
         return chat_message(role, echoed + text), reason
+
+    def whole(self, result: ChoiceResult, role: str, echoed: str
+              ) -> tuple[dict[str, Any], str | None]:
+        """`message` of a collected choice (a reasoning choice reads it delta by delta)."""
+        return self.message(role, echoed, result.text, result.finish_reason,
+                            result.stop_reason)
+
+    @property
+    def reasoning_tokens(self) -> int:
+        """The choice's tokens of reasoning so far (none without a reasoning parser)."""
+        return 0
 
 
 def choice_factory(plan: ToolPlan) -> Callable[[], ChatChoice]:
@@ -108,10 +122,10 @@ class ToolCallChoice(ChatChoice):
     def finish_reason(self, reason: str | None) -> str | None:
         return _finish_reason(reason, self._called, self._plan.named)
 
-    def message(self, role: str, echoed: str, text: str, reason: str | None,
+    def message(self, role: str, echoed: str, text: str | None, reason: str | None,
                 stop_reason: str | int | None = None) -> tuple[dict[str, Any], str | None]:
         assert self._plan.parser is not None
-        parsed = self._plan.parser.parse(text)
+        parsed = self._plan.parser.parse(text or "")
         calls = parsed.calls
         if self._plan.parallel_tool_calls is False:
             calls = calls[:1]

@@ -163,9 +163,12 @@ def history_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Assistant tool calls as chat templates read them (as vLLM hands them over): the
     arguments an object, not JSON text; an empty tool_calls list dropped. Arguments that
     are not a JSON object become {} rather than failing every later turn of the chat;
-    arguments nested too deeply are a 400 naming them."""
+    arguments nested too deeply are a 400 naming them. An assistant's reasoning, given as
+    `reasoning` or by its older name `reasoning_content`, reaches the template under both
+    names (templates read either), `reasoning` winning when both are given."""
     out = []
     for index, message in enumerate(messages):
+        message = _with_reasoning(message)
         calls = message.get("tool_calls")
         if message.get("role") != "assistant" or calls is None:
             out.append(message)
@@ -197,3 +200,14 @@ def history_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         message["tool_calls"] = fixed
         out.append(message)
     return out
+
+
+def _with_reasoning(message: dict[str, Any]) -> dict[str, Any]:
+    if message.get("role") != "assistant":
+        return message
+    thought = message.get("reasoning")
+    if thought is None:
+        thought = message.get("reasoning_content")
+    if thought is None:
+        return message
+    return dict(message, reasoning=thought, reasoning_content=thought)
