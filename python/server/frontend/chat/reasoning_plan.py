@@ -17,8 +17,11 @@ them). Streamed, a delta carries `content`, `reasoning` (and `reasoning_content`
 `--reasoning-content-field`) and `tool_calls`, in vLLM's key order, each only when it has
 text; a delta whose text is all held back sends nothing unless logprobs or the finish need
 the chunk. Whole, the collected deltas are replayed through the same stream, so the
-message and the reasoning-token count equal the streamed ones. `include_reasoning: false`
-leaves the reasoning out (vLLM's request field); it is still split off the content.
+message equals the streamed one. The reasoning-token count is per delta (a delta that
+crosses a marker counts as neither side), so it can differ by the few tokens of a marker's
+delta between a stream and a whole answer, whose deltas the Outbox may have merged.
+`include_reasoning: false` leaves the reasoning out (vLLM's request field); it is still
+split off the content.
 """
 
 from __future__ import annotations
