@@ -126,7 +126,6 @@ class Ledger:
         events: list[MetricEvent] = [sequence_finished(entry, clock, now)]
         if not entry.live():
             del self._entries[engine_id]
-            entry.in_engine = False
             events.append(GroupFinished(len(entry.choices),
                                         max(c.num_generated for c in entry.choices)))
         return clock.finish_reason, events
