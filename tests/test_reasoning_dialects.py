@@ -241,7 +241,9 @@ def test_responses_reasoning_item_streamed_and_whole_agree(seed):
 
 
 def test_responses_include_reasoning_false_and_no_parser():
-    _, final, b = responses_stream(["<think>hidden</think>Shown"], include_reasoning=False)
+    _, final, hidden = responses_stream(["<think>hidden</think>Shown"],
+                                        include_reasoning=False)
+    assert hidden.reasoning_tokens == 0  # one delta crossing both markers counts as neither
     assert [i.type for i in final.output] == ["message"]
     assert final.output[0].content[0].text == "Shown"
     plain = responses_builder(ServerConfig(enable_auto_tool_choice=True,
@@ -308,8 +310,8 @@ def test_effort_map_rewrites_the_effort_the_template_receives():
     ('{"medium": "low"}', None),
     ('["low"]', "must be a JSON object mapping reasoning efforts to strings"),
     ('{"low": 1}', "must be a JSON object mapping reasoning efforts to strings"),
-    ('{"huge": "max"}', "unknown efforts ['huge']; keys must be one of ['none', 'minimal', "
-                        "'low', 'medium', 'high', 'xhigh', 'max']"),
+    ('{"huge": "max"}', ("unknown efforts ['huge']; keys must be one of ['none', 'minimal', "
+                         "'low', 'medium', 'high', 'xhigh', 'max']")),
     ("{", "not JSON")])
 def test_effort_map_flag_is_checked_as_vllm_checks_it(text, error):
     if error is None:

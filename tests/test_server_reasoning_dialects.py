@@ -175,8 +175,8 @@ def test_responses_history_keeps_the_reasoning(oai):
 
 # -- LangChain ------------------------------------------------------------------------------
 def test_langchain_reads_the_reasoning_it_exposes(server):
-    kw = dict(model=MODEL, base_url=server.url + "/v1", api_key="x", temperature=0,
-              max_tokens=60, extra_body={"structured_outputs": {"regex": REGEX}})
+    kw = {"model": MODEL, "base_url": server.url + "/v1", "api_key": "x", "temperature": 0,
+          "max_tokens": 60, "extra_body": {"structured_outputs": {"regex": REGEX}}}
     # Chat completions: langchain-openai keeps only OpenAI's own fields, so the reasoning
     # text is not exposed; the content comes without it and usage counts it.
     streamed = None
