@@ -40,7 +40,8 @@ def _reasoning_parser_help() -> str:
             f"{', '.join(names())}, or a name an llmserve.reasoning_parsers entry point "
             "registers; chat completions then answer the reasoning in message.reasoning "
             "(streamed: delta.reasoning) and content without it, and count "
-            "completion_tokens_details.reasoning_tokens. Default: none (the text is content)")
+            "completion_tokens_details.reasoning_tokens; /v1/messages answers it as thinking "
+            "blocks and /v1/responses as reasoning items. Default: none (the text is content)")
 
 
 @dataclass
