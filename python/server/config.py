@@ -40,7 +40,8 @@ def _reasoning_parser_help() -> str:
             f"{', '.join(names())}, or a name an llmserve.reasoning_parsers entry point "
             "registers; chat completions then answer the reasoning in message.reasoning "
             "(streamed: delta.reasoning) and content without it, and count "
-            "completion_tokens_details.reasoning_tokens. Default: none (the text is content)")
+            "completion_tokens_details.reasoning_tokens; /v1/messages answers it as thinking "
+            "blocks and /v1/responses as reasoning items. Default: none (the text is content)")
 
 
 @dataclass
@@ -75,12 +76,19 @@ class ServerConfig:
         "(the model decides; needs --tool-call-parser)")
     tool_call_parser: str | None = flag(None, metavar="NAME", help=_tool_call_parser_help)
     # reasoning (server.frontend.chat.reasoning_plan): the parser that splits the output,
-    # the template kwargs under every request's, and the pre-0.34 output field
+    # the template kwargs under every request's, the effort rewrite and the pre-0.34
+    # output field
     reasoning_parser: str | None = flag(None, metavar="NAME", help=_reasoning_parser_help)
     default_chat_template_kwargs: dict[str, object] | None = flag(
         None, type="template_kwargs", metavar="JSON", help="chat template kwargs every chat "
         "request gets under its own chat_template_kwargs (the request's win), e.g. "
         '\'{"enable_thinking": false}\'. Default: none')
+    reasoning_effort_map: dict[str, str] | None = flag(
+        None, type="effort_map", metavar="JSON", help="rewrites a request's reasoning effort "
+        "(chat reasoning_effort, Responses reasoning.effort, Anthropic output_config.effort) "
+        "before the chat template receives it, for templates that know fewer efforts, e.g. "
+        '\'{"medium": "low", "xhigh": "max"}\'; efforts not listed pass unchanged. '
+        "Default: none")
     reasoning_content_field: bool = flag(
         False, help="also answer the reasoning as reasoning_content (message and delta), "
         "beside reasoning, for clients that read the field's older name (vLLM before 0.34, "

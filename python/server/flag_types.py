@@ -1,5 +1,6 @@
 """Value types of the command line (argparse `type=`): sizes with k/m/g suffixes, token
-counts, name=path pairs, JSON lists, chat template kwargs, and vLLM's JSON configs (--kv-events-config,
+counts, name=path pairs, JSON lists, chat template kwargs, the reasoning-effort map, and
+vLLM's JSON configs (--kv-events-config,
 --structured-outputs-config, --profiler-config). Each raises argparse's
 ArgumentTypeError, so a bad value is a usage error (exit 2) before anything loads. Range
 checks of plain numbers are server.flag_checks'."""
@@ -162,6 +163,25 @@ def template_kwargs(text: str) -> dict[str, Any]:
     bad = sorted(k for k in value if k in RESERVED_KWARGS or not k.isidentifier())
     if bad:
         raise argparse.ArgumentTypeError(f"chat template kwargs may not set {', '.join(bad)}")
+    return value
+
+
+def effort_map(text: str) -> dict[str, str]:
+    """--reasoning-effort-map: a JSON object from request efforts (vLLM's values) to the
+    strings the chat template receives instead, checked as vLLM checks it."""
+    from server.api.common.chat_protocol import REASONING_EFFORTS
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise argparse.ArgumentTypeError(
+            "must be a JSON object mapping reasoning efforts to strings")
+    unknown = sorted(set(value) - set(REASONING_EFFORTS))
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown efforts {unknown}; keys must be one of {list(REASONING_EFFORTS)}")
     return value
 
 

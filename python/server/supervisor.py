@@ -179,6 +179,7 @@ class Supervisor:
             content_format=cfg.chat_template_content_format,
             trust_request_template=cfg.trust_request_chat_template,
             default_kwargs=cfg.default_chat_template_kwargs,
+            effort_map=cfg.reasoning_effort_map,
         )
         srv.admission = system.admission
         srv.registry = system.registry

@@ -119,9 +119,12 @@ class ChatRenderer:
         content_format: str = "auto",
         trust_request_template: bool = False,
         default_kwargs: Mapping[str, Any] | None = None,
+        effort_map: Mapping[str, str] | None = None,
     ) -> None:
-        # --default-chat-template-kwargs: under every request's own kwargs (render.py)
+        # --default-chat-template-kwargs: under every request's own kwargs, and
+        # --reasoning-effort-map: the effort the template receives (render.py)
         self.default_kwargs: Mapping[str, Any] = dict(default_kwargs or {})
+        self.effort_map: Mapping[str, str] = dict(effort_map or {})
         self._default = template or getattr(tokenizer, "chat_template", None)
         if isinstance(self._default, dict):  # named templates: take the default one
             self._default = self._default.get("default")

@@ -1,15 +1,23 @@
 """The shapes of a /v1/messages response: the whole message (JSON) and its event stream
 (SSE, each record named by its `type`, as Anthropic's SDKs dispatch on the name).
 
-The per-choice state is the chat route's (`tool_calls.choice_factory`): it runs the tool
-plan's parser over the text, streamed or whole, and applies vLLM's rules
+The per-choice state is the chat route's (`tool_calls.choice_factory`, wrapped by
+`reasoning_plan.reasoning_factory` with `--reasoning-parser`): it splits the reasoning off
+and runs the tool plan's parser over the rest, streamed or whole, and applies vLLM's rules
 (`disable_parallel_tool_use` keeps the first call, a named call cut by max_tokens is no
-call). This module only turns its content and tool calls into Anthropic blocks:
+call). This module only turns its reasoning, content and tool calls into Anthropic blocks,
+reasoning first within a delta, as vLLM orders them:
 
     message_start (content [], usage.output_tokens 0)
     content_block_start, ping (once, after the first block starts), content_block_delta
-    (text_delta | input_json_delta) ..., content_block_stop   -- per block
+    (thinking_delta | text_delta | input_json_delta) ..., [signature_delta, for a
+    thinking block], content_block_stop   -- per block
     message_delta (stop_reason, stop_sequence, usage), message_stop
+
+A thinking block carries a `signature`, as vLLM sends one: random hex that signs nothing
+(Anthropic's SDKs expect the field; this server does not check signatures it is sent
+back). Usage is vLLM's: output_tokens counts the thinking tokens too, with no separate
+count.
 
 A stream that fails after it started ends with an `error` event instead of the last two.
 While nothing new comes, `ping` events keep the connection alive.
@@ -56,6 +64,10 @@ def tool_use_id() -> str:
     return f"toolu_{uuid.uuid4().hex[:24]}"
 
 
+def signature() -> str:
+    return uuid.uuid4().hex
+
+
 def stop_reason_of(finish_reason: str | None, matched: str | int | None, *,
                    tool_used: bool, tool_complete: bool) -> tuple[str | None, str | None]:
     """(stop_reason, stop_sequence) of a finished choice."""
@@ -90,6 +102,9 @@ def message_body(gen: TextGeneration, result: Collected, *, model: str,
     c = result.choices[0]
     message, _ = choice.message("assistant", "", c.text, c.finish_reason, c.stop_reason)
     content: list[dict[str, Any]] = []
+    if message.get("reasoning"):
+        content.append({"type": "thinking", "thinking": message["reasoning"],
+                        "signature": signature()})
     if message["content"]:
         content.append({"type": "text", "text": message["content"]})
     calls = message.get("tool_calls") or []
@@ -115,7 +130,7 @@ class MessageStream:
         self.model = model
         self.choice = choice
         self._blocks = 0  # blocks started so far; the open one is the last
-        self._open: str | None = None  # "text" or "tool_use"
+        self._open: str | None = None  # "thinking", "text" or "tool_use"
         self._call: int | None = None  # the chat index of the open tool_use block
         self._arguments: list[str] = []  # the latest call's argument text
         self._tool_used = False
@@ -136,6 +151,11 @@ class MessageStream:
         events: list[bytes] = []
         if not out:
             return events
+        thought = out.get("reasoning")
+        if thought:
+            if self._open != "thinking":
+                events += self._start_block({"type": "thinking", "thinking": ""})
+            events.append(self._block_delta({"type": "thinking_delta", "thinking": thought}))
         text = out.get("content")
         if text:
             if self._open != "text":
@@ -186,8 +206,13 @@ class MessageStream:
     def _stop_block(self) -> list[bytes]:
         if self._open is None:
             return []
+        events = []
+        if self._open == "thinking":
+            events.append(self._block_delta({"type": "signature_delta",
+                                             "signature": signature()}))
         self._open, self._call = None, None
-        return [_event({"type": "content_block_stop", "index": self._blocks - 1})]
+        events.append(_event({"type": "content_block_stop", "index": self._blocks - 1}))
+        return events
 
 
 def _event(payload: dict[str, Any]) -> bytes:

@@ -3,10 +3,11 @@
 A request is translated into the chat request it amounts to
 (server.api.common.messages_body, shared with the scale-out /v1/messages/render), then runs
 exactly as /v1/chat/completions runs one: the same template render, tool plan,
-SamplingParams, admission, request id and generation service; only the response shape
-(`render`) and the error envelope (`errors`, chosen by the app for these paths) are
-Anthropic's. count_tokens renders and tokenizes the prompt a generation would receive, so
-it equals that generation's `usage.input_tokens`.
+reasoning plan (`--reasoning-parser`: thinking blocks), SamplingParams, admission, request
+id and generation service; only the response shape (`render`) and the error envelope
+(`errors`, chosen by the app for these paths) are Anthropic's. count_tokens renders and
+tokenizes the prompt a generation would receive, so it equals that generation's
+`usage.input_tokens`.
 """
 
 from __future__ import annotations
@@ -23,6 +24,11 @@ from server.api.common.chat_body import checked, to_chat
 from server.api.common.tokens import token_ids_of
 from server.api.http_io import accepts, check_model, json_response, parse, read_json
 from server.frontend import service
+from server.frontend.chat.reasoning_plan import (
+    apply_reasoning,
+    plan_reasoning,
+    reasoning_factory,
+)
 from server.frontend.chat.render import render_call
 from server.frontend.chat.tool_calls import choice_factory
 from server.frontend.chat.tools import plan_tools
@@ -37,11 +43,14 @@ async def create_message(srv: ServerState, req: AnthropicMessagesRequest) -> Res
     model, chat, plan, params = checked(srv, body)  # every check chat makes, in its order
     # As on chat: the template renders special tokens itself, none are added.
     assert srv.renderer is not None
+    thinking = plan_reasoning(chat, srv.config, default_kwargs=srv.renderer.default_kwargs,
+                              tokenizer=srv.tokenizer)
+    params = apply_reasoning(params, thinking)
     prompts = [PromptInput(render=render_call(srv.renderer, chat, plan.tools),
                            add_special_tokens=chat.add_special_tokens)]
     rid = new_request_id(request.headers.get("X-Request-Id"), None)
     gen = await service.start(context_of(srv), rid, prompts, params)
-    choice = choice_factory(plan)()
+    choice = reasoning_factory(thinking, choice_factory(plan), gen.prompts[0].text)()
     if req.stream:
         return sse_response(sse_body(gen, MessageStream(gen, model=model, choice=choice)))
     result = await gen.collect()

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import Field, model_validator
 
@@ -8,6 +8,7 @@ from server.api.common.protocol import APIModel, SamplingFields
 
 # vLLM's (and OpenAI's) reasoning efforts; the chat template receives the request's value.
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
+REASONING_EFFORTS: tuple[str, ...] = get_args(ReasoningEffort)
 
 
 class ContentPart(APIModel):
@@ -69,3 +70,6 @@ class ChatCompletionRequest(SamplingFields):
     reasoning_effort: ReasoningEffort | None = None
     # With --reasoning-parser: false leaves the reasoning out of the response.
     include_reasoning: bool = True
+    # vLLM 0.34's cap on reasoning tokens (Anthropic's thinking.budget_tokens maps here);
+    # the engine side that enforces it is declared with the reasoning gate.
+    thinking_token_budget: int | None = None

@@ -15,8 +15,14 @@ own, not a second copy of them.
 - a last message from the assistant with text (and no tool_use) is continued
   (Anthropic's prefill), where vLLM 0.33 renders a new assistant turn after it; an empty
   one is left out;
-- `output_config.format` -> `response_format` json_schema; `output_config.effort`, else
-  "none" for `thinking: {"type": "disabled"}` -> `reasoning_effort`;
+- an assistant's `thinking` blocks become its `reasoning` (joined in order, wherever they
+  stand among its text and tool_use blocks: interleaved thinking reaches the template as
+  the turn's one reasoning, as vLLM joins it); `redacted_thinking` blocks are dropped
+  (opaque); thinking in another role's message is a 400, as tool_use is;
+- `output_config.format` -> `response_format` json_schema; `output_config.effort` ->
+  `reasoning_effort`, which `thinking` disabled or between_tools then sets to "none" (vLLM
+  applies the thinking config last); `thinking` enabled -> `thinking_token_budget` (its
+  budget_tokens), adaptive changes nothing;
 - tool_choice: auto -> "auto", any -> "required", tool -> the named function, none ->
   "none"; `disable_parallel_tool_use` -> `parallel_tool_calls: false`. Tools without a
   tool_choice are "auto", as vLLM has it.
@@ -33,6 +39,8 @@ from server.api.common.messages_protocol import (
     AnthropicMessagesRequest,
     AnthropicPromptFields,
     AnthropicTextBlock,
+    AnthropicThinkingBlock,
+    AnthropicThinkingEnabled,
     AnthropicToolResultBlock,
     AnthropicToolUseBlock,
 )
@@ -70,17 +78,18 @@ def chat_request(req: AnthropicPromptFields) -> ChatCompletionRequest:
             "tool": {"type": "function", "function": {"name": choice.name}},
         }[choice.type]
         body["parallel_tool_calls"] = not choice.disable_parallel_tool_use
-    effort = None
-    if req.thinking is not None and req.thinking.type == "disabled":
-        effort = "none"
     config = req.output_config
     if config is not None:
-        effort = config.effort or effort
+        if config.effort is not None:
+            body["reasoning_effort"] = config.effort
         if config.format is not None:
             body["response_format"] = {"type": "json_schema", "json_schema": {
                 "name": "json_schema", "schema": config.format.json_schema}}
-    if effort is not None:
-        body["reasoning_effort"] = effort
+    thinking = req.thinking
+    if isinstance(thinking, AnthropicThinkingEnabled):
+        body["thinking_token_budget"] = thinking.budget_tokens
+    elif thinking is not None and thinking.type in ("disabled", "between_tools"):
+        body["reasoning_effort"] = "none"
     if isinstance(req, AnthropicMessagesRequest):
         body.update(max_tokens=req.max_tokens, stream=bool(req.stream),
                     stop=req.stop_sequences, temperature=req.temperature, top_p=req.top_p,
@@ -117,11 +126,17 @@ def _converted(message: AnthropicMessage, index: int) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     parts: list[dict[str, Any]] = []
     calls: list[dict[str, Any]] = []
+    thoughts: list[str] = []
     for block in message.content:
         if isinstance(block, AnthropicImageBlock):
             raise bad_request(_NO_IMAGES, where)
         if isinstance(block, AnthropicTextBlock):
             parts.append(_text_part(block))
+        elif isinstance(block, AnthropicThinkingBlock):
+            if message.role != "assistant":
+                raise bad_request("thinking blocks may only appear in assistant messages",
+                                  where)
+            thoughts.append(block.thinking)
         elif isinstance(block, AnthropicToolUseBlock):
             if message.role != "assistant":
                 raise bad_request("tool_use blocks may only appear in assistant messages",
@@ -136,6 +151,8 @@ def _converted(message: AnthropicMessage, index: int) -> list[dict[str, Any]]:
                         "content": _result_text(block, where)})
     if message.role == "assistant":
         converted: dict[str, Any] = {"role": "assistant", "content": parts or ""}
+        if thoughts:
+            converted["reasoning"] = "".join(thoughts)
         if calls:
             converted["tool_calls"] = calls
         return [*out, converted]

@@ -7,14 +7,14 @@ OpenAI routes: a JSON string is not silently a number. Value ranges (max_tokens,
 temperature, top_p, top_k, how many stop sequences) are SamplingParams.validate's, so the
 messages match chat's.
 
-Content blocks are a union on `type`: text, tool_use, tool_result, and image, which is
-parsed only to be refused by name (the served models read text).
+Content blocks are a union on `type`: text, tool_use, tool_result, thinking and
+redacted_thinking (an assistant's earlier reasoning, which clients send back), and image,
+which is parsed only to be refused by name (the served models read text).
 
 `output_config.format` (a JSON schema) constrains the output as chat's `response_format`
-does; `output_config.effort` and `thinking: {"type": "disabled"}` reach the chat template
-as `reasoning_effort` (the latter as "none"), as vLLM passes them. This server has no
-reasoning parser, so `thinking` enabled or adaptive is accepted (with vLLM's budget
-checks) and changes nothing: no thinking blocks are returned.
+does; `output_config.effort` and `thinking` (disabled or between_tools: effort "none";
+enabled: its budget_tokens) are read by server.api.common.messages_body. `display` is
+accepted and ignored, as vLLM ignores it: the reasoning is always returned.
 """
 
 from __future__ import annotations
@@ -45,6 +45,17 @@ class AnthropicToolUseBlock(AnthropicModel):
     input: dict[str, Any]
 
 
+class AnthropicThinkingBlock(AnthropicModel):
+    type: Literal["thinking"]
+    thinking: str
+    signature: str | None = None  # this server's signatures sign nothing: not checked
+
+
+class AnthropicRedactedThinkingBlock(AnthropicModel):
+    type: Literal["redacted_thinking"]
+    data: str | None = None  # opaque: accepted so that a client may echo it, never read
+
+
 AnthropicResultBlock = Annotated[AnthropicTextBlock | AnthropicImageBlock,
                                  Field(discriminator="type")]
 
@@ -57,7 +68,8 @@ class AnthropicToolResultBlock(AnthropicModel):
 
 
 AnthropicContentBlock = Annotated[
-    AnthropicTextBlock | AnthropicImageBlock | AnthropicToolUseBlock | AnthropicToolResultBlock,
+    AnthropicTextBlock | AnthropicImageBlock | AnthropicToolUseBlock | AnthropicToolResultBlock
+    | AnthropicThinkingBlock | AnthropicRedactedThinkingBlock,
     Field(discriminator="type")]
 
 
@@ -96,7 +108,9 @@ class AnthropicThinkingEnabled(AnthropicModel):
 
 
 class AnthropicThinkingOther(AnthropicModel):
-    type: Literal["disabled", "adaptive"]
+    # between_tools: off up front, as vLLM maps it (reasoning the model still writes is
+    # still returned)
+    type: Literal["disabled", "adaptive", "between_tools"]
 
 
 AnthropicThinking = Annotated[AnthropicThinkingEnabled | AnthropicThinkingOther,

@@ -4,7 +4,8 @@
 A response is a chat turn: its input items become chat messages (responses_input), the
 chat template renders them with the request's tools, tool choice is planned and enforced
 as on chat (tools.plan_tools: "required" and named functions by constrained decoding),
-`text.format` becomes the structured-outputs constraint chat's `response_format` is, and
+`text.format` becomes the structured-outputs constraint chat's `response_format` is,
+`--reasoning-parser` splits the reasoning off as on chat (a `reasoning` output item), and
 the generation service runs it. responses_render shapes the output, whole or as typed
 stream events (`event: <type>` + `data: <json>`, numbered by sequence_number).
 
@@ -53,6 +54,7 @@ from server.api.openai.responses_render import (
 from server.auth import presented_key
 from server.errors import APIError, bad_request
 from server.frontend import service
+from server.frontend.chat.reasoning_plan import apply_reasoning, plan_reasoning
 from server.frontend.chat.render import render_call
 from server.frontend.chat.request import ChatRequest
 from server.frontend.chat.tools import ToolPlan, apply_plan, plan_tools
@@ -250,16 +252,19 @@ class ResponsesAPI:
         except APIError as exc:
             raise _named_for_responses(exc) from None
         assert srv.renderer is not None
-        render = render_call(srv.renderer, ChatRequest(
+        chat = ChatRequest(
             messages=tuple(conversation(req.instructions, history, messages)),
             chat_template=req.chat_template, chat_template_kwargs=req.chat_template_kwargs,
-            reasoning_effort=req.reasoning.effort if req.reasoning else None,
-        ), plan.tools)
+            reasoning_effort=req.reasoning.effort if req.reasoning else None)
+        render = render_call(srv.renderer, chat, plan.tools)
+        thinking = plan_reasoning(chat, srv.config, default_kwargs=srv.renderer.default_kwargs,
+                                  tokenizer=srv.tokenizer,
+                                  include_reasoning=req.include_reasoning)
+        params = apply_reasoning(params, thinking)
         store = self.store if req.store else None
         client = self._client()
         shape = ResponseShape(response_id=new_id("resp"), model=model,
                               echo=_echo(req, params, store is not None))
-        builder = OutputBuilder(plan, _top_logprobs(req))
         turn = history + messages  # what a later turn continues, before this one's output
         if req.background:
             detach_from_request()  # the generation outlives this request
@@ -268,6 +273,7 @@ class ResponsesAPI:
             gen = await service.start(context_of(srv), rid, [PromptInput(render=render)], params)
         except ServiceFailure as exc:
             raise _named_for_responses(exc) from None
+        builder = OutputBuilder(plan, _top_logprobs(req), thinking, gen.prompts[0].text)
         if req.background:
             assert self.background is not None  # _check: background needs the store
             return json_response(await self.background.start(gen, shape, builder, turn,
@@ -276,7 +282,7 @@ class ResponsesAPI:
             return sse_response(self._events(gen, shape, builder, store, turn, client))
         result = await gen.collect()
         choice = result.choices[0]
-        builder.feed(choice.text, choice.logprobs, choice.finish_reason or "stop")
+        builder.feed_whole(choice)
         body = final_body(shape, builder, result.usage, choice.finish_reason)
         if store is not None:
             await store.put(body, turn, client)
@@ -314,7 +320,8 @@ class ResponsesAPI:
                     if isinstance(ev, ChoiceDelta):
                         finish = ev.finish_reason or finish
                         generated = ev.generated_tokens
-                        for event in builder.feed(ev.text, ev.logprobs, ev.finish_reason):
+                        for event in builder.feed(ev.text, ev.logprobs, ev.finish_reason,
+                                                  ev.token_ids):
                             yield out(event)
                     elif isinstance(ev, Idle):
                         yield sse.KEEPALIVE

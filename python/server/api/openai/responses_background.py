@@ -87,7 +87,7 @@ class BackgroundResponses:
                 try:
                     result = await job.gen.collect()
                     choice = result.choices[0]
-                    job.builder.feed(choice.text, choice.logprobs, choice.finish_reason or "stop")
+                    job.builder.feed_whole(choice)
                     job.final = final_body(job.shape, job.builder, result.usage,
                                            choice.finish_reason)
                 except ServiceFailure as exc:

@@ -3,14 +3,24 @@
     "text"                                    -> one user message
     {"role": ..., "content": str | parts}     -> that message (input_text / output_text
                                                  parts become text parts)
-    {"type": "function_call", ...}            -> an assistant message's tool_calls (calls in
-                                                 a row join the same assistant message)
+    {"type": "reasoning", ...}                -> an assistant message's `reasoning` (its
+                                                 reasoning_text parts joined, else its
+                                                 summary's text)
+    {"type": "function_call", ...}            -> an assistant message's tool_calls
     {"type": "function_call_output", ...}     -> a role "tool" message for its call_id
-    {"type": "reasoning", ...}                -> nothing: no template of ours reads it
+
+An assistant turn spans several items (reasoning, message, calls), which join as vLLM joins
+them: reasoning goes on the assistant message just before it unless that has reasoning
+already, an assistant message fills the one before it unless that has content, a call is
+added to the assistant message before it; otherwise each starts a new assistant message.
+So interleaved thinking (reasoning, call, output, reasoning, message) reaches the template
+as the turns it was. A reasoning item with `encrypted_content` is a 400: this server
+encrypts nothing.
 
 A conversation continued by `previous_response_id` is the stored response's messages (its
-own history and input, never its instructions) followed by its output items, read by the
-same rules; the new request's instructions lead as a system message.
+own history and input, never its instructions) followed by its output items, reasoning
+items included, read by the same rules; the new request's instructions lead as a system
+message.
 Anything else is a 400 naming `input`, worded as vLLM words it.
 """
 
@@ -72,23 +82,47 @@ def _tool_output(item: dict[str, Any]) -> dict[str, Any]:
     return {"role": "tool", "content": output, "tool_call_id": call_id}
 
 
+def _reasoning(item: dict[str, Any]) -> str:
+    if item.get("encrypted_content"):
+        raise bad_request("Encrypted content is not supported.", "input")
+    parts = item.get("content") or item.get("summary") or []
+    if not isinstance(parts, list) or not all(
+            isinstance(p, dict) and isinstance(p.get("text"), str) for p in parts):
+        raise bad_request("a reasoning item's content and summary must be lists of parts "
+                          "with a `text` string", "input")
+    if not item.get("content"):
+        parts = parts[:1]  # a summary stands in for the reasoning, its first part as vLLM
+    return "".join(p["text"] for p in parts)
+
+
 def items_to_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Input (or stored output) items as chat messages, in order."""
     messages: list[dict[str, Any]] = []
     for item in items:
         kind = item.get("type", "message")
+        last = messages[-1] if messages and messages[-1]["role"] == "assistant" else None
         if kind == "message":
-            messages.append(_message(item))
+            message = _message(item)
+            if last is not None and message["role"] == "assistant" and \
+                    last.get("content") is None:
+                last["content"] = message["content"]
+            else:
+                messages.append(message)
+        elif kind == "reasoning":
+            text = _reasoning(item)
+            if last is not None and last.get("reasoning") is None:
+                last["reasoning"] = text
+            else:
+                messages.append({"role": "assistant", "content": None, "reasoning": text})
         elif kind == "function_call":
-            last = messages[-1] if messages else None
-            if last is not None and last["role"] == "assistant" and "tool_calls" in last:
-                last["tool_calls"].append(_tool_call(item))
+            if last is not None:
+                last.setdefault("tool_calls", []).append(_tool_call(item))
             else:
                 messages.append({"role": "assistant", "content": None,
                                  "tool_calls": [_tool_call(item)]})
         elif kind == "function_call_output":
             messages.append(_tool_output(item))
-        elif kind != "reasoning":
+        else:
             raise bad_request(f"Unsupported input item type: {kind}", "input")
     return messages
 

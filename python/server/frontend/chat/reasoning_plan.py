@@ -64,7 +64,8 @@ def plan_reasoning(chat: ChatRequest, config: ServerConfig, *,
     if config.reasoning_parser is None:
         return None
     parser = reasoning.get(config.reasoning_parser)
-    return ReasoningPlan(parser, template_kwargs(chat, default_kwargs) or {},
+    kwargs = template_kwargs(chat, default_kwargs, config.reasoning_effort_map)
+    return ReasoningPlan(parser, kwargs or {},
                          include_reasoning=include_reasoning,
                          reasoning_content=config.reasoning_content_field,
                          keep_special_tokens=markers_are_special(parser.markers, tokenizer))

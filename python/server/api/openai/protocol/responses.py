@@ -57,6 +57,8 @@ class ResponsesRequest(SamplingFields):
     metadata: dict[str, str] | None = None
     truncation: Literal["auto", "disabled"] | None = "disabled"
     reasoning: ReasoningConfig | None = None
+    # vLLM's: with --reasoning-parser, false leaves the reasoning items out.
+    include_reasoning: bool = True
     service_tier: str | None = None
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
