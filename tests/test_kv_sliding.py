@@ -159,6 +159,18 @@ def test_n_choices_and_prefix_hits_under_freeing(loaded: Any) -> None:
     assert got[2] == [44]  # 11 blocks of 4 cached; the prompt's last block is computed
 
 
+def test_beam_search_under_freeing(loaded: Any) -> None:
+    # Beams fork at every output position (mid-block), long past the window: a child
+    # recomputes from its parent's last full block, whose window the parent keeps.
+    ps = prompts(2, lambda i: 21 + 6 * i)
+    beams = SamplingParams(n=3, use_beam_search=True, max_tokens=40, ignore_eos=True,
+                           logprobs=0)
+    want = run(make_llm(loaded, hybrid=False), ps, beams)
+    got = run(make_llm(loaded, hybrid=True), ps, beams)
+    assert got == want
+    assert all(len(set(o)) == 3 for o in got)
+
+
 def test_a_model_without_sliding_layers_keeps_one_group(make_tiny_model: Any) -> None:
     from actors.loader import load_model
 

@@ -94,6 +94,15 @@ def test_bench_engine_quick() -> None:
 
 
 @pytest.mark.slow
+def test_bench_beam_quick() -> None:
+    out = run_json(str(SCRIPTS / "bench_beam.py"), "--quick", "--threads", "1")
+    for mode in ("beam", "sample"):
+        assert out[mode]["requests"] == 2 and out[mode]["returned_tokens"] == 2 * 4 * 4
+    assert set(out["ratio_beam_over_sample"]) == {"median_latency", "median_step",
+                                                  "returned_tokens_per_s"}
+
+
+@pytest.mark.slow
 def test_bench_serve_against_a_real_server() -> None:
     server = ServerProcess()
     try:

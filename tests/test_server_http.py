@@ -180,8 +180,17 @@ BAD_PARAMS = [
     ("/v1/completions", {"prompt": "x", "best_of": 3, "temperature": 1}, "best_of"),
     # Not implemented yet: refused by name rather than silently ignored.
     ("/v1/completions", {"prompt": "x", "echo": True, "logprobs": 1, "stream": True}, "echo"),
-    ("/v1/completions", {"prompt": "x", "use_beam_search": True}, "use_beam_search"),
-    ("/v1/chat/completions", {"messages": HI, "use_beam_search": True}, "use_beam_search"),
+    # Beam search: what vLLM refuses, the width bound, and what the engine's search lacks.
+    ("/v1/completions", {"prompt": "x", "use_beam_search": True, "stream": True}, "stream"),
+    ("/v1/completions", {"prompt": "x", "use_beam_search": True, "echo": True, "logprobs": 1},
+     "echo"),
+    ("/v1/chat/completions", {"messages": HI, "use_beam_search": True, "n": 17}, "n"),
+    ("/v1/completions", {"prompt": "x", "use_beam_search": True, "length_penalty": "x"},
+     "length_penalty"),
+    ("/v1/chat/completions", {"messages": HI, "use_beam_search": True,
+                              "allowed_token_ids": [5]}, "allowed_token_ids"),
+    ("/v1/completions", {"prompt": "x", "use_beam_search": True,
+                         "structured_outputs": {"regex": "a+"}}, "structured_outputs"),
     ("/v1/chat/completions", {"messages": HI, "response_format": {"type": "yaml"}},
      "response_format"),
     # Structured outputs that can never be satisfied (the rest is test_server_structured.py).

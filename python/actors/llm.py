@@ -122,8 +122,10 @@ class LLM:
                     backend,
                     prompt_token_ids=ids,
                     skip_special_tokens=sp.skip_special_tokens,
-                    stop=sp.stop,
-                    include_stop_str_in_output=sp.include_stop_str_in_output,
+                    # a beam search has no stop strings and never shows its EOS (vLLM)
+                    stop=() if sp.use_beam_search else sp.stop,
+                    include_stop_str_in_output=(sp.include_stop_str_in_output
+                                                and not sp.use_beam_search),
                 )
 
         engine = self.engine

@@ -38,7 +38,9 @@ Forking (n > 1): a child shares the parent's full blocks that end before the
 parent's last prompt token. The partially filled last prompt block is NOT copied;
 the child recomputes those tokens (at most block_size of them, into a block of its
 own). That needs no KV copy kernel, keeps every shared block read-only, and the
-recomputed tail doubles as the child's own prefill that yields its first logits.
+recomputed tail doubles as the child's own prefill that yields its first logits. A beam
+of a beam search forks the same way at an output position (``upto``: its computed length):
+the child shares the full blocks and recomputes the partial last one plus its new token.
 
 KV cache groups (``group_windows``; actors.core.kv_groups): a model with sliding-window
 layers has one block table per group on each sequence (group 0's in ``block_ids``, the
@@ -51,7 +53,8 @@ blocks that lie wholly before ``num_computed_tokens - window + 1`` (no token sti
 compute attends to them) go back to the pool and their entries become ``NULL_BLOCK``: a
 sequence holds about window / block_size blocks per sliding group, however long. A parent
 whose n - 1 siblings have not forked yet keeps the window of its fork point (the first
-token a child recomputes), so a child never needs a block its parent has freed.
+token a child recomputes), so a child never needs a block its parent has freed; a beam
+keeps the window of its last full block, where it may fork next.
 
 Prefix caching with groups: each group chains under its own key (group 0 under the
 sequence's, group g under a digest of it and g): the same tokens have different KV in
@@ -251,6 +254,8 @@ class KVManager:
         upto = seq.num_computed_tokens
         if seq.pending_children:
             upto = min(upto, (seq.num_prompt_tokens - 1) // self.block_size * self.block_size)
+        elif seq.beam is not None:  # a beam may fork at its last full block
+            upto = upto // self.block_size * self.block_size
         tables = self._tables(seq)[0]
         for w, table in zip(self.group_windows, tables):
             if w is None:
@@ -333,11 +338,14 @@ class KVManager:
 
     # ------------------------------------------------------------------ fork and free
 
-    def fork(self, parent: Sequence, child: Sequence) -> None:
-        """Child (no blocks yet) shares parent's blocks that lie wholly before its last
-        prompt token; see the module docstring for the partial block."""
+    def fork(self, parent: Sequence, child: Sequence, upto: int | None = None) -> None:
+        """Child (no blocks yet) shares parent's computed blocks that lie wholly before
+        position ``upto`` (None: its last prompt token, for n > 1; a beam forks at its
+        computed length); see the module docstring for the partial block."""
         assert not child.block_ids and child.num_computed_tokens == 0, child
-        shared = min((parent.num_prompt_tokens - 1) // self.block_size, len(parent.block_ids))
+        if upto is None:
+            upto = parent.num_prompt_tokens - 1
+        shared = min(upto // self.block_size, len(parent.block_ids))
         shared = min(shared, parent.num_computed_tokens // self.block_size)
         if shared == 0:
             return

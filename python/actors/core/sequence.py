@@ -25,10 +25,14 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from actors.params.kinds import Generate, Pool, RequestKind
 from actors.params.pooling import PoolingSpec
 from actors.params.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from actors.core.scheduler.beam_group import BeamGroup
 
 __all__ = ["FinishReason", "Sequence", "SequenceStatus"]
 
@@ -78,6 +82,7 @@ class Sequence:
         "lora_id",
         "suppress",
         "suppress_first",
+        "beam",
     )
 
     def __init__(
@@ -133,6 +138,9 @@ class Sequence:
         # draws first (begin_suppress_tokens: a blank or the end at the start).
         self.suppress: tuple[int, ...] = ()
         self.suppress_first: tuple[int, ...] = ()
+        # A beam of a beam-search request: its group (scheduler/beam_group.py), shared by
+        # every beam of the request; None otherwise.
+        self.beam: BeamGroup | None = None
 
     def __repr__(self) -> str:
         return (

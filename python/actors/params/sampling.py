@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass
 
 from actors.errors import RequestRefused
+from actors.params.beam import beam_error
 from actors.params.limits import RequestLimits
 from actors.params.structured import StructuredSpec
 
@@ -111,6 +112,8 @@ class SamplingParams:
     # The LoRA adapter the request runs under (the core's id; 0: the base model), set by
     # the server from the request's ``model``; the engine puts it on the Admit.
     lora_id: int = 0
+    use_beam_search: bool = False  # n beams (actors.params.beam, core/scheduler/beam_*)
+    length_penalty: float = 1.0
 
     def __post_init__(self) -> None:
         # Shape normalisation only: nothing here can fail; validate() judges values.
@@ -193,7 +196,10 @@ class SamplingParams:
         if limits.max_num_seqs is not None and self.n > limits.max_num_seqs:
             raise SamplingParamsError(
                 f"n={self.n} exceeds max_num_seqs={limits.max_num_seqs}", "n")
-        if self.n > 1 and _is_real(self.temperature) and self.temperature < GREEDY_EPS:
+        if self.use_beam_search and (beam := beam_error(self)) is not None:
+            raise SamplingParamsError(*beam)
+        if (self.n > 1 and not self.use_beam_search and _is_real(self.temperature)
+                and self.temperature < GREEDY_EPS):
             raise SamplingParamsError("n must be 1 when using greedy sampling", "n")
         _real_in(self.temperature, "temperature", 0.0, 2.0)
         _real_in(self.top_p, "top_p", 0.0, 1.0, low_open=True)

@@ -241,8 +241,10 @@ class TokenizerActor:
                         self._backend,
                         prompt_token_ids=result.token_ids,
                         skip_special_tokens=params.skip_special_tokens,
-                        stop=params.stop,
-                        include_stop_str_in_output=params.include_stop_str_in_output,
+                        # a beam search has no stop strings and never shows its EOS (vLLM)
+                        stop=() if params.use_beam_search else params.stop,
+                        include_stop_str_in_output=(params.include_stop_str_in_output
+                                                    and not params.use_beam_search),
                     ),
                 ))
             state.engine_requests.append(req)

@@ -210,7 +210,9 @@ class Sampler:
             return None
 
     def _num_top(self, row: SamplingRow) -> int:
-        return self.vocab_size if row.num_logprobs < 0 else row.num_logprobs  # -1: all
+        if row.num_logprobs < 0:  # -1: all
+            return self.vocab_size
+        return min(row.num_logprobs, self.vocab_size)  # a beam's 2 * width may exceed it
 
     def _draw(self, logits: torch.Tensor, rows: list[SamplingRow], states: list[SeqState],
               hook_mask: tuple[np.ndarray, np.ndarray] | None = None) -> list[_Draw]:

@@ -18,6 +18,8 @@ A step:
 
 A request with n > 1 first runs as one sequence and reserves n seats; when its prompt
 is computed and its first token drawn, n - 1 siblings fork from it (KVManager.fork).
+A beam search holds its width in seats; its beams fork and end each step (beam_book.py),
+and a beam that has sampled waits, taking nothing from the step, for its group's others.
 Requests coming and going (add, abort, results, forks, seeds) are the bookkeeping of
 ``requests.RequestBook``, which this class extends with the policy.
 
@@ -74,6 +76,9 @@ class Scheduler(RequestBook):
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if num_new == 0:  # a beam waiting for its group's other beams
+                i += 1
+                continue
             while not self.kv.can_allocate(seq, num_new):
                 victim = self._pick_victim()
                 if victim is seq and len(self.running) == 1:
@@ -115,10 +120,16 @@ class Scheduler(RequestBook):
     # ------------------------------------------------------------------ internals
 
     def _admit(self, budget: int, scheduled: dict[int, tuple[Sequence, int]]) -> int:
-        seats = len(self.running) + sum(s.pending_children for s in self.running)
+        # A beam search holds its width in seats while any of its beams runs.
+        groups = {id(s.beam): s.beam for s in self.running if s.beam is not None}
+        seats = (sum(1 + s.pending_children for s in self.running if s.beam is None)
+                 + sum(g.width for g in groups.values()))
         while len(self.waiting) and budget > 0:
             seq = self.waiting.peek()
-            if seats + 1 + seq.pending_children > self.config.max_num_seqs:
+            need = 1 + seq.pending_children
+            if seq.beam is not None:
+                need = 0 if id(seq.beam) in groups else seq.beam.width
+            if seats + need > self.config.max_num_seqs:
                 break
             # A prompt still owing logprobs is computed from position 0 for its logits; its
             # blocks are still published for others.
@@ -141,7 +152,9 @@ class Scheduler(RequestBook):
             self.last_admitted.append((seq.request_id, seq.index))
             scheduled[seq.seq_id] = (seq, num_new)
             budget -= num_new
-            seats += 1 + seq.pending_children
+            seats += need
+            if seq.beam is not None:
+                groups[id(seq.beam)] = seq.beam
         return budget
 
     def _plan(self, scheduled: dict[int, tuple[Sequence, int]]) -> StepPlan:
@@ -180,6 +193,8 @@ class Scheduler(RequestBook):
         return max(self.running, key=lambda s: (s.arrival_time, s.seq_id))
 
     def _preempt(self, seq: Sequence) -> None:
+        if seq.beam is not None:  # it reports again once recomputed
+            seq.beam.pending.pop(seq.seq_id, None)
         self.running.remove(seq)
         self.kv.free(seq)
         seq.status = SequenceStatus.PREEMPTED

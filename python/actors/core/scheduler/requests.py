@@ -11,6 +11,10 @@ policy that decides who computes what each step. Here:
   finished;
 - the runner is told which sequences to forget (``released_seq_ids`` of the next plan).
 
+A beam-search request (params.use_beam_search) runs its beams through the same paths;
+what differs (a beam's result extends, forks or drops beams; aborts end the whole search)
+is ``beam_book.BeamBook``'s.
+
 A choice aborted before that fork is remembered and never forked (choice 0 then still
 finishes the prompt for the others, and leaves at the fork without an output); every
 choice of a request is reported finished exactly once.
@@ -22,6 +26,7 @@ import random
 from dataclasses import replace
 
 from actors.core.kv_manager import KVManager
+from actors.core.scheduler.beam_book import BeamBook
 from actors.core.scheduler.config import SchedulerConfig
 from actors.core.scheduler.queues import make_waiting_queue
 from actors.core.scheduler.views import output_of
@@ -33,7 +38,7 @@ from actors.messages import (Admit, Logprobs, Pool, RequestOutput, SampledToken,
 __all__ = ["RequestBook"]
 
 
-class RequestBook:
+class RequestBook(BeamBook):
     def __init__(self, config: SchedulerConfig, kv: KVManager) -> None:
         self.config = config
         self.kv = kv
@@ -58,7 +63,10 @@ class RequestBook:
         params = admit.kind.params
         seq = self._new_sequence(admit.request_id, admit.prompt_token_ids, admit, index=0,
                                  rng_seed=request_seed(params.seed, self._rng))
-        seq.pending_children = params.n - 1
+        if params.use_beam_search:  # its beams fork step by step (beam_book.py)
+            self._start_beams(seq)
+        else:
+            seq.pending_children = params.n - 1
         self._requests[admit.request_id] = [seq]
         self.waiting.push(seq)
 
@@ -78,6 +86,8 @@ class RequestBook:
             raise ValueError("this model serves transcription requests only"
                              if self.config.encoder_decoder else
                              "this model takes no encoder input (not an encoder-decoder)")
+        if isinstance(kind, Transcribe) and params.use_beam_search:
+            raise ValueError("beam search is not served for transcription")
         if isinstance(kind, Transcribe) and params.n != 1:
             raise ValueError("a transcription request has exactly one choice (n=1)")
         if isinstance(kind, Pool):  # one choice by construction (POOL_SAMPLING)
@@ -104,6 +114,8 @@ class RequestBook:
         live = self._requests.get(request_id)
         if not live:
             return []
+        if live[0].beam is not None:  # one search: a choice cannot end alone
+            return self._end_request(request_id, FinishReason.ABORT)
         first = live[0]
         if first.pending_children and 0 <= index <= first.pending_children:
             cancelled = self._cancelled.setdefault(request_id, set())
@@ -136,6 +148,9 @@ class RequestBook:
             self.waiting.remove(seq)
 
     def _end_request(self, request_id: str, reason: FinishReason) -> list[RequestOutput]:
+        seqs = self._requests.get(request_id)
+        if seqs and seqs[0].beam is not None:
+            return self._end_beams(request_id, [], reason)
         seqs = self._requests.pop(request_id, None)
         cancelled = self._cancelled.pop(request_id, set())
         if seqs is None:
@@ -212,6 +227,9 @@ class RequestBook:
                 raise RuntimeError(f"step {result.step_id} drew no token for seq {seq.seq_id}")
             if tok.refused:
                 refused.append(seq.request_id)
+                continue
+            if seq.beam is not None:  # its group decides what it appends (beam_book.py)
+                outputs.extend(self._beam_result(seq, tok))
                 continue
             if tok.token_id < 0:  # the sampler masked every token: nothing can follow
                 seq.finish(FinishReason.STOP)

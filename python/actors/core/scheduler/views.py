@@ -9,6 +9,8 @@ __all__ = ["new_seq_of", "output_of", "sampling_row_of"]
 
 
 def sampling_row_of(seq: Sequence) -> SamplingRow:
+    if seq.beam is not None:
+        return _beam_row(seq)
     static = seq.row_static
     if static is None:  # the per-request part, computed once per sequence
         p = seq.params
@@ -34,6 +36,17 @@ def sampling_row_of(seq: Sequence) -> SamplingRow:
         want_logprobs=p.logprobs is not None,
         banned_token_ids=banned,
     )
+
+
+def _beam_row(seq: Sequence) -> SamplingRow:
+    """A beam's row: greedy (the draw is unused), no penalty or ban, and the raw top
+    logprobs its group needs (2 * width candidates, or more when the request reports more
+    alternatives); the sampler caps the count at the vocabulary."""
+    lp = seq.params.logprobs
+    k = -1 if lp == -1 else max(seq.beam.num_candidates, lp or 0)
+    return SamplingRow(0.0, 0, 1.0, 0.0, 0.0, 0.0, 1.0, seq.rng_seed,
+                       position=len(seq.output_token_ids), num_logprobs=k,
+                       want_logprobs=True, banned_token_ids=())
 
 
 def new_seq_of(seq: Sequence) -> NewSeq:

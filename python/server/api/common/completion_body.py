@@ -78,6 +78,11 @@ def checked(srv: ServerState, req: CompletionRequest
         raise bad_request("suffix is not supported by this model", "suffix")
     check_stream_options(req)
     check_unsupported(req)
+    if req.use_beam_search and req.stream:  # vLLM's 400s
+        raise bad_request("Streaming is not currently supported with beam search", "stream")
+    if req.use_beam_search and req.echo and req.logprobs is not None:
+        raise bad_request("`echo` with `logprobs` is not supported with beam search because "
+                          "beam search does not compute prompt logprobs.", "echo")
     if req.echo and req.logprobs is not None and req.stream:
         # vLLM streams the prompt's logprobs in front of the first chunk; not done here yet.
         raise bad_request("echo with logprobs is not supported with stream=true by this "

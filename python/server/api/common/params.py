@@ -60,6 +60,9 @@ def build_params(
                               "prompt_logprobs")
         prompt_logprobs = asked  # out of range: validate names it, as vLLM's protocol does
 
+    if req.use_beam_search:
+        return _beam_params(req, max_tokens, logprobs, defaults, limits, aliases or {},
+                            priority_header)
     fields = {name: defaults[name] for name in _DEFAULTED if name in defaults}
     fields.update((name, getattr(req, name)) for name in _DEFAULTED
                   if getattr(req, name) is not None)
@@ -90,6 +93,40 @@ def build_params(
         params.validate(limits)
     except RequestRefused as exc:
         raise bad_request(exc.message, (aliases or {}).get(exc.param, exc.param)) from None
+    return params
+
+
+def _beam_params(req: SamplingFields, max_tokens: int | None, logprobs: int | None,
+                 defaults: Mapping[str, Any], limits: RequestLimits, aliases: dict[str, str],
+                 priority_header: str | None) -> SamplingParams:
+    """A beam search's SamplingParams: vLLM's BeamSearchParams fields (beam width n,
+    max_tokens, ignore_eos, length_penalty, include_stop_str_in_output, skip_special_tokens,
+    allowed_token_ids) and what the server itself applies (logprobs to report, the prompt's
+    truncation, priority, cache salt); the sampling fields take no part, as in vLLM."""
+    if max_tokens is None:
+        max_tokens = defaults.get("max_tokens")
+    skip = req.skip_special_tokens
+    allowed = req.allowed_token_ids
+    params = SamplingParams(
+        n=1 if req.n is None else req.n,
+        use_beam_search=True,
+        length_penalty=req.length_penalty,
+        max_tokens=max_tokens,
+        ignore_eos=req.ignore_eos,
+        include_stop_str_in_output=req.include_stop_str_in_output,
+        skip_special_tokens=defaults.get("skip_special_tokens", True) if skip is None else skip,
+        logprobs=logprobs,
+        allowed_token_ids=None if allowed is None else tuple(allowed),
+        truncate_prompt_tokens=req.truncate_prompt_tokens,
+        truncation_side=req.truncation_side or "left",
+        priority=_priority(req.priority, priority_header),
+        cache_salt=req.cache_salt,
+        structured=spec_of(req),
+    )
+    try:
+        params.validate(limits)
+    except RequestRefused as exc:
+        raise bad_request(exc.message, aliases.get(exc.param, exc.param)) from None
     return params
 
 

@@ -66,6 +66,9 @@ class SamplingFields(APIModel):
     truncation_side: Literal["left", "right"] | None = None
     priority: int = 0
     cache_salt: str | None = None  # SamplingParams.validate (vLLM's rules and ours)
+    # Beam search (vLLM's): n beams; the search ignores the sampling fields, as vLLM's does.
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
     request_id: str | None = Field(default=None, max_length=256)
     user: str | None = None
     # Structured outputs (server.api.common.structured maps them onto one StructuredSpec);

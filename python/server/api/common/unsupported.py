@@ -13,7 +13,6 @@ from server.errors import bad_request
 
 # field -> what the 400 says is missing. A field counts as set when it is truthy.
 UNSUPPORTED = {
-    "use_beam_search": "beam search",
     "logprob_token_ids": "logprob_token_ids",
     "prompt_embeds": "prompt embeddings",
     "bad_words": "bad_words",

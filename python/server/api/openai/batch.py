@@ -46,8 +46,7 @@ def _refuse(what: str, fix: str, param: str) -> None:
 
 def check_batch(req: BatchChatCompletionRequest) -> None:
     """What a batch cannot do, in vLLM's order, before any other check."""
-    extra = req.model_extra or {}
-    if extra.get("use_beam_search"):
+    if req.use_beam_search:
         _refuse("beam search", "Please set `use_beam_search` to False.", "use_beam_search")
     if req.n is not None and req.n != 1:
         _refuse("`n > 1`", "Please set `n` to 1.", "n")
