@@ -21,12 +21,18 @@ import copy
 from typing import Any
 
 from server.frontend.chat.tool_parsers import _json_scan as js
-from server.frontend.chat.tool_parsers._json_calls import CallScanner, CallShape, decode_call
+from server.frontend.chat.tool_parsers._json_calls import (
+    CallScanner,
+    CallShape,
+    arguments_text,
+    decode_call,
+)
 from server.frontend.chat.tool_parsers.base import (
     CallProgress,
     ParsedToolCalls,
     Scan,
     Scanner,
+    ToolCall,
     ToolParser,
 )
 
@@ -107,8 +113,10 @@ def tool_choice_schema(
 
 
 class RequiredToolCallParser(ToolParser):
-    """Reads the `"required"` array. Output that is not such an array has no calls (the
-    constraint makes it rare: a length cut, say) and no content, as vLLM returns it."""
+    """Reads the `"required"` array. An array cut short (by max_tokens: a small model can
+    repeat calls until the limit) gives its complete elements; vLLM drops them all, and
+    agent SDKs then fail on an empty message. Other output that is not such an array has
+    no calls and no content, as vLLM returns it."""
 
     name = "required"
 
@@ -120,7 +128,7 @@ class RequiredToolCallParser(ToolParser):
         try:
             items = js.loads_strict(text.strip() or "[]")
         except ValueError:
-            return ParsedToolCalls(content=None)
+            return ParsedToolCalls(content=None, calls=self._complete_calls(text))
         if not isinstance(items, list):
             return ParsedToolCalls(content=None)
         pairs = []
@@ -133,6 +141,17 @@ class RequiredToolCallParser(ToolParser):
 
     def new_scanner(self) -> Scanner:
         return _RequiredScanner(self.name, self.limit)
+
+    def _complete_calls(self, text: str) -> list[ToolCall]:
+        """The calls of an array that stops early (max_tokens cut it): its complete
+        elements, read as a stream reads them; the cut element is no call."""
+        scan = self.new_scanner().advance(text, final=False)
+        if scan.invalid:
+            return []
+        pairs = [(call.name, call.arguments_in(text)) for call in scan.calls
+                 if call.complete and call.name is not None]
+        # The streamed form of an object is its raw text; the whole response's, re-encoded.
+        return self._calls([(name, _reencoded(arguments)) for name, arguments in pairs])
 
 
 class _RequiredScanner(Scanner):
@@ -220,6 +239,10 @@ class _NamedScanner(Scanner):
             self._started = True
         return Scan(open_call=CallProgress(self._function_name, complete=final,
                                            span=(0, len(text))))
+
+
+def _reencoded(arguments: str) -> str:
+    return arguments_text(js.loads_strict(arguments), _REQUIRED_SHAPE)
 
 
 def forced_tool_parser(
