@@ -57,12 +57,21 @@ V31 = Frame(opener=CALLS_BEGIN, call_begin=CALL_BEGIN, header_end=SEP,
 class DeepSeekV3ToolParser(FramedToolParser):
     name = "deepseek_v3"
 
+    @classmethod
+    def call_tags(cls, function: str) -> list[tuple[str, str, str]]:
+        return [(CALL_BEGIN, f"{CALL_BEGIN}function{SEP}{function}\n```json\n",
+                 f"\n```{CALL_END}")]
+
     def new_scanner(self) -> Scanner:
         return FramedScanner(self.name, V3, JsonBody)
 
 
 class DeepSeekV31ToolParser(FramedToolParser):
     name = "deepseek_v31"
+
+    @classmethod
+    def call_tags(cls, function: str) -> list[tuple[str, str, str]]:
+        return [(CALL_BEGIN, f"{CALL_BEGIN}{function}{SEP}", CALL_END)]
 
     def new_scanner(self) -> Scanner:
         return FramedScanner(self.name, V31, JsonBody)
