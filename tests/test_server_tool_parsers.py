@@ -95,15 +95,20 @@ def test_parser_reads_its_format_whole_and_streamed(parser_server):
 STRICT_WEATHER = {"type": "object", "properties": {
     "city": {"type": "string", "enum": ["FR-PAR", "IT-ROM"]}},
     "required": ["city"], "additionalProperties": False}
-HISTORY = [
-    {"role": "user", "content": "What is the weather like in Rome?"},
-    {"role": "assistant", "content": "", "tool_calls": [{
-        "id": "call1", "type": "function",
-        "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}]},
-    {"role": "tool", "tool_call_id": "call1", "content": "18 C"},
-    {"role": "assistant", "content": "It is 18 C in Rome."},
-    {"role": "user", "content": "What is the weather like in Paris? Call the tool."},
-]
+
+
+def _turn(number: int, city: str, answer: str) -> list[dict]:
+    """A question, the call it got and the tool's result."""
+    call_id = f"call{number}"
+    return [{"role": "user", "content": f"What is the weather like in {city}?"},
+            {"role": "assistant", "content": "", "tool_calls": [{
+                "id": call_id, "type": "function",
+                "function": {"name": "get_weather", "arguments": json.dumps({"city": city})}}]},
+            {"role": "tool", "tool_call_id": call_id, "content": answer}]
+
+
+HISTORY = [*_turn(1, "Rome", "18 C"), *_turn(2, "Oslo", "3 C"), *_turn(3, "Madrid", "25 C"),
+           {"role": "user", "content": "What is the weather like in Paris?"}]
 
 
 @pytest.fixture(scope="module")
