@@ -18,7 +18,7 @@ from server.config import ServerConfig
 from server.frontend.chat.tool_parsers import get_tool_parser
 from server.frontend.chat.tool_parsers.strict import strict_tool_tag
 from server.frontend.chat.tools import apply_plan, plan_tools
-from structured_helpers import backend, tok  # noqa: F401 - fixtures
+from structured_helpers import backend, tok
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
            "required": ["city"], "additionalProperties": False}
@@ -37,6 +37,8 @@ def schemas(tag: dict[str, Any]) -> dict[str, Any]:
     """Each tag's begin → its schema."""
     return {t["begin"]: t["content"]["json_schema"] for t in tag["format"]["tags"]}
 
+
+__all__ = ["backend", "tok"]  # fixtures
 
 HERMES = get_tool_parser("hermes")
 

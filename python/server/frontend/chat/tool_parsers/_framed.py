@@ -123,9 +123,8 @@ class FramedScanner(Scanner):
                     self._stage, self._pos = _HEADER, found + len(frame.opener)
                 else:
                     self._stage, self._pos = _BETWEEN, found + len(frame.opener)
-            if self._stage == _BETWEEN:
-                if not self._next_call(text, final):
-                    break
+            if self._stage == _BETWEEN and not self._next_call(text, final):
+                break
             if self._stage == _HEADER:
                 end = text.find(frame.header_end, self._pos)
                 if end < 0:
@@ -150,9 +149,8 @@ class FramedScanner(Scanner):
                 assert state.progress is not None
                 self._calls.append(state.progress)
                 self._stage, self._pos, self._closer = _CLOSERS, state.end, 0
-            if self._stage == _CLOSERS:
-                if not self._read_closers(text, final):
-                    break
+            if self._stage == _CLOSERS and not self._read_closers(text, final):
+                break
             if self._stage == _DONE:
                 break
         return self._scan(text, final, open_call)

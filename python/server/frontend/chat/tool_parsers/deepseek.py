@@ -20,9 +20,9 @@ text is dropped here, as every parser of this package drops text after its calls
 from __future__ import annotations
 
 from server.frontend.chat.tool_parsers._framed import (
+    Frame,
     FramedScanner,
     FramedToolParser,
-    Frame,
     JsonBody,
 )
 from server.frontend.chat.tool_parsers.base import Scanner

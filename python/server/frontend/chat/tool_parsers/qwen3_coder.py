@@ -33,9 +33,9 @@ from server.frontend.chat.tool_parsers import _json_scan as js
 from server.frontend.chat.tool_parsers._framed import (
     Body,
     BodyState,
+    Frame,
     FramedScanner,
     FramedToolParser,
-    Frame,
 )
 from server.frontend.chat.tool_parsers.base import CallProgress, Scanner, partial_overlap
 from server.frontend.chat.tool_parsers.schema_values import parameter_types, typed_value
@@ -60,9 +60,8 @@ FRAME = Frame(opener=TOOL_CALL, call_begin=TOOL_CALL, header_end=">",
 
 
 def _trimmed(value: str) -> str:
-    if value.startswith("\n"):
-        value = value[1:]
-    return value[:-1] if value.endswith("\n") else value
+    value = value.removeprefix("\n")
+    return value.removesuffix("\n")
 
 
 def _item(key: str, value: object) -> str:
@@ -147,8 +146,7 @@ class _Parameters(Body):
         if stop <= start:
             shown = ""
         else:
-            if self._escaped_to < start:
-                self._escaped_to = start
+            self._escaped_to = max(self._escaped_to, start)
             if stop > self._escaped_to:
                 self._escaped += json.dumps(text[self._escaped_to : stop],
                                             ensure_ascii=False)[1:-1]
