@@ -288,3 +288,34 @@ def test_structural_tag(tok: Any, backend: Any) -> None:
     bad = backend.compile(spec)
     ids = tok.encode(free + '<fn=add>{"b": 1}', add_special_tokens=False)
     assert not all(bad.accept(t) for t in ids)
+
+
+def test_structural_tag_format_form_stops_after_the_first_tag(tok: Any, backend: Any) -> None:
+    """The `format` form vLLM builds for strict tool calls: a `<tool_call>` trigger (text in
+    this tokenizer, not a special token) starts the call, whose arguments obey the schema;
+    `stop_after_first` lets nothing follow the first call."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+              "additionalProperties": False}
+
+    def spec(stop: bool) -> StructuredSpec:
+        return StructuredSpec.from_params(structural_tag={
+            "type": "structural_tag", "format": {
+                "type": "triggered_tags", "triggers": ["<tool_call>"], "stop_after_first": stop,
+                "tags": [{"type": "tag", "begin": '<tool_call>\n{"name": "f", "arguments": ',
+                          "content": {"type": "json_schema", "json_schema": schema},
+                          "end": "}\n</tool_call>"}]}})
+
+    def takes(stop: bool, text: str) -> bool:
+        m = backend.compile(spec(stop))
+        ids = tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]
+        return all(m.accept(t) for t in ids)
+
+    call = '<tool_call>\n{"name": "f", "arguments": {"a": 3}}\n</tool_call>'
+    assert takes(False, f"Hi. {call} and {call}") and takes(True, f"Hi. {call}")
+    assert takes(True, "no call at all")
+    assert not takes(True, f"Hi. {call} and more")
+    assert not takes(False, 'x <tool_call>\n{"name": "f", "arguments": {"b": 3}}')
+    with pytest.raises(RequestRefused, match="at_least_one"):
+        backend.compile(StructuredSpec.from_params(structural_tag={"format": {
+            "type": "triggered_tags", "triggers": ["<f"], "at_least_one": True,
+            "tags": [{"begin": "<f>", "content": {"type": "json_schema"}, "end": ""}]}}))

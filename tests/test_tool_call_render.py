@@ -175,3 +175,41 @@ def test_required_and_named_need_the_parser_only():
     with pytest.raises(APIError) as err:
         plan_tools(to_chat(auto), parser_only)
     assert "--enable-auto-tool-choice" in err.value.message
+
+
+REPEATED = ('[{"name": "get_time", "parameters": {"zone": "UTC"}}, '
+            '{"name": "get_weather", "parameters": {"city": "Paris"}}, '
+            '{"name": "get_time", "parameters": {"zo')
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_required_cut_by_length_keeps_its_complete_calls(seed):
+    """A required reply that repeats calls until max_tokens: the complete calls come back
+    with finish_reason length, the cut one is dropped, streamed and whole."""
+    body = {"tools": TOOLS, "tool_choice": "required"}
+    choice = whole(renderer(**body), REPEATED, reason="length")
+    assert choice["finish_reason"] == "length" and choice["message"]["content"] == ""
+    calls = choice["message"]["tool_calls"]
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        ("get_time", {"zone": "UTC"}), ("get_weather", {"city": "Paris"})]
+    content, streamed, reason = assemble(
+        stream(renderer(**body), splits(REPEATED, random.Random(seed)), reason="length"))
+    assert reason == "length" and content == ""
+    complete = [c for c in streamed.values() if _decodes(c["arguments"])]
+    assert [(c["name"], json.loads(c["arguments"])) for c in complete] == [
+        (c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls]
+
+
+def test_required_cut_before_any_complete_call_has_none():
+    body = {"tools": TOOLS, "tool_choice": "required"}
+    choice = whole(renderer(**body), '[{"name": "get_time", "parameters": {"zo', "length")
+    assert choice["finish_reason"] == "length" and "tool_calls" not in choice["message"]
+    assert choice["message"]["content"] == ""
+
+
+def _decodes(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True

@@ -18,6 +18,7 @@ from server.frontend.chat.tool_parsers import (
     check_tool_parser_flags,
     get_tool_parser,
 )
+from tool_parser_cases import FORMAT_CASES
 
 OPENAI_ID = re.compile(r"chatcmpl-tool-[0-9a-f]{16}")
 MISTRAL_ID = re.compile(r"[A-Za-z0-9]{9}")
@@ -181,6 +182,7 @@ CASES = {
         ),
     ],
 }
+CASES.update(FORMAT_CASES)
 
 # Output that is not the format: (parser, text, whether a stream can tell before it
 # announces a call). Whole, each is content; streamed, each never raises.
@@ -207,6 +209,12 @@ MALFORMED = [
     ("pythonic", "[f(x=__import__('os').system('true'))]", False),
     ("pythonic", "[f(a=1, a=2)]", False),
     ("pythonic", "[f(x=1e999)]", False),
+    ("qwen3_coder", "<tool_call>\n<function=f>\n<parameter=a>\n1", False),
+    ("qwen3_coder", "Text <tool_call>\nnot a function</tool_call>", True),
+    ("deepseek_v3", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{x}", False),
+    ("deepseek_v31", "<｜tool▁calls▁begin｜>nothing here", True),
+    ("granite", "<|tool_call|>not json", True),
+    ("granite", '<tool_call>[{"name": "f", "arguments": {"a": 1', False),
 ]
 
 
@@ -334,9 +342,11 @@ def test_long_arguments_stream_fast():
 
 
 def test_registry_names_and_unknown_name():
-    assert sorted(TOOL_PARSERS) == ["hermes", "llama3_json", "llama4_json", "mistral", "pythonic"]
+    assert sorted(TOOL_PARSERS) == [
+        "deepseek_v3", "deepseek_v31", "gpt_oss", "granite", "hermes", "llama3_json",
+        "llama4_json", "mistral", "openai", "pythonic", "qwen3_coder", "qwen3_json", "qwen3_xml"]
     with pytest.raises(
-        UnknownToolParserError, match=r"invalid tool call parser: nope \(chose from \{ hermes,"
+        UnknownToolParserError, match=r"invalid tool call parser: nope \(chose from \{ deepseek_v3,"
     ):
         get_tool_parser("nope")
     with pytest.raises(UnknownToolParserError, match="requires --tool-call-parser"):

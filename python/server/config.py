@@ -75,6 +75,13 @@ class ServerConfig:
     enable_auto_tool_choice: bool = flag(False, help="let requests use tool_choice 'auto' "
         "(the model decides; needs --tool-call-parser)")
     tool_call_parser: str | None = flag(None, metavar="NAME", help=_tool_call_parser_help)
+    tool_strict_level: str | None = flag(
+        None, choices=("auto", "function", "parameter"), help="floor for constraining "
+        "tool_choice 'auto' calls with a structural tag on the parser's call marker: 'auto' "
+        "when a tool sets strict: true (its arguments then follow its schema), 'function' "
+        "every call's name, 'parameter' every call's arguments too, as if every tool were "
+        "strict. Parsers without a JSON call marker (mistral, pythonic, granite, "
+        "qwen3_coder, openai) ignore it. Default: auto")
     # reasoning (server.frontend.chat.reasoning_plan): the parser that splits the output,
     # the template kwargs under every request's, the effort rewrite and the pre-0.34
     # output field

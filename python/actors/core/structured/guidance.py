@@ -16,6 +16,7 @@ lists work.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 import re
@@ -36,6 +37,7 @@ from actors.core.structured.backend import (
     check_row,
 )
 from actors.core.structured.spec import StructuredSpec
+from actors.core.structured.structural_tag import read_tags, to_lark
 
 __all__ = ["GuidanceBackend", "check_spec", "serialize"]
 
@@ -63,8 +65,9 @@ def _first_line(err: str) -> str:
     return "\n".join(keep).strip()
 
 
-def serialize(spec: StructuredSpec) -> str:
-    """The llguidance grammar for ``spec`` (refused when the spec is malformed)."""
+def serialize(spec: StructuredSpec, special_tokens: frozenset[str] = frozenset()) -> str:
+    """The llguidance grammar for ``spec`` (refused when the spec is malformed);
+    ``special_tokens``: the tokenizer's, which a structural tag's triggers may be."""
     kind = spec.kind
     if kind in ("json", "json_object"):
         return _json_grammar(spec, spec.schema())
@@ -80,7 +83,7 @@ def serialize(spec: StructuredSpec) -> str:
         except Exception as e:  # noqa: BLE001 - the GBNF converter raises plain Exception
             raise spec.refuse(f"the grammar is neither Lark nor GBNF: {e}") from None
     if kind == "structural_tag":
-        return _structural_tag_grammar(spec)
+        return _structural_tag_grammar(spec, special_tokens)
     raise spec.refuse(f"unknown structured output kind {kind!r}")
 
 
@@ -162,37 +165,17 @@ def _close_objects(schema: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
-def _structural_tag_grammar(spec: StructuredSpec) -> str:
-    tag = spec.structural_tag()
-    if "format" in tag and "structures" not in tag:
-        raise spec.refuse("structural tags in the 'format' form are not supported by the "
-                          "guidance backend; use the 'structures' and 'triggers' form")
-    triggers, structures = tag.get("triggers"), tag.get("structures")
-    if (not isinstance(triggers, list) or not all(isinstance(t, str) and t for t in triggers)
-            or not isinstance(structures, list) or not structures):
-        raise spec.refuse("a structural tag needs a list of non-empty 'triggers' and a "
-                          "non-empty list of 'structures'")
-    tags = []
-    for i, s in enumerate(structures):
-        if not isinstance(s, dict) or not all(isinstance(s.get(k), str)
-                                              for k in ("begin", "end")):
-            raise spec.refuse(f"structures[{i}] needs string 'begin' and 'end'")
-        trigger = next((t for t in triggers if s["begin"].startswith(t)), None)
-        if trigger is None:
-            raise spec.refuse(f"structures[{i}].begin {s['begin']!r} starts with none of "
-                              "the triggers")
-        schema = s.get("schema", True)
-        if not isinstance(schema, (dict, bool)):
-            raise spec.refuse(f"structures[{i}].schema must be a JSON schema object")
+def _structural_tag_grammar(spec: StructuredSpec, special: frozenset[str]) -> str:
+    items, stop_after_first = read_tags(spec)
+    prepared = []
+    for item in items:
+        schema = item.schema
         if isinstance(schema, dict):
             if spec.disable_additional_properties:
                 schema = _close_objects(copy.deepcopy(schema))
             _check_rows(spec, schema)
-        else:
-            schema = {} if schema else {"not": {}}
-        tags.append(llguidance.StructTag(trigger=trigger, begin=s["begin"], grammar=schema,
-                                         end=s["end"]))
-    return llguidance.StructTag.to_grammar(tags)
+        prepared.append(dataclasses.replace(item, schema=schema))
+    return to_lark(prepared, stop_after_first, special)
 
 
 def _tokenizer_key(tokenizer: Any, n_vocab: int, eos: Sequence[int]) -> str:
@@ -218,6 +201,10 @@ class GuidanceBackend(GrammarBackend):
         self.vocab_size = n_vocab
         self.eos_token_ids = tuple(self._llt.eos_tokens)
         self._key = _tokenizer_key(tokenizer, n_vocab, self.eos_token_ids)
+        added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+        self._special = frozenset(
+            [t.content for t in added.values() if getattr(t, "special", False)]
+            + list(getattr(tokenizer, "all_special_tokens", ()) or ()))
 
     @property
     def tokenizer_key(self) -> str:
@@ -229,7 +216,7 @@ class GuidanceBackend(GrammarBackend):
 
     def compile_grammar(self, spec: StructuredSpec) -> GuidanceGrammar:
         spec.validate(grammar_check=False, metaschema=False)
-        grammar = serialize(spec)  # refuses what would trip llguidance's limits mid-way
+        grammar = serialize(spec, self._special)  # refuses what would trip llguidance's limits mid-way
         spec.check_metaschema()
         template = LLMatcher(self._llt, grammar, log_level=0, limits=_limits())
         if not template.is_error():

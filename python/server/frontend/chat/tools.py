@@ -31,6 +31,7 @@ from server.config import ServerConfig
 from server.errors import bad_request
 from server.frontend.chat.request import ChatRequest
 from server.frontend.chat.tool_parsers import ToolParser, get_tool_parser
+from server.frontend.chat.tool_parsers.strict import strict_tool_tag
 from server.frontend.chat.tool_parsers.tool_schema import (
     ToolChoiceError,
     forced_tool_parser,
@@ -54,6 +55,9 @@ class ToolPlan:
     schema: dict[str, Any] | None = None  # the constraint of "required" and named
     keep_special_tokens: bool = False
     parallel_tool_calls: bool | None = True
+    # "auto" with strict tools (or --tool-strict-level): the structural tag that holds
+    # the calls the model writes to the tools, unless the request constrains the output
+    strict_tag: dict[str, Any] | None = None
 
     @property
     def named(self) -> bool:
@@ -124,7 +128,9 @@ def plan_tools(chat: ChatRequest, config: ServerConfig) -> ToolPlan:
     if choice == "auto":
         return ToolPlan("auto", tools, parser_cls(tools),
                         keep_special_tokens=parser_cls.keeps_special_tokens,
-                        parallel_tool_calls=parallel)
+                        parallel_tool_calls=parallel,
+                        strict_tag=strict_tool_tag(parser_cls, tools,
+                                                   config.tool_strict_level, parallel))
     try:
         schema = tool_choice_schema(tools, choice, parallel)
     except ToolChoiceError as exc:
@@ -140,15 +146,23 @@ def apply_plan(params: SamplingParams, plan: ToolPlan) -> SamplingParams:
     changes: dict[str, Any] = {}
     if plan.keep_special_tokens:
         changes["skip_special_tokens"] = False
+    if plan.strict_tag is not None and params.structured is None:
+        changes["structured"] = _tools_spec(structural_tag=plan.strict_tag)
     if plan.schema is not None:
-        try:
-            spec = StructuredSpec.from_params(json=plan.schema, source="tools")
-            spec.validate(grammar_check=False, metaschema=False)
-        except RequestRefused as exc:
-            raise bad_request(f"the tools' parameter schemas cannot constrain the output: "
-                              f"{exc.message}", "tools") from None
-        changes["structured"] = spec
+        changes["structured"] = _tools_spec(json=plan.schema)
     return dataclasses.replace(params, **changes) if changes else params
+
+
+def _tools_spec(**kind: Any) -> StructuredSpec:
+    """The constraint a tool plan puts on the output (a 400 naming `tools` if the tools'
+    schemas cannot make one)."""
+    try:
+        spec = StructuredSpec.from_params(**kind, source="tools")
+        spec.validate(grammar_check=False, metaschema=False)
+    except RequestRefused as exc:
+        raise bad_request(f"the tools' parameter schemas cannot constrain the output: "
+                          f"{exc.message}", "tools") from None
+    return spec
 
 
 def check_arguments_depth(arguments: str, param: str) -> None:

@@ -26,18 +26,32 @@ from server.frontend.chat.tool_parsers.base import (
     ToolParser,
     make_tool_call_id,
 )
+from server.frontend.chat.tool_parsers.deepseek import DeepSeekV3ToolParser, DeepSeekV31ToolParser
+from server.frontend.chat.tool_parsers.granite import GraniteToolParser
+from server.frontend.chat.tool_parsers.harmony import HarmonyToolParser
 from server.frontend.chat.tool_parsers.hermes import HermesToolParser
 from server.frontend.chat.tool_parsers.llama3_json import Llama3JsonToolParser
 from server.frontend.chat.tool_parsers.mistral import MistralToolParser
 from server.frontend.chat.tool_parsers.pythonic import PythonicToolParser
+from server.frontend.chat.tool_parsers.qwen3_coder import Qwen3CoderToolParser
 
-# `llama4_json` is the same format under the name vLLM also registers it by.
+# Aliases, as vLLM registers them: `llama4_json` is llama3_json's format, `qwen3_json`
+# Hermes', `qwen3_xml` Qwen3-Coder's; `gpt_oss` is the name gpt-oss's reasoning parser
+# also answers to, for `openai`.
 TOOL_PARSERS: dict[str, type[ToolParser]] = {
+    "deepseek_v3": DeepSeekV3ToolParser,
+    "deepseek_v31": DeepSeekV31ToolParser,
+    "gpt_oss": HarmonyToolParser,
+    "granite": GraniteToolParser,
     "hermes": HermesToolParser,
     "llama3_json": Llama3JsonToolParser,
     "llama4_json": Llama3JsonToolParser,
     "mistral": MistralToolParser,
+    "openai": HarmonyToolParser,
     "pythonic": PythonicToolParser,
+    "qwen3_coder": Qwen3CoderToolParser,
+    "qwen3_json": HermesToolParser,
+    "qwen3_xml": Qwen3CoderToolParser,
 }
 
 
@@ -72,12 +86,17 @@ __all__ = [
     "TOOL_PARSERS",
     "CallProgress",
     "ContentDelta",
+    "DeepSeekV3ToolParser",
+    "DeepSeekV31ToolParser",
     "Delta",
+    "GraniteToolParser",
+    "HarmonyToolParser",
     "HermesToolParser",
     "Llama3JsonToolParser",
     "MistralToolParser",
     "ParsedToolCalls",
     "PythonicToolParser",
+    "Qwen3CoderToolParser",
     "Scan",
     "Scanner",
     "ToolCall",

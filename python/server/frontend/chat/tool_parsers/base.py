@@ -213,6 +213,13 @@ class ToolParser:
     def make_call_id(self) -> str:
         return make_tool_call_id()
 
+    @classmethod
+    def call_tags(cls, function: str) -> list[tuple[str, str, str]] | None:
+        """How a call to `function` is written, for a strict tool's structural tag:
+        (trigger, begin, end) per spelling, the JSON arguments between begin and end;
+        None when the format has no such spelling (`strict` is then ignored)."""
+        return None
+
     def parse(self, text: str) -> ParsedToolCalls:
         """Content and calls of a finished text. Never raises: output that does not
         follow the format is returned whole as content."""

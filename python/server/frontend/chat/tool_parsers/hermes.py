@@ -16,6 +16,8 @@ special tokens for requests with tools.
 
 from __future__ import annotations
 
+import json
+
 from server.frontend.chat.tool_parsers import _json_scan as js
 from server.frontend.chat.tool_parsers._json_calls import CallScanner, CallShape, decode_call
 from server.frontend.chat.tool_parsers.base import (
@@ -36,6 +38,12 @@ _SHAPE = CallShape(argument_keys=("arguments",))
 class HermesToolParser(ToolParser):
     name = "hermes"
     keeps_special_tokens = True
+
+    @classmethod
+    def call_tags(cls, function: str) -> list[tuple[str, str, str]]:
+        # The block on lines of its own, as the templates write it, or on one line.
+        head = '{"name": ' + json.dumps(function, ensure_ascii=False) + ', "arguments": '
+        return [(START, f"{START}\n{head}", "}\n" + END), (START, START + head, "}" + END)]
 
     def _parse(self, text: str) -> ParsedToolCalls:
         first = text.find(START)

@@ -16,6 +16,8 @@ that is not a call ends the list (it and what follows are dropped).
 
 from __future__ import annotations
 
+import json
+
 from server.frontend.chat.tool_parsers import _json_scan as js
 from server.frontend.chat.tool_parsers._json_calls import CallScanner, CallShape, decode_call
 from server.frontend.chat.tool_parsers.base import (
@@ -49,6 +51,12 @@ def _calls_start(text: str, final: bool) -> int | None:
 
 class Llama3JsonToolParser(ToolParser):
     name = "llama3_json"
+
+    @classmethod
+    def call_tags(cls, function: str) -> list[tuple[str, str, str]]:
+        head = '{"name": '
+        return [(head, head + json.dumps(function, ensure_ascii=False) + ', "parameters": ',
+                 "}")]
 
     def _parse(self, text: str) -> ParsedToolCalls:
         start = _calls_start(text, True)

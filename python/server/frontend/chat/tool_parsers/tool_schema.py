@@ -21,12 +21,18 @@ import copy
 from typing import Any
 
 from server.frontend.chat.tool_parsers import _json_scan as js
-from server.frontend.chat.tool_parsers._json_calls import CallScanner, CallShape, decode_call
+from server.frontend.chat.tool_parsers._json_calls import (
+    CallScanner,
+    CallShape,
+    arguments_text,
+    decode_call,
+)
 from server.frontend.chat.tool_parsers.base import (
     CallProgress,
     ParsedToolCalls,
     Scan,
     Scanner,
+    ToolCall,
     ToolParser,
 )
 
@@ -107,8 +113,10 @@ def tool_choice_schema(
 
 
 class RequiredToolCallParser(ToolParser):
-    """Reads the `"required"` array. Output that is not such an array has no calls (the
-    constraint makes it rare: a length cut, say) and no content, as vLLM returns it."""
+    """Reads the `"required"` array. An array cut short (by max_tokens: a small model can
+    repeat calls until the limit) gives its complete elements; vLLM drops them all, and
+    agent SDKs then fail on an empty message. Other output that is not such an array has
+    no calls and no content, as vLLM returns it."""
 
     name = "required"
 
@@ -120,7 +128,7 @@ class RequiredToolCallParser(ToolParser):
         try:
             items = js.loads_strict(text.strip() or "[]")
         except ValueError:
-            return ParsedToolCalls(content=None)
+            return ParsedToolCalls(content=None, calls=self._complete_calls(text))
         if not isinstance(items, list):
             return ParsedToolCalls(content=None)
         pairs = []
@@ -132,17 +140,34 @@ class RequiredToolCallParser(ToolParser):
         return ParsedToolCalls(content=None, calls=self._calls(pairs[: self.limit]))
 
     def new_scanner(self) -> Scanner:
-        return _RequiredScanner(self.name, self.limit)
+        return ArrayCallsScanner(self.name, self.limit)
+
+    def _complete_calls(self, text: str) -> list[ToolCall]:
+        """The calls of an array that stops early (max_tokens cut it): its complete
+        elements, read as a stream reads them; the cut element is no call."""
+        scan = self.new_scanner().advance(text, final=False)
+        if scan.invalid:
+            return []
+        pairs = [(call.name, call.arguments_in(text)) for call in scan.calls
+                 if call.complete and call.name is not None]
+        # The streamed form of an object is its raw text; the whole response's, re-encoded.
+        return self._calls([(name, _reencoded(arguments)) for name, arguments in pairs])
 
 
-class _RequiredScanner(Scanner):
-    """The array is read on from where the last advance stopped; finished elements are
-    kept as calls, only the current one is read."""
+class ArrayCallsScanner(Scanner):
+    """A JSON array of call objects from `start` of a growing text, read on from where the
+    last advance stopped; finished elements are kept as calls, only the current one is
+    read. `strict`: the final text must be the array alone (the `"required"` output);
+    otherwise text after it is dropped, and an array the text cut short still has its
+    complete elements."""
 
-    def __init__(self, parser_name: str, limit: int | None) -> None:
+    def __init__(self, parser_name: str, limit: int | None, shape: CallShape = _REQUIRED_SHAPE,
+                 start: int = 0, strict: bool = True) -> None:
         super().__init__(parser_name)
         self._limit = limit
-        self._pos = 0
+        self._shape = shape
+        self._strict = strict
+        self._pos = start
         self._array: js.JsonValue | None = None
         self._element = 0  # the element being read
         self._call: CallScanner | None = None
@@ -152,25 +177,27 @@ class _RequiredScanner(Scanner):
         if self._array is None:
             index = self._pos = js.skip_ws(text, self._pos)
             if index >= len(text):
-                return Scan()
+                return Scan(invalid=final and not self._strict)
             if text[index] != "[":
                 return Scan(invalid=True)
             self._array = js.JsonValue(index, members=True)
         array = self._array
         array.advance(text)
         if array.bad:
-            return Scan(invalid=True)
+            return self._stopped()
         elements = array.members
         open_call = None
         while self._element < len(elements):
             element = elements[self._element]
             if text[element.start] != "{":
-                return Scan(invalid=True)
+                return self._stopped()
             if self._call is None:
-                self._call = CallScanner(element.start, _REQUIRED_SHAPE)
+                self._call = CallScanner(element.start, self._shape)
             call = self._call.advance(text, final)
             if call.bad:
-                return Scan(invalid=True)
+                if final and not self._strict and call.end is None:
+                    break  # the element the text cut short
+                return self._stopped()
             if call.end is None:
                 open_call = call.progress
                 break
@@ -178,12 +205,21 @@ class _RequiredScanner(Scanner):
             self._calls.append(call.progress)
             self._element += 1
             self._call = None
-        # A closed array is valid JSON (`JsonValue` checked it); nothing may follow it.
-        if final and (array.end is None or text[array.end :].strip()):
-            return Scan(invalid=True)
+        if final:
+            if self._strict and (array.end is None or text[array.end :].strip()):
+                return Scan(invalid=True)
+            if not self._calls:
+                return Scan(invalid=True)
+            open_call = None
         if self._limit is not None and len(self._calls) >= self._limit:
             return Scan(calls=self._calls[: self._limit])
         return Scan(calls=self._calls, open_call=open_call)
+
+    def _stopped(self) -> Scan:
+        """Output that left the format: the calls before it, when that is allowed."""
+        if self._strict or not self._calls:
+            return Scan(invalid=True)
+        return Scan(calls=self._calls[: self._limit])
 
 
 class NamedToolCallParser(ToolParser):
@@ -220,6 +256,10 @@ class _NamedScanner(Scanner):
             self._started = True
         return Scan(open_call=CallProgress(self._function_name, complete=final,
                                            span=(0, len(text))))
+
+
+def _reencoded(arguments: str) -> str:
+    return arguments_text(js.loads_strict(arguments), _REQUIRED_SHAPE)
 
 
 def forced_tool_parser(
