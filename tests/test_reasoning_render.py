@@ -53,7 +53,8 @@ def renderer(config: ServerConfig, defaults=None, **body) -> ChatCompletionRende
     chat = to_chat(req)
     plan = plan_tools(chat, config)
     thinking = plan_reasoning(chat, config, default_kwargs=defaults, tokenizer=None,
-                              include_reasoning=req.include_reasoning)
+                              include_reasoning=req.include_reasoning,
+                              tool_parser=plan.auto_parser)
     opts = req.stream_options
     return ChatCompletionRenderer(
         Gen(), model="m", fingerprint="f", role="assistant", echoed="", logprobs=False,
@@ -226,3 +227,34 @@ def test_the_template_gets_the_server_kwargs_under_the_requests_and_the_history(
         chat = to_chat(ChatCompletionRequest.model_validate({"messages": messages, **body}))
         assert render_call(renderer_, chat)() == (
             f"user:|assistant:because|user:|thinking={thinking}")
+
+
+HARMONY_CALL = ("<|channel|>analysis<|message|>Need the weather.<|end|>"
+                "<|start|>assistant<|channel|>commentary<|message|>Checking.<|end|>"
+                "<|start|>assistant<|channel|>commentary to=functions.get_weather "
+                '<|constrain|>json<|message|>{"city": "Paris"}<|call|>')
+
+
+@pytest.mark.parametrize("tool_parser", ["openai", "gpt_oss"])
+def test_harmony_reasoning_leaves_the_calls_to_the_harmony_tool_parser(tool_parser):
+    config = ServerConfig(reasoning_parser="openai_gptoss", enable_auto_tool_choice=True,
+                          tool_call_parser=tool_parser)
+    for seed in range(15):
+        pieces = splits(HARMONY_CALL, random.Random(seed))
+        chunks = stream(renderer(config, tools=TOOLS), pieces)
+        message = whole(renderer(config, tools=TOOLS), pieces)["choices"][0]["message"]
+        assert message["reasoning"] == joined(chunks, "reasoning") == "Need the weather."
+        assert message["content"] == joined(chunks, "content") == "Checking."
+        (call,) = message["tool_calls"]
+        assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+        streamed = [tc for c in chunks for tc in c["choices"][0]["delta"].get("tool_calls", [])]
+        assert "".join(tc["function"]["arguments"] for tc in streamed) == '{"city": "Paris"}'
+        assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_harmony_without_tools_keeps_no_framing_in_the_content():
+    config = ServerConfig(reasoning_parser="openai_gptoss", enable_auto_tool_choice=True,
+                          tool_call_parser="openai")
+    message = whole(renderer(config), [HARMONY_CALL])["choices"][0]["message"]
+    assert message["reasoning"] == "Need the weather." and message["content"] == "Checking."
+    assert "tool_calls" not in message or not message["tool_calls"]

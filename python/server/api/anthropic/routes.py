@@ -44,7 +44,7 @@ async def create_message(srv: ServerState, req: AnthropicMessagesRequest) -> Res
     # As on chat: the template renders special tokens itself, none are added.
     assert srv.renderer is not None
     thinking = plan_reasoning(chat, srv.config, default_kwargs=srv.renderer.default_kwargs,
-                              tokenizer=srv.tokenizer)
+                              tokenizer=srv.tokenizer, tool_parser=plan.auto_parser)
     params = apply_reasoning(params, thinking)
     prompts = [PromptInput(render=render_call(srv.renderer, chat, plan.tools),
                            add_special_tokens=chat.add_special_tokens)]

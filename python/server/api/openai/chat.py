@@ -31,7 +31,8 @@ async def handle(srv: ServerState, req: ChatCompletionRequest) -> Response:
     model, chat, plan, params = checked(srv, req)
     assert srv.renderer is not None
     thinking = plan_reasoning(chat, srv.config, default_kwargs=srv.renderer.default_kwargs,
-                              tokenizer=srv.tokenizer, include_reasoning=req.include_reasoning)
+                              tokenizer=srv.tokenizer, include_reasoning=req.include_reasoning,
+                              tool_parser=plan.auto_parser)
     params = apply_reasoning(params, thinking)
     prompts = [PromptInput(render=render_call(srv.renderer, chat, plan.tools),
                            add_special_tokens=chat.add_special_tokens)]

@@ -259,7 +259,8 @@ class ResponsesAPI:
         render = render_call(srv.renderer, chat, plan.tools)
         thinking = plan_reasoning(chat, srv.config, default_kwargs=srv.renderer.default_kwargs,
                                   tokenizer=srv.tokenizer,
-                                  include_reasoning=req.include_reasoning)
+                                  include_reasoning=req.include_reasoning,
+                                  tool_parser=plan.auto_parser)
         params = apply_reasoning(params, thinking)
         store = self.store if req.store else None
         client = self._client()

@@ -52,15 +52,20 @@ class ReasoningPlan:
     include_reasoning: bool = True
     reasoning_content: bool = False  # also answer the reasoning as reasoning_content
     keep_special_tokens: bool = False
+    tool_frames: bool = False  # the request's tool-call parser reads calls in our framing
 
     def new_parser(self, prompt: str | None) -> ReasoningParser:
-        return self.parser(self.template_kwargs, prompt)
+        parser = self.parser(self.template_kwargs, prompt)
+        parser.tool_frames = self.tool_frames
+        return parser
 
 
 def plan_reasoning(chat: ChatRequest, config: ServerConfig, *,
                    default_kwargs: Mapping[str, Any] | None, tokenizer: Any,
-                   include_reasoning: bool = True) -> ReasoningPlan | None:
-    """The request's reasoning plan; None without --reasoning-parser."""
+                   include_reasoning: bool = True,
+                   tool_parser: str | None = None) -> ReasoningPlan | None:
+    """The request's reasoning plan; None without --reasoning-parser. `tool_parser`: the
+    name of the tool-call parser that reads this request's output, if any."""
     if config.reasoning_parser is None:
         return None
     parser = reasoning.get(config.reasoning_parser)
@@ -68,7 +73,8 @@ def plan_reasoning(chat: ChatRequest, config: ServerConfig, *,
     return ReasoningPlan(parser, kwargs or {},
                          include_reasoning=include_reasoning,
                          reasoning_content=config.reasoning_content_field,
-                         keep_special_tokens=markers_are_special(parser.markers, tokenizer))
+                         keep_special_tokens=markers_are_special(parser.markers, tokenizer),
+                         tool_frames=tool_parser in parser.tool_frames_for)
 
 
 @functools.lru_cache(maxsize=16)

@@ -67,6 +67,11 @@ class ToolPlan:
     def forced(self) -> bool:
         return self.choice in ("required", "named")
 
+    @property
+    def auto_parser(self) -> str | None:
+        """The name of the tool-call parser reading the model's own call format, if any."""
+        return getattr(self.parser, "name", None) if self.choice == "auto" else None
+
 
 def check_tool_fields(chat: ChatRequest) -> Any:
     """vLLM's protocol checks, in its order; returns the effective tool_choice."""

@@ -57,6 +57,11 @@ class ReasoningParser(ABC):
 
     name: ClassVar[str]
     markers: ClassVar[tuple[str, ...]]
+    # The tool-call parsers that read their calls in this format's own framing: with one of
+    # them on a request, the parser leaves the calls' framing in the content
+    # (`tool_frames`) for it to read.
+    tool_frames_for: ClassVar[tuple[str, ...]] = ()
+    tool_frames: bool = False
 
     def __init__(self, chat_template_kwargs: Mapping[str, object] | None = None,
                  prompt: str | None = None) -> None:

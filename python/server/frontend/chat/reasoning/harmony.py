@@ -17,6 +17,12 @@ A `<|start|>` or `<|channel|>` inside a body starts the next header (a body whos
 was lost), and a stray `<|message|>` or `<|constrain|>` there is dropped. A header cut off
 by the end of the text is dropped, unless it holds no Harmony token at all: text with no
 Harmony framing is content, so plain output is not lost (it streams only at the end).
+
+With the `openai` tool-call parser on the same request (`tool_frames`), the calls must reach
+it: then every message but the analysis goes to the content as it was generated, header,
+`<|message|>`, body and close marker, and the tool-call parser (which reads the same
+framing) takes the calls, the final text and the preambles from it. Only the analysis is
+taken out, as the reasoning.
 """
 
 from __future__ import annotations
@@ -72,25 +78,31 @@ def _unframed(header: str) -> bool:
 class HarmonyParser(ReasoningParser):
     name = "openai_gptoss"
     markers = (START, CHANNEL, MESSAGE, CONSTRAIN) + CLOSES
+    tool_frames_for = ("openai", "gpt_oss")
 
     def split(self, text: str) -> Split:
         sides: dict[str, list[str]] = {"reasoning": [], "content": [], "drop": []}
+        framed: list[str] = []  # with tool_frames: the content, framing and all
         pos = 0
         while pos < len(text):
             at = text.find(MESSAGE, pos)
             if at == -1:
                 if _unframed(text[pos:]):
                     sides["content"].append(text[pos:])
+                    framed.append(text[pos:])
                 break
             side = message_side(text[pos:at])
-            body, pos = _read_body(text, at + len(MESSAGE))
+            body, end = _read_body(text, at + len(MESSAGE))
+            if side != "reasoning":
+                framed.append(text[pos:end])
             if body:
                 sides[side].append(body)
-        return (none_if_empty("\n".join(sides["reasoning"])),
-                none_if_empty("\n".join(sides["content"])))
+            pos = end
+        content = "".join(framed) if self.tool_frames else "\n".join(sides["content"])
+        return none_if_empty("\n".join(sides["reasoning"])), none_if_empty(content)
 
     def stream(self) -> ReasoningStream:
-        return _HarmonyStream()
+        return _HarmonyStream(self.tool_frames)
 
 
 def _read_body(text: str, pos: int) -> tuple[str, int]:
@@ -111,12 +123,13 @@ def _read_body(text: str, pos: int) -> tuple[str, int]:
 
 
 class _HarmonyStream(MarkerStream):
-    def __init__(self) -> None:
+    def __init__(self, tool_frames: bool = False) -> None:
         super().__init__()
         self.side = "hold"  # reading a header
-        self._body_side: Side = "drop"
         self._started = {"reasoning": False, "content": False}  # a side has had text
         self._body_empty = True
+        self._tool_frames = tool_frames
+        self._framed = False  # the body being read goes to the content with its framing
 
     def active_markers(self) -> tuple[str, ...]:
         return (MESSAGE,) if self.side == "hold" else BODY_MARKERS
@@ -124,16 +137,27 @@ class _HarmonyStream(MarkerStream):
     def on_marker(self, marker: str) -> None:
         if self.side == "hold":  # the header is complete
             self.side = message_side(self.held)
+            self._framed = self._tool_frames and self.side != "reasoning"
+            if self._framed:
+                self.side = "content"
+                self.emit("content", self.held + marker)
             self.held = ""
             self._body_empty = True
         elif marker in CLOSES:
+            if self._framed:
+                self.emit("content", marker)
             self.side = "hold"
         elif marker in REOPENS:
             self.side = "hold"
             self.held = marker
+        elif self._framed:  # a stray marker, which the tool-call parser reads as Harmony does
+            self.emit("content", marker)
 
     def route(self, text: str) -> None:
         if not text:
+            return
+        if self._framed:
+            self.emit(self.side, text)
             return
         if self.side in self._started:
             if self._body_empty and self._started[self.side]:
@@ -145,5 +169,6 @@ class _HarmonyStream(MarkerStream):
     def on_finish(self) -> None:
         if self.side == "hold" and _unframed(self.held):
             self.side, self._body_empty = "content", True  # a message of its own
+            self._framed = self._tool_frames
             self.route(self.held)
         self.held = ""
