@@ -53,12 +53,13 @@ from server.api.openai.responses_render import (
 from server.auth import presented_key
 from server.errors import APIError, bad_request
 from server.frontend import service
-from server.frontend.chat.render import render_call
+from server.frontend.chat.render import render_call, template_kwargs
 from server.frontend.chat.request import ChatRequest
 from server.frontend.chat.tools import ToolPlan, apply_plan, plan_tools
 from server.frontend.context import context_of
 from server.frontend.failures import ServiceFailure
 from server.frontend.generation import detach_from_request, new_request_id
+from server.frontend.reasoning_gate import gate_reasoning
 from server.frontend.responses_store import UNFINISHED, ResponseStore, client_id
 from server.frontend.service import ChoiceDelta, Failed, Finished, Idle, TextGeneration
 from server.sse import sse_response
@@ -250,11 +251,14 @@ class ResponsesAPI:
         except APIError as exc:
             raise _named_for_responses(exc) from None
         assert srv.renderer is not None
-        render = render_call(srv.renderer, ChatRequest(
+        chat = ChatRequest(
             messages=tuple(conversation(req.instructions, history, messages)),
             chat_template=req.chat_template, chat_template_kwargs=req.chat_template_kwargs,
             reasoning_effort=req.reasoning.effort if req.reasoning else None,
-        ), plan.tools)
+        )
+        params = gate_reasoning(srv, params, budget=req.thinking_token_budget,
+                                template_kwargs=template_kwargs(chat, srv.renderer.default_kwargs))
+        render = render_call(srv.renderer, chat, plan.tools)
         store = self.store if req.store else None
         client = self._client()
         shape = ResponseShape(response_id=new_id("resp"), model=model,
