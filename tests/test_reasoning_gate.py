@@ -245,3 +245,16 @@ def test_engine_budget_then_schema(llms: tuple[Any, Any]) -> None:
     content = tokenizer.decode(got[budget + len(end):], skip_special_tokens=True)
     conforms(json.loads(content), SCHEMA)
     assert outs[0].finish_reason == "stop"
+
+
+# -- the flag ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text", ["enable_in_reasoning=true", '{"enable_in_reasoning": true}',
+                                  "backend=guidance,enable-in-reasoning=1"])
+def test_structured_outputs_config_enable_in_reasoning(text: str) -> None:
+    from server.cli import parse_args
+
+    assert parse_args(["--structured-outputs-config", text]).structured_enable_in_reasoning
+    assert not parse_args([]).structured_enable_in_reasoning
+    with pytest.raises(SystemExit):
+        parse_args(["--structured-outputs-config", "enable_in_reasoning=maybe"])
