@@ -17,7 +17,9 @@ when it only has a thinking budget. It follows the choice's tokens through two p
 
 Markers are matched as token sequences: the tokenizer's encoding of the marker text. A
 model that spells a marker with other tokens is not seen to cross it here (its text parser
-still splits it); the markers of real reasoning models are single special tokens.
+still splits it); the markers of real reasoning models are single special tokens. A forced
+token the request's own `allowed_token_ids` rules out leaves the row empty, which ends the
+choice with "stop" (the core's answer to a row with nothing allowed).
 
 The budget's forced token is the next one of the end marker after the longest part of it
 the reasoning already ends with; ``fast_forward`` takes the forced tokens at once (they
