@@ -2,8 +2,9 @@
 deepseek_r1` and the real openai SDK, with the real model.
 
 The default model does not think, so a regex constrains its whole output to a
-`<think>…</think>` block followed by an answer (the constraint applies from the first
-token: nothing gates it on the end of reasoning yet). The reasoning and the content must
+`<think>…</think>` block followed by an answer (`--structured-outputs-config
+enable_in_reasoning=true` binds the constraint from the first token, not after the
+reasoning). The reasoning and the content must
 come apart, streamed (`delta.reasoning`, read as the SDK's extra field) and whole
 (`message.reasoning`), equal to each other and to the constrained text, with no marker in
 either, and usage must count reasoning tokens. The server also answers the older name
@@ -28,8 +29,8 @@ ASK = [{"role": "user", "content": "Think first, then name a colour."}]
 
 @pytest.fixture(scope="module")
 def server():
-    srv = ServerProcess("--reasoning-parser", "deepseek_r1",
-                        "--reasoning-content-field").wait_ready()
+    srv = ServerProcess("--reasoning-parser", "deepseek_r1", "--reasoning-content-field",
+                        "--structured-outputs-config", "enable_in_reasoning=true").wait_ready()
     yield srv
     assert srv.stop() == 0, srv.log()
 

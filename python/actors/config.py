@@ -121,7 +121,9 @@ class EngineConfig:
         metavar="backend=auto|guidance|xgrammar", help="structured outputs, as vLLM spells "
         "it (key=value pairs or a JSON object): 'backend' compiles constraints; auto = "
         "guidance (llguidance); 'fast_forward' (ours, default true) takes the tokens a "
-        "grammar forces without a model step each. Default: backend={default}")
+        "grammar forces without a model step each; 'enable_in_reasoning' (default false) "
+        "binds constraints from the first token, not after the reasoning (with "
+        "--reasoning-parser). Default: backend={default}")
     # Constrained choices take the tokens their grammar forces without a model step each
     # (exact: the masked sampler could draw nothing else).
     structured_fast_forward: bool = True

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from actors.params.kinds import Generate, Pool, RequestKind, Transcribe
+from actors.params.reasoning import ReasoningGate
 from actors.params.structured import StructuredSpec
 
 __all__ = [
@@ -281,6 +282,9 @@ class NewSeq:
     # The output constraint; the runner builds the choice's matcher from it (plain data:
     # the runner may live in another process than the server that compiled it first).
     structured: StructuredSpec | None = None
+    # Where the choice's reasoning ends (SamplingParams.reasoning_gate): the runner gates the
+    # constraint on it and forces its end marker past the thinking budget.
+    reasoning: ReasoningGate | None = None
 
 
 @dataclass(frozen=True, slots=True)

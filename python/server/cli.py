@@ -69,6 +69,7 @@ def _resolve(args: argparse.Namespace, values: dict[str, Any]) -> None:
     if structured:
         values["structured_outputs_backend"] = structured["backend"]
         values["structured_fast_forward"] = structured["fast_forward"]
+        values["structured_enable_in_reasoning"] = structured["enable_in_reasoning"]
     kv_events = values["extra"]  # --kv-events-config; None when events are off
     values["extra"] = {"kv_events_config": kv_events} if kv_events else {}
     # a named model (gemma-3-270m, whisper-tiny.en) is served by its name; a path by its

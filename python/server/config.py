@@ -86,6 +86,9 @@ class ServerConfig:
     # the template kwargs under every request's, the effort rewrite and the pre-0.34
     # output field
     reasoning_parser: str | None = flag(None, metavar="NAME", help=_reasoning_parser_help)
+    # --structured-outputs-config enable_in_reasoning=true: constraints bind from the first
+    # token instead of after the reasoning (server.frontend.reasoning_gate)
+    structured_enable_in_reasoning: bool = False
     default_chat_template_kwargs: dict[str, object] | None = flag(
         None, type="template_kwargs", metavar="JSON", help="chat template kwargs every chat "
         "request gets under its own chat_template_kwargs (the request's win), e.g. "

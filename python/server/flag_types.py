@@ -63,30 +63,35 @@ def kv_events_config(text: str) -> dict[str, Any] | None:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def structured_config(text: str) -> dict[str, str]:
-    """--structured-outputs-config: 'backend=guidance' or '{"backend": "guidance"}'."""
+def structured_config(text: str) -> dict[str, Any]:
+    """--structured-outputs-config: 'backend=guidance,enable_in_reasoning=true' or
+    '{"backend": "guidance", "enable_in_reasoning": true}'."""
     try:
         doc = json.loads(text) if text.lstrip().startswith("{") else dict(
             part.split("=", 1) for part in text.split(",") if part.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(f"not key=value pairs nor a JSON object: {text!r}")
     doc = {str(k).strip().replace("-", "_"): v for k, v in doc.items()}
-    unknown = sorted(set(doc) - {"backend", "fast_forward"})
+    known = ("backend", "fast_forward", "enable_in_reasoning")
+    unknown = sorted(set(doc) - set(known))
     if unknown:
         raise argparse.ArgumentTypeError(f"unknown structured outputs setting(s): "
-                                         f"{', '.join(unknown)} (known: backend, fast_forward)")
+                                         f"{', '.join(unknown)} (known: {', '.join(known)})")
     backend = str(doc.get("backend", "auto")).strip()
     if backend not in _STRUCTURED_BACKENDS:
         raise argparse.ArgumentTypeError(f"backend must be one of "
                                          f"{', '.join(_STRUCTURED_BACKENDS)}, got {backend!r}")
-    ff = doc.get("fast_forward", True)
-    if isinstance(ff, str):
-        if ff.strip().lower() not in ("true", "false", "1", "0"):
-            raise argparse.ArgumentTypeError(f"fast_forward must be true or false, got {ff!r}")
-        ff = ff.strip().lower() in ("true", "1")
-    elif not isinstance(ff, bool):
-        raise argparse.ArgumentTypeError(f"fast_forward must be true or false, got {ff!r}")
-    return {"backend": backend, "fast_forward": ff}
+    return {"backend": backend, "fast_forward": _switch(doc, "fast_forward", True),
+            "enable_in_reasoning": _switch(doc, "enable_in_reasoning", False)}
+
+
+def _switch(doc: dict[str, Any], key: str, default: bool) -> bool:
+    value = doc.get(key, default)
+    if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0"):
+        return value.strip().lower() in ("true", "1")
+    if not isinstance(value, bool):
+        raise argparse.ArgumentTypeError(f"{key} must be true or false, got {value!r}")
+    return value
 
 
 _PROFILER_FLAGS = ("torch_profiler_with_stack", "torch_profiler_record_shapes",

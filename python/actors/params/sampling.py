@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from actors.errors import RequestRefused
 from actors.params.beam import beam_error
 from actors.params.limits import RequestLimits
+from actors.params.reasoning import ReasoningGate, gate_error
 from actors.params.structured import StructuredSpec
 
 __all__ = ["GREEDY_EPS", "RequestLimits", "SamplingParams", "SamplingParamsError",
@@ -109,6 +110,8 @@ class SamplingParams:
     # The output constraint (JSON schema, regex, choice, grammar, ...): plain data, so it
     # crosses the engine-process boundary; the core builds each choice's matcher from it.
     structured: StructuredSpec | None = None
+    # The reasoning the engine follows (the server's --reasoning-parser; params/reasoning.py)
+    reasoning_gate: ReasoningGate | None = None
     # The LoRA adapter the request runs under (the core's id; 0: the base model), set by
     # the server from the request's ``model``; the engine puts it on the Admit.
     lora_id: int = 0
@@ -256,6 +259,9 @@ class SamplingParams:
             # the backend-free checks only: compiling (and the slow metaschema walk) is the
             # grammar cache's, off the caller's thread
             self.structured.validate(grammar_check=False, metaschema=False)
+        message = gate_error(self.reasoning_gate, vocab_size)
+        if message is not None:
+            raise SamplingParamsError(message, "thinking_token_budget")
         if limits.max_model_len is not None:
             self._validate_context(limits.max_model_len)
 

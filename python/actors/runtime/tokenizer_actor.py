@@ -228,9 +228,12 @@ class TokenizerActor:
         for p, result in enumerate(state.prompt_results):
             room = state.max_model_len - len(result.token_ids)
             max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
+            changes: dict = {"max_tokens": max_tokens}
+            if params.reasoning_gate is not None:  # the rendered prompt may open reasoning
+                changes["reasoning_gate"] = params.reasoning_gate.for_prompt(result.text)
             req = EngineRequest(Admit(
                 f"{state.request_id}-{p}", tuple(result.token_ids),
-                request_kind(replace(params, max_tokens=max_tokens), state.pooling,
+                request_kind(replace(params, **changes), state.pooling,
                              state.encoder_input),
                 arrival_time=state.arrival, priority=params.priority), prompt_index=p)
             for i in range(n):

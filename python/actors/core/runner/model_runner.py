@@ -16,7 +16,9 @@ finished (``StepPlan.finished``).
 Structured outputs use the same seam: a ``NewSeq`` whose params carry a ``StructuredSpec``
 gets hooks whose token mask is a fresh grammar matcher (``structured_masks``, set by the
 engine, builds it from the process's grammar cache and replays a resumed sequence's
-outputs into it), registered like any other; each choice gets its own.
+outputs into it), registered like any other; each choice gets its own. A ``NewSeq`` with
+a reasoning gate (``NewSeq.reasoning``) gets a ``GatedMask`` around that matcher (or
+around none, for a thinking budget alone): actors.core.structured.gate.
 
 The flattened batch of a step (T tokens in all):
 
@@ -140,10 +142,10 @@ class ModelRunner:
         if ns.allowed_token_ids is not None:
             mask = allowed_mask_of(ns.allowed_token_ids, self.vocab_size)
         hooks = self._hooks.get((ns.request_id, ns.index)) if self._hooks else None
-        if hooks is None and ns.structured is not None and self.structured_masks is not None:
+        if hooks is None and (ns.reasoning is not None or (
+                ns.structured is not None and self.structured_masks is not None)):
             try:
-                hooks = SamplingHooks(token_mask=self.structured_masks(ns.structured,
-                                                                       ns.output_token_ids),
+                hooks = SamplingHooks(token_mask=self._token_mask(ns),
                                       accepted=len(ns.output_token_ids))
             except Exception as exc:  # noqa: BLE001 - its first draw is refused, not the step
                 log.warning("no token mask for %s choice %d: %s", ns.request_id, ns.index, exc)
@@ -181,6 +183,23 @@ class ModelRunner:
                 self._pools[ns.seq_id] = (spec, PoolState(spec.pooling_type))
             case Transcribe(encoder_input=enc):
                 self._to_encode.append((ns.seq_id, enc))
+
+    def _token_mask(self, ns: NewSeq) -> TokenMask:
+        """The choice's grammar mask, under its reasoning gate when it has one (the gate
+        then feeds the grammar the content of a resumed sequence's outputs)."""
+        from actors.core.structured.gate import GatedMask
+
+        gate = ns.reasoning
+        grammar = None
+        if ns.structured is not None and self.structured_masks is not None:
+            grammar = self.structured_masks(ns.structured,
+                                            () if gate is not None else ns.output_token_ids)
+        if gate is None:
+            assert grammar is not None
+            return grammar
+        mask = GatedMask(gate, grammar)
+        mask.replay(ns.output_token_ids)
+        return mask
 
     def _encode_new(self) -> None:
         """Runs the encoder once for every sequence that arrived in this plan, in one

@@ -61,6 +61,7 @@ def new_seq_of(seq: Sequence) -> NewSeq:
         allowed_token_ids=p.allowed_token_ids,
         kind=seq.kind,
         structured=p.structured,
+        reasoning=p.reasoning_gate,
     )
 
 

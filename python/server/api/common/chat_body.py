@@ -15,8 +15,10 @@ from server.api.common.unsupported import check_unsupported
 from server.api.http_io import check_model
 from server.api.lora import with_adapter
 from server.errors import bad_request
+from server.frontend.chat.render import template_kwargs
 from server.frontend.chat.request import ChatRequest
 from server.frontend.chat.tools import ToolPlan, apply_plan, plan_tools
+from server.frontend.reasoning_gate import gate_reasoning
 from server.state import ServerState
 
 
@@ -95,4 +97,9 @@ def checked(srv: ServerState, req: ChatCompletionRequest
         req.response_format = None
     check_unsupported(req)
     params = with_adapter(srv, model, apply_plan(sampling_params(srv, req), plan))
+    defaults = srv.renderer.default_kwargs if srv.renderer is not None else None
+    params = gate_reasoning(srv, params, budget=req.thinking_token_budget,
+                            template_kwargs=template_kwargs(
+                                chat, defaults, srv.config.reasoning_effort_map),
+                            include_reasoning=req.include_reasoning)
     return model, chat, plan, params

@@ -20,6 +20,7 @@ from server.api.common.unsupported import check_unsupported
 from server.api.http_io import check_model
 from server.api.lora import with_adapter
 from server.errors import bad_request
+from server.frontend.reasoning_gate import gate_reasoning
 from server.state import ServerState
 
 
@@ -87,4 +88,5 @@ def checked(srv: ServerState, req: CompletionRequest
         # vLLM streams the prompt's logprobs in front of the first chunk; not done here yet.
         raise bad_request("echo with logprobs is not supported with stream=true by this "
                           "server yet", "echo")
-    return model, prompts_of(req), with_adapter(srv, model, sampling_params(srv, req))
+    params = gate_reasoning(srv, sampling_params(srv, req), budget=req.thinking_token_budget)
+    return model, prompts_of(req), with_adapter(srv, model, params)

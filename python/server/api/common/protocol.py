@@ -81,3 +81,6 @@ class SamplingFields(APIModel):
     guided_grammar: str | None = None
     guided_whitespace_pattern: str | None = None
     guided_decoding_backend: str | None = None
+    # With --reasoning-parser: reasoning tokens before the end marker is forced (-1: none);
+    # chat, completions and Responses alike (server.frontend.reasoning_gate)
+    thinking_token_budget: int | None = None

@@ -55,12 +55,13 @@ from server.auth import presented_key
 from server.errors import APIError, bad_request
 from server.frontend import service
 from server.frontend.chat.reasoning_plan import apply_reasoning, plan_reasoning
-from server.frontend.chat.render import render_call
+from server.frontend.chat.render import render_call, template_kwargs
 from server.frontend.chat.request import ChatRequest
 from server.frontend.chat.tools import ToolPlan, apply_plan, plan_tools
 from server.frontend.context import context_of
 from server.frontend.failures import ServiceFailure
 from server.frontend.generation import detach_from_request, new_request_id
+from server.frontend.reasoning_gate import gate_reasoning
 from server.frontend.responses_store import UNFINISHED, ResponseStore, client_id
 from server.frontend.service import ChoiceDelta, Failed, Finished, Idle, TextGeneration
 from server.sse import sse_response
@@ -256,6 +257,11 @@ class ResponsesAPI:
             messages=tuple(conversation(req.instructions, history, messages)),
             chat_template=req.chat_template, chat_template_kwargs=req.chat_template_kwargs,
             reasoning_effort=req.reasoning.effort if req.reasoning else None)
+        params = gate_reasoning(srv, params, budget=req.thinking_token_budget,
+                                template_kwargs=template_kwargs(
+                                    chat, srv.renderer.default_kwargs,
+                                    srv.config.reasoning_effort_map),
+                                include_reasoning=req.include_reasoning)
         render = render_call(srv.renderer, chat, plan.tools)
         thinking = plan_reasoning(chat, srv.config, default_kwargs=srv.renderer.default_kwargs,
                                   tokenizer=srv.tokenizer,

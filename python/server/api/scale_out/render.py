@@ -85,6 +85,9 @@ def vllm_sampling_json(params: SamplingParams, *, max_tokens: int,
         out["logit_bias"] = {str(k): v for k, v in params.logit_bias.items()}
     if params.allowed_token_ids is not None:
         out["allowed_token_ids"] = list(params.allowed_token_ids)
+    gate = params.reasoning_gate
+    if gate is not None and gate.thinking_token_budget is not None:
+        out["thinking_token_budget"] = gate.thinking_token_budget
     return out
 
 

@@ -46,6 +46,7 @@ from __future__ import annotations
 from importlib.metadata import entry_points
 
 from server.frontend.chat.reasoning.base import (
+    GateRule,
     MarkerStream,
     Pair,
     ReasoningParser,
@@ -116,6 +117,7 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "REASONING_PARSERS",
     "DeepSeekR1Parser",
+    "GateRule",
     "GraniteParser",
     "HarmonyParser",
     "MarkerStream",

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 Side = Literal["reasoning", "content", "drop", "hold"]
@@ -51,9 +52,25 @@ class ReasoningStream(ABC):
         """Whether text arriving now would be reasoning."""
 
 
+@dataclass(frozen=True)
+class GateRule:
+    """How the engine can follow a request's reasoning (actors.params.reasoning): the
+    marker that ends it, the one that opens it in the output (None: none), where the
+    output starts, and the turn boundary after which the rendered prompt's markers decide
+    that instead (None: the prompt is not read)."""
+
+    end: str
+    start: str | None
+    in_reasoning: bool
+    turn_boundary: str | None = None
+
+
 class ReasoningParser(ABC):
     """A reasoning format. `name` is the `--reasoning-parser` value; `markers` every
-    string of the format that must never reach reasoning or content."""
+    string of the format that must never reach reasoning or content; `end_marker` the
+    text that ends reasoning, which the engine watches (a constraint binds what follows
+    it) and forces past a `thinking_token_budget`, None when the format has none it can
+    follow (a constraint then binds from the first token, and a budget is refused)."""
 
     name: ClassVar[str]
     markers: ClassVar[tuple[str, ...]]
@@ -62,6 +79,7 @@ class ReasoningParser(ABC):
     # (`tool_frames`) for it to read.
     tool_frames_for: ClassVar[tuple[str, ...]] = ()
     tool_frames: bool = False
+    end_marker: ClassVar[str | None] = None
 
     def __init__(self, chat_template_kwargs: Mapping[str, object] | None = None,
                  prompt: str | None = None) -> None:
@@ -75,6 +93,10 @@ class ReasoningParser(ABC):
     @abstractmethod
     def stream(self) -> ReasoningStream:
         """A fresh streamed reading of one choice."""
+
+    def gate_rule(self) -> GateRule | None:
+        """How the engine follows this request's reasoning; None where it reads none."""
+        return None
 
 
 def none_if_empty(text: str) -> str | None:

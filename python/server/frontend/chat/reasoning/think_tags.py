@@ -20,7 +20,10 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from actors.params.reasoning import reasoning_open_in
+
 from server.frontend.chat.reasoning.base import (
+    GateRule,
     MarkerStream,
     ReasoningParser,
     ReasoningStream,
@@ -39,6 +42,7 @@ class ThinkTagParser(ReasoningParser):
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
         cls.markers = (cls.start_tag, cls.end_tag)
+        cls.end_marker = cls.end_tag
 
     @property
     def enabled(self) -> bool:
@@ -48,14 +52,18 @@ class ThinkTagParser(ReasoningParser):
         """Whether the output starts in reasoning: the parser's rule, unless the prompt's
         last turn already opened or closed the reasoning."""
         if self.turn_boundary is not None and self.prompt:
-            at = self.prompt.rfind(self.turn_boundary)
-            turn = self.prompt[at + len(self.turn_boundary):] if at != -1 else self.prompt
-            opened, closed = turn.rfind(self.start_tag), turn.rfind(self.end_tag)
-            if closed > opened:
-                return False
-            if opened > closed:
-                return True
+            opened = reasoning_open_in(self.prompt, self.start_tag, self.end_tag,
+                                       self.turn_boundary)
+            if opened is not None:
+                return opened
         return self.starts_in_reasoning
+
+    def gate_rule(self) -> GateRule | None:
+        """The tags; the prompt's last turn decides where a Qwen3 output starts."""
+        if not self.enabled:
+            return None
+        return GateRule(self.end_tag, self.start_tag, self.starts_in_reasoning,
+                        self.turn_boundary)
 
     def split(self, text: str) -> Split:
         if not self.enabled:
