@@ -157,8 +157,9 @@ class Logprobs:
 class RequestOutput:
     """New tokens of one sequence (choice ``index`` of its request) after a step.
 
-    ``finish_reason`` is "stop", "length" or "abort" once finished; ``stop_reason`` is
-    the stop token id that ended it (None for EOS and the other reasons).
+    ``finish_reason`` is "stop", "length", "abort" or "repetition" once finished;
+    ``stop_reason`` is the stop token id that ended it, "repetition_detected" with
+    "repetition" (None for EOS and the other reasons).
 
     ``prompt_logprobs`` (requests that ask for them): one entry per prompt token, the
     first None (nothing precedes it), then the logprob of prompt token i given tokens
@@ -172,7 +173,7 @@ class RequestOutput:
     new_logprobs: tuple[Logprobs, ...] | None
     finished: bool
     finish_reason: str | None
-    stop_reason: int | None
+    stop_reason: int | str | None
     num_prompt_tokens: int
     num_cached_tokens: int
     num_output_tokens: int

@@ -103,6 +103,17 @@ class ServerConfig:
         False, help="also answer the reasoning as reasoning_content (message and delta), "
         "beside reasoning, for clients that read the field's older name (vLLM before 0.34, "
         "llama.cpp, SGLang); needs --reasoning-parser")
+    # streams and responses: tokens per streamed delta (a request's stream_interval is
+    # raised to it), and vLLM's per-request timing metrics on responses
+    stream_interval: int = flag(
+        1, type="integer", low=1, help="tokens a stream gathers before it sends a chunk "
+        "(its first and last go out at once); a request's stream_interval is raised to it. "
+        "1: every step's tokens as they come")
+    enable_per_request_metrics: bool = flag(
+        False, help="answer a `metrics` object on completions, chat completions and "
+        "Responses (time_to_first_token_ms, generation_time_ms, queue_time_ms, mean_itl_ms, "
+        "tokens_per_second; null for n > 1 or several prompts); streams carry it on the "
+        "usage chunk")
     # scale-out: /render, /derender, /inference/v1/generate and abort (403 when off)
     enable_scale_out: bool = flag(False, help="serve the scale-out routes: "
         "/v1/chat/completions/render, /v1/completions/render, their /derender, "

@@ -160,12 +160,14 @@ class Supervisor:
             system: ActorSystem | DataParallelSystem = await nursery.start(partial(
                 run_actor_system, core, tokenizer, capacity=capacity,
                 model_name=cfg.served_model_names[0], on_fatal=self._on_fatal,
-                admission_window=cfg.admission_window))
+                admission_window=cfg.admission_window,
+                report_timings=cfg.enable_per_request_metrics))
         else:  # each engine holds max_num_seqs; the front end admits for all of them
             system = await nursery.start(partial(
                 run_data_parallel, cores, tokenizer, capacity=capacity * dp,
                 model_name=cfg.served_model_names[0], on_fatal=self._on_fatal,
-                admission_window=cfg.admission_window))
+                admission_window=cfg.admission_window,
+                report_timings=cfg.enable_per_request_metrics))
         srv.actors = system
         srv.tokenizer = tokenizer
         srv.token_texts = system.token_texts

@@ -18,7 +18,8 @@ group g's, laid out the same way; a sliding group's entries the window has left 
 kv_manager.NULL_BLOCK (freed), always a prefix of its table.
 
 Stop checks here are token-level only (EOS, stop_token_ids, max_tokens, the model's
-context length). Stop strings need text and belong to the detokenizer.
+context length, repetition_detection). Stop strings need text and belong to the
+detokenizer.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from actors.params.kinds import Generate, Pool, RequestKind
 from actors.params.pooling import PoolingSpec
+from actors.params.repetition import REPETITION_STOP_REASON, repeats
 from actors.params.sampling import SamplingParams
 
 if TYPE_CHECKING:
@@ -49,6 +51,7 @@ class FinishReason(str, enum.Enum):
     LENGTH = "length"  # max_tokens or the model's context length
     ABORT = "abort"
     ERROR = "error"  # the sampler refused the request's row (vLLM: always a 500)
+    REPETITION = "repetition"  # repetition_detection matched the output's tail
 
 
 class Sequence:
@@ -111,7 +114,8 @@ class Sequence:
         self.priority = params.priority if priority is None else priority
         self.status = SequenceStatus.WAITING
         self.finish_reason: FinishReason | None = None
-        self.stop_reason: int | None = None  # the stop token id that ended it, if any
+        # the stop token id that ended it, or "repetition_detected"; None otherwise
+        self.stop_reason: int | str | None = None
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0  # prefix-cache hit tokens at first admission
         self.block_ids: list[int] = []
@@ -229,9 +233,14 @@ class Sequence:
         if n_out >= self.max_output_tokens or self.num_tokens >= self.max_model_len:
             self.finish(FinishReason.LENGTH)
             return True
+        rule = self.params.repetition_detection
+        if rule is not None and n_out >= self.params.min_tokens and repeats(
+                self.output_token_ids, rule):
+            self.finish(FinishReason.REPETITION, stop_reason=REPETITION_STOP_REASON)
+            return True
         return False
 
-    def finish(self, reason: FinishReason, *, stop_reason: int | None = None) -> None:
+    def finish(self, reason: FinishReason, *, stop_reason: int | str | None = None) -> None:
         self.status = SequenceStatus.FINISHED
         self.finish_reason = reason
         self.stop_reason = stop_reason

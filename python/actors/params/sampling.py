@@ -21,8 +21,10 @@ from dataclasses import dataclass
 
 from actors.errors import RequestRefused
 from actors.params.beam import beam_error
+from actors.params.cache_salt import cache_salt_error
 from actors.params.limits import RequestLimits
 from actors.params.reasoning import ReasoningGate, gate_error
+from actors.params.repetition import RepetitionDetection, repetition_problem
 from actors.params.structured import StructuredSpec
 
 __all__ = ["GREEDY_EPS", "RequestLimits", "SamplingParams", "SamplingParamsError",
@@ -45,27 +47,6 @@ INT64_MAX = 2**63 - 1
 # the smallest normal float32".
 FLOAT32_MIN_NORMAL = 2.0**-126
 INT32_MAX = 2**31 - 1
-# vLLM 0.33's cache_salt rules (at most 128 characters, none of '@', '/', '\\', NUL) plus
-# one of ours: printable characters only (no control or line-separator characters), so a
-# salt is always safe to log and to pass to any other cache layer verbatim.
-MAX_CACHE_SALT_CHARS = 128
-_CACHE_SALT_FORBIDDEN = frozenset("@/\\\x00")
-
-
-def cache_salt_error(salt: object) -> str | None:
-    """Why a cache_salt is refused (vLLM's messages), or None when it is acceptable."""
-    if salt is None:
-        return None
-    if not isinstance(salt, str) or not salt:
-        return "Parameter 'cache_salt' must be a non-empty string if provided."
-    if len(salt) > MAX_CACHE_SALT_CHARS or not _CACHE_SALT_FORBIDDEN.isdisjoint(salt):
-        return (f"Parameter 'cache_salt' must be at most {MAX_CACHE_SALT_CHARS} characters "
-                "and must not contain '@', '/', '\\\\', or NUL.")
-    if not salt.isprintable():
-        return "Parameter 'cache_salt' must contain printable characters only."
-    return None
-
-
 class SamplingParamsError(RequestRefused):
     """An out-of-range request parameter; ``param`` names the field."""
 
@@ -117,6 +98,11 @@ class SamplingParams:
     lora_id: int = 0
     use_beam_search: bool = False  # n beams (actors.params.beam, core/scheduler/beam_*)
     length_penalty: float = 1.0
+    # End a choice whose output tail repeats a pattern (actors.params.repetition); None: off.
+    repetition_detection: RepetitionDetection | None = None
+    # A stream's output goes out in deltas of at least this many tokens (its first and last
+    # at once); read by the tokenizer actor. None or 1: every step's tokens as they come.
+    stream_interval: int | None = None
 
     def __post_init__(self) -> None:
         # Shape normalisation only: nothing here can fail; validate() judges values.
@@ -252,6 +238,14 @@ class SamplingParams:
             raise SamplingParamsError(
                 "truncation_side must be 'left' or 'right'", "truncation_side"
             )
+        if self.stream_interval is not None:
+            if not _is_int(self.stream_interval) or self.stream_interval < 1:
+                raise SamplingParamsError(  # vLLM's message
+                    f"stream_interval must be at least 1, got {self.stream_interval}.",
+                    "stream_interval")
+        found = repetition_problem(self.repetition_detection)
+        if found is not None:
+            raise SamplingParamsError(*found)
         if self.structured is not None:
             if not isinstance(self.structured, StructuredSpec):
                 raise SamplingParamsError("structured must be a StructuredSpec",

@@ -13,8 +13,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from actors.messages import Admit, TokenBatch
-from actors.runtime.messages import GroupFinished, MetricEvent, SequenceFinished, StepTokens
+from actors.messages import Admit, RequestOutput, TokenBatch
+from actors.runtime.messages import (
+    ChoiceTiming,
+    GroupFinished,
+    MetricEvent,
+    SequenceFinished,
+    StepTokens,
+)
 
 
 @dataclass(slots=True, eq=False)
@@ -110,6 +116,20 @@ class Ledger:
             if out.finished:
                 finished.append((out.request_id, out.index, out.finish_reason or "stop"))
         return StepTokens(prompt, cached, generated, len(batch.scheduled)), finished
+
+    def timings(self, outputs: tuple[RequestOutput, ...]) -> tuple[ChoiceTiming | None, ...]:
+        """Each output's choice clock after `account` (before the step's retirements drop
+        any entry), for the per-request metrics."""
+        out: list[ChoiceTiming | None] = []
+        for o in outputs:
+            entry = self._entries.get(o.request_id)
+            if entry is None:
+                out.append(None)
+                continue
+            c = entry.choices[o.index]
+            out.append(ChoiceTiming(entry.admit.arrival_time, c.scheduled_at,
+                                    c.first_token_at, c.last_token_at))
+        return tuple(out)
 
     def retire(self, engine_id: str, index: int, reason: str, now: float
                ) -> tuple[str, list[MetricEvent]] | None:

@@ -267,6 +267,7 @@ async def run_data_parallel(
     model_name: str,
     on_fatal: Callable[[BaseException], None],
     admission_window: AdmissionWindow = DEFAULT_WINDOW,
+    report_timings: bool = False,
     task_status: trio.TaskStatus[DataParallelSystem] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Starts one actor system per core (engine label i) and reports the fan-out handle;
@@ -280,7 +281,7 @@ async def run_data_parallel(
                 systems.append(await nursery.start(partial(
                     run_actor_system, core, tokenizer, capacity=capacity,
                     model_name=model_name, on_fatal=on_fatal, engine_index=i,
-                    admission_window=admission_window)))
+                    admission_window=admission_window, report_timings=report_timings)))
             for i, core in enumerate(cores):
                 nursery.start_soon(_watch, i, core, systems[i], on_fatal)
             nursery.start_soon(_cancel_when_stopped, systems, nursery.cancel_scope)

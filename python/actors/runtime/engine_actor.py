@@ -64,6 +64,7 @@ from actors.runtime.faults import InjectedFault
 from actors.runtime.messages import (
     AbortChoices,
     BatchMessage,
+    ChoiceTiming,
     Delivery,
     EngineDown,
     EngineInbox,
@@ -95,12 +96,15 @@ class EngineActor(EngineControls):
         metrics_send: trio.MemorySendChannel[MetricEvent],
         on_fatal: Callable[[BaseException], None],
         arrivals: Arrivals | None = None,
+        report_timings: bool = False,
     ) -> None:
         """`credits` (BATCH_CREDITS, returned by the reader of `batch_send`): one is taken
         before each send. `arrivals` (shared with the front door and the tokenizer): an
         idle engine waits for the rest of a burst (actors.runtime.burst); without it every
-        step starts at once."""
+        step starts at once. `report_timings`: each Delivery carries its outputs' choice
+        clocks (the per-request metrics); off, it carries none."""
         self._core = core
+        self._report_timings = report_timings
         self._arrivals = arrivals
         self._inbox = inbox
         self._batch_send = batch_send
@@ -220,8 +224,8 @@ class EngineActor(EngineControls):
             await self._credits.acquire()
             started = time.monotonic()
             batch = await self._step()
-            self._account(batch, started)
-            self._send(Delivery(batch.outputs, self._take_outgoing()))
+            timings = self._account(batch, started)
+            self._send(Delivery(batch.outputs, self._take_outgoing(), timings))
             faults.check("engine")
 
     def _send(self, message: BatchMessage) -> None:
@@ -338,14 +342,17 @@ class EngineActor(EngineControls):
             self._emit(stats)
 
     # -- after a step ----------------------------------------------------------------------
-    def _account(self, batch: TokenBatch, started: float) -> None:
+    def _account(self, batch: TokenBatch, started: float) -> tuple[ChoiceTiming | None, ...]:
+        """Books the step; returns its outputs' clocks when timings are reported."""
         self._ledger.note_schedule(batch, started)
         if batch.scheduled and self._arrivals is not None:
             self._arrivals.note_step(time.monotonic() - started)
         tokens, finished = self._ledger.account(batch, time.monotonic())
+        timings = self._ledger.timings(batch.outputs) if self._report_timings else ()
         for engine_id, index, reason in finished:
             self._retire(engine_id, index, reason)
         self._emit(tokens)
+        return timings
 
     # -- retirement --------------------------------------------------------------------
     def _fail_everything(self) -> None:

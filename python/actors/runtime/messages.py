@@ -27,7 +27,8 @@ from actors.messages import Admit, EngineStats, RequestOutput
 from actors.runtime.failures import Outcome
 
 __all__ = [
-    "AbortChoices", "AbortRequest", "BatchMessage", "Delivery", "EngineDown", "EngineInbox",
+    "AbortChoices", "AbortRequest", "BatchMessage", "ChoiceTiming", "Delivery", "EngineDown",
+    "EngineInbox",
     "GroupFinished", "MetricEvent", "NoMoreAdmits", "Refused", "Retired", "SequenceFinished",
     "StepTokens", "Submit",
 ]
@@ -100,12 +101,27 @@ class Refused:
 
 
 @dataclass(frozen=True, slots=True)
+class ChoiceTiming:
+    """A choice's clock as the engine actor's ledger holds it after a step (time.monotonic()
+    seconds; None: not reached yet): its request's arrival, when the choice was first
+    scheduled, and when its first and latest tokens came. The per-request metrics
+    (--enable-per-request-metrics) are computed from the one its last output carried."""
+
+    arrival: float
+    scheduled: float | None
+    first_token: float | None
+    last_token: float | None
+
+
+@dataclass(frozen=True, slots=True)
 class Delivery:
     """One message per send, under one batch credit: a step's outputs, then what retired
-    since the previous Delivery (in that order: a choice's last tokens before its end)."""
+    since the previous Delivery (in that order: a choice's last tokens before its end).
+    ``timings``: empty, or (per-request metrics on) one ChoiceTiming per output."""
 
     outputs: tuple[RequestOutput, ...] = ()
     retired: tuple[Retired | Refused, ...] = ()
+    timings: tuple[ChoiceTiming | None, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,7 +32,7 @@ ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 81
 N_BUCKETS = (1, 2, 5, 10, 20)
 ADMITTED_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 PREEMPTION_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
-FINISH_REASONS = ("stop", "length", "abort", "error")
+FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
 PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
 # vLLM's reasons; the server refuses on sequence count only (max_num_queued_reqs).
 REJECTION_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")

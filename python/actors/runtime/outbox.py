@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import trio
 
 from actors.runtime.failures import Outcome
+from actors.runtime.messages import ChoiceTiming
 
 
 @dataclass(slots=True)
@@ -43,6 +44,8 @@ class ChoiceUpdate:
     prompt_logprobs: list[TokenLogprob | None] | None = None
     # A pooling request's vector (little-endian float32), with its finish.
     pooled: bytes | None = None
+    # The choice's clock, with its finish (per-request metrics on; else None).
+    timing: ChoiceTiming | None = None
 
     def size(self) -> int:
         """About how much memory this update takes, erring high (measured with tracemalloc:
@@ -55,6 +58,8 @@ class ChoiceUpdate:
             self.prompt_logprobs = other.prompt_logprobs
         if other.pooled is not None:
             self.pooled = other.pooled
+        if other.timing is not None:
+            self.timing = other.timing
         self.text += other.text
         self.token_ids.extend(other.token_ids)
         self.logprobs.extend(other.logprobs)

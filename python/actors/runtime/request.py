@@ -29,7 +29,7 @@ from actors.params.encoder import EncoderInput
 from actors.params.pooling import PoolingSpec
 from actors.params.sampling import SamplingParams
 from actors.runtime.failures import Outcome, ServerFailed
-from actors.runtime.outbox import Outbox
+from actors.runtime.outbox import ChoiceUpdate, Outbox
 from actors.text.detokenizer import IncrementalDetokenizer
 
 
@@ -54,7 +54,8 @@ class PromptResult:
 @dataclass(slots=True, eq=False)
 class Choice:
     """One choice of one prompt: its detokenizer and retirement (its timing is the engine
-    actor's: actors.runtime.accounting)."""
+    actor's: actors.runtime.accounting), and under a stream_interval the output it holds
+    back."""
 
     index: int  # within its prompt: the engine's RequestOutput.index
     outbox_index: int  # prompt index x n + index: the index the client sees
@@ -62,6 +63,30 @@ class Choice:
     abort_requested: bool = False  # an AbortChoices for it went to the engine
     retired: bool = False  # a Retired came back (or it never reached the engine)
     finish_reason: str | None = None  # as the engine's Retired reported it
+    held: ChoiceUpdate | None = None  # stream_interval: output not pushed yet
+    pushed: bool = False  # stream_interval: its first output went out
+
+    def gather(self, update: ChoiceUpdate, interval: int) -> ChoiceUpdate | None:
+        """vLLM's stream_interval: the update to push now (what was held merged in front of
+        it), or None while fewer than `interval` tokens wait. The first output and the
+        finish go out at once."""
+        if self.held is not None:
+            self.held.merge(update)
+            update, self.held = self.held, None
+        if update.finish_reason is None and self.pushed and len(update.token_ids) < interval:
+            self.held = update
+            return None
+        self.pushed = True
+        return update
+
+    def ending(self, reason: str) -> ChoiceUpdate:
+        """The update that ends the choice with `reason`, after what it still holds."""
+        end = ChoiceUpdate(self.outbox_index, finish_reason=reason)
+        if self.held is None:
+            return end
+        held, self.held = self.held, None
+        held.merge(end)
+        return held
 
 
 @dataclass(slots=True, eq=False)

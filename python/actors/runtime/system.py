@@ -152,12 +152,14 @@ async def run_actor_system(
     on_fatal: Callable[[BaseException], None],
     engine_index: int = 0,
     admission_window: AdmissionWindow = DEFAULT_WINDOW,
+    report_timings: bool = False,
     task_status: trio.TaskStatus[ActorSystem] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Starts engine -> tokenizer -> metrics and reports the handle; returns once every
     actor has ended. `tokenizer` is a transformers tokenizer of ``core.info.model_dir``;
     `capacity` is the admission capacity in choices, which every channel bound below is
-    stated in; `engine_index` is this engine's `engine` label in /metrics."""
+    stated in; `engine_index` is this engine's `engine` label in /metrics;
+    `report_timings`: each choice's last update carries its clock (ChoiceUpdate.timing)."""
     info = core.info
     registry = Registry()
     # Bounds: see tokenizer_actor (submit: `capacity`; inbox: INBOX_PER_SLOT x capacity),
@@ -170,7 +172,7 @@ async def run_actor_system(
     metrics_send, metrics_recv = trio.open_memory_channel[MetricEvent](METRICS_CHANNEL_SIZE)
     arrivals = Arrivals(admission_window)
     engine = EngineActor(core, inbox_recv, batch_send, credits, metrics_send, on_fatal,
-                         arrivals)
+                         arrivals, report_timings=report_timings)
     tokenizer_actor = TokenizerActor(tokenizer, registry, submit_recv, inbox_send, batch_recv,
                                      credits, vocab_size=info.vocab_size, arrivals=arrivals)
     metrics = MetricsActor(model_name, info.max_model_len, metrics_recv,

@@ -41,6 +41,7 @@ from actors.runtime.messages import (
     AbortChoices,
     AbortRequest,
     BatchMessage,
+    ChoiceTiming,
     EngineDown,
     EngineInbox,
     NoMoreAdmits,
@@ -125,7 +126,7 @@ class TokenizerActor:
         for req in state.engine_requests:
             for choice in req.choices:
                 if not state.outbox.is_finished(choice.outbox_index):
-                    state.outbox.push(ChoiceUpdate(choice.outbox_index, finish_reason="abort"))
+                    state.outbox.push(choice.ending("abort"))
             self._stop(req, None, "abort")
 
     def abort_named(self, request_ids: list[str] | None) -> int:
@@ -267,7 +268,7 @@ class TokenizerActor:
                         # Up to a million entries (a prompt's logprobs): not on the loop.
                         converted = await trio.to_thread.run_sync(self._convert_logprobs,
                                                                   outputs)
-                    self._deliver(outputs, converted)
+                    self._deliver(outputs, converted, message.timings)
                     self._retire(message.retired)
                 finally:
                     self._credits.release()
@@ -288,8 +289,7 @@ class TokenizerActor:
             if choice.finish_reason is None:
                 choice.finish_reason = message.reason
             if not state.outbox.is_finished(choice.outbox_index):  # aborted in the engine
-                state.outbox.push(ChoiceUpdate(choice.outbox_index,
-                                               finish_reason=message.reason))
+                state.outbox.push(choice.ending(message.reason))
             if all(c.retired for c in req.choices):
                 req.done = True
                 state.note_retired()
@@ -328,8 +328,11 @@ class TokenizerActor:
         return converted
 
     def _deliver(self, outputs: tuple[RequestOutput, ...],
-                 converted: dict[tuple[str, int], Logprobs] | None = None) -> None:
-        for out in outputs:
+                 converted: dict[tuple[str, int], Logprobs] | None = None,
+                 timings: tuple[ChoiceTiming | None, ...] = ()) -> None:
+        """Each output's text into its choice's Outbox; `timings` (per-request metrics on):
+        each output's choice clock, carried by the update that finishes the choice."""
+        for i, out in enumerate(outputs):
             found = self._registry.engine_requests.get(out.request_id)
             if found is None:
                 continue
@@ -365,4 +368,12 @@ class TokenizerActor:
                 update.text += choice.detokenizer.flush()
                 update.finish_reason = out.finish_reason or "stop"
                 update.stop_reason = out.stop_reason
+            if timings and update.finish_reason is not None:
+                update.timing = timings[i]
+            interval = state.params.stream_interval
+            if interval is not None and interval > 1:
+                gathered = choice.gather(update, interval)
+                if gathered is None:
+                    continue
+                update = gathered
             state.outbox.push(update)

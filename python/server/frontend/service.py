@@ -31,6 +31,7 @@ from typing import overload
 import trio
 from actors.params.encoder import EncoderInput
 from actors.params.sampling import SamplingParams
+from actors.runtime.messages import ChoiceTiming
 from actors.runtime.outbox import ChoiceUpdate, OutboxFailed, TokenLogprob
 from actors.runtime.request import PromptInput
 from actors.text.detokenizer import TokenTexts
@@ -167,6 +168,8 @@ class ChoiceDelta:
     generated_tokens: int  # this choice's tokens so far, this delta's included
     # The prompt's, on the first delta of each prompt's first choice when asked for.
     prompt_logprobs: PromptLogprobs | None = None
+    # The choice's clock, on its last delta (per-request metrics on).
+    timing: ChoiceTiming | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,9 +190,11 @@ class Failed:
 
 @dataclass(frozen=True, slots=True)
 class Finished:
-    """Every choice finished; the request's usage."""
+    """Every choice finished; the request's usage, and the clock of its one choice (None
+    with several choices, or per-request metrics off)."""
 
     usage: Usage
+    timing: ChoiceTiming | None = None
 
 
 StreamEvent = ChoiceDelta | Idle | Failed | Finished
@@ -209,6 +214,7 @@ class ChoiceResult:
     # (text, tokens) of each delta as it came, for readers that must see the text as a
     # stream would (a reasoning parser counts reasoning tokens per delta)
     pieces: list[tuple[str, int]] = field(default_factory=list)
+    timing: ChoiceTiming | None = None  # per-request metrics on
 
     @property
     def num_tokens(self) -> int:
@@ -233,6 +239,7 @@ class _Accumulator:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    timing: ChoiceTiming | None = None
 
 
 # -- the service ----------------------------------------------------------------------------
@@ -280,6 +287,7 @@ class TextGeneration:
         or Failed. Retires the request when it ends (run it under contextlib.aclosing, so
         that a consumer that stops early ends it at once)."""
         generated = [0] * self.num_choices
+        timing = None
         outbox = self._gen.state.outbox
         wait = math.inf if idle_after is None else idle_after
         try:
@@ -295,8 +303,10 @@ class TextGeneration:
                     continue
                 for u in updates:
                     generated[u.index] += len(u.token_ids)
+                    timing = timing or u.timing
                     yield self._delta(u, generated[u.index])
-            yield Finished(self.usage(sum(generated)))
+            yield Finished(self.usage(sum(generated)),
+                           timing if self.num_choices == 1 else None)
         finally:
             self.retire()
 
@@ -322,10 +332,12 @@ class TextGeneration:
                         prompt_lps[u.index // self.n] = PromptLogprobs(u.prompt_logprobs)
                     if u.finish_reason is not None:
                         a.finish_reason, a.stop_reason = u.finish_reason, u.stop_reason
+                        a.timing = u.timing
         finally:
             self.retire()
         choices = [ChoiceResult(i, "".join(a.text), a.token_ids, Logprobs(a.logprobs),
-                                a.finish_reason, a.stop_reason, list(zip(a.text, a.sizes)))
+                                a.finish_reason, a.stop_reason, list(zip(a.text, a.sizes)),
+                                a.timing)
                    for i, a in enumerate(acc)]
         return Collected(choices, prompt_lps, self.usage(sum(c.num_tokens for c in choices)))
 
@@ -334,7 +346,7 @@ class TextGeneration:
         if u.prompt_logprobs is not None:
             prompt_lps = PromptLogprobs(u.prompt_logprobs)
         return ChoiceDelta(u.index, u.text, u.token_ids, Logprobs(u.logprobs),
-                           u.finish_reason, u.stop_reason, generated, prompt_lps)
+                           u.finish_reason, u.stop_reason, generated, prompt_lps, u.timing)
 
 
 async def start(ctx: FrontendContext, request_id: str, prompts: list[PromptInput],

@@ -81,7 +81,8 @@ def sampling_params(srv: ServerState, req: ChatCompletionRequest) -> SamplingPar
     assert srv.limits is not None
     return build_params(req, max_tokens=max_tokens, logprobs=logprobs, defaults=srv.defaults,
                         limits=srv.limits, prompt_logprobs=None if req.stream else prompt_lps,
-                        aliases=aliases, priority_header=priority_header())
+                        aliases=aliases, priority_header=priority_header(),
+                        stream_interval=srv.config.stream_interval)
 
 
 def checked(srv: ServerState, req: ChatCompletionRequest

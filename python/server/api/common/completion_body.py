@@ -67,6 +67,7 @@ def sampling_params(srv: ServerState, req: CompletionRequest) -> SamplingParams:
         req, max_tokens=1 if echo_only(req) else req.max_tokens, logprobs=req.logprobs,
         defaults=srv.defaults, limits=srv.limits,
         prompt_logprobs=None if req.stream else prompt_lps, priority_header=priority_header(),
+        stream_interval=srv.config.stream_interval,
     )
 
 

@@ -18,6 +18,7 @@ from quart import has_request_context, request
 
 from actors.errors import RequestRefused
 from actors.params.limits import RequestLimits
+from actors.params.repetition import RepetitionDetection
 from actors.params.sampling import SamplingParams
 
 from server.api.common.protocol import SamplingFields
@@ -45,13 +46,16 @@ def build_params(
     prompt_logprobs: int | None = None,
     aliases: dict[str, str] | None = None,
     priority_header: str | None = None,
+    stream_interval: int = 1,
 ) -> SamplingParams:
     """``prompt_logprobs``: what the engine computes (the route's choice; echo may imply
     it). ``req.prompt_logprobs`` is checked here as vLLM checks it. ``aliases``: the request
     field a SamplingParams field came from, where the names differ (chat's top_logprobs),
     so that a 400 names what the client sent. ``priority_header``: the request's
     X-Vllm-Priority header, which wins over the body's priority when it is an integer (a
-    header that is not one is ignored, as vLLM does)."""
+    header that is not one is ignored, as vLLM does). ``stream_interval``: the server's
+    --stream-interval; a stream's own is raised to it (vLLM's clamp), and a request that
+    does not stream has none (vLLM ignores it there)."""
     asked = req.prompt_logprobs
     if req.stream and asked is not None and asked != 0:
         # As vLLM: a stream cannot carry them (0 is let through and computes nothing).
@@ -87,6 +91,8 @@ def build_params(
         priority=_priority(req.priority, priority_header),
         cache_salt=req.cache_salt,
         structured=spec_of(req),
+        repetition_detection=_repetition(req),
+        stream_interval=_stream_interval(req, stream_interval),
         **fields,
     )
     try:
@@ -138,6 +144,23 @@ def check_stream_options(req: SamplingFields) -> None:
         raise bad_request(
             "Stream options can only be defined when `stream=True`.", "stream_options"
         )
+
+
+def _repetition(req: SamplingFields) -> RepetitionDetection | None:
+    rule = req.repetition_detection
+    if rule is None:
+        return None
+    return RepetitionDetection(rule.max_pattern_size, rule.min_pattern_size, rule.min_count)
+
+
+def _stream_interval(req: SamplingFields, server: int) -> int | None:
+    """The stream's interval in tokens; a bad value is kept for validate to name."""
+    asked = req.stream_interval
+    if asked is not None and asked < 1:
+        return asked
+    if not req.stream:
+        return None
+    return max(asked or 1, server)
 
 
 def _logit_bias(bias: dict[str, float] | None) -> dict[int | str, float] | None:

@@ -40,6 +40,14 @@ class StructuredOutputs(APIModel):
     disable_additional_properties: bool = False
 
 
+class RepetitionDetectionFields(APIModel):
+    """vLLM's ``repetition_detection`` object (actors.params.repetition)."""
+
+    max_pattern_size: int = 0
+    min_pattern_size: int = 0
+    min_count: int = 0
+
+
 class SamplingFields(APIModel):
     model: str | None = None
     n: int | None = 1
@@ -64,6 +72,10 @@ class SamplingFields(APIModel):
     allowed_token_ids: list[int] | None = None
     truncate_prompt_tokens: int | None = None
     truncation_side: Literal["left", "right"] | None = None
+    repetition_detection: RepetitionDetectionFields | None = None
+    stream_interval: int | None = None  # streams only; at least --stream-interval
+    # the render routes answer token_offsets with it (generation ignores it, as vLLM)
+    return_token_offsets: bool | None = False
     priority: int = 0
     cache_salt: str | None = None  # SamplingParams.validate (vLLM's rules and ours)
     # Beam search (vLLM's): n beams; the search ignores the sampling fields, as vLLM's does.

@@ -1,10 +1,13 @@
 """OpenAI's usage and logprobs JSON, shared by the completions and chat renderers: the key
-order vLLM writes, which entries are null, and -inf written as -9999.0."""
+order vLLM writes, which entries are null, and -inf written as -9999.0; and vLLM's
+per-request `metrics` object (--enable-per-request-metrics)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Any
+
+from actors.runtime.messages import ChoiceTiming
 
 from server.frontend.service import LogprobEntry, PromptLogprobs, Usage
 
@@ -22,6 +25,33 @@ def response_usage_json(u: Usage) -> dict[str, Any]:
     """Usage as a whole (non-streamed) response reports it: the details are null, as vLLM
     reports them unless --enable-prompt-tokens-details (not implemented here) is given."""
     return {**usage_json(u), "prompt_tokens_details": None}
+
+
+# -- per-request metrics --------------------------------------------------------------------
+def metrics_json(timing: ChoiceTiming | None, generated: int, *,
+                 stream: bool = False) -> dict[str, Any]:
+    """vLLM's PerRequestMetrics from one choice's clock (the engine actor's ledger): TTFT
+    from its scheduling to its first token, generation time from the first token to the
+    last, queue time from the request's arrival to its scheduling, the mean gap between
+    tokens, and tokens per second from scheduling to the last token. A field whose times
+    are missing is null; a stream leaves the nulls out, as vLLM writes its chunks."""
+    def ms(start: float | None, end: float | None) -> float | None:
+        return None if start is None or end is None else (end - start) * 1000.0
+
+    queued, scheduled, first, last = (None, None, None, None) if timing is None else (
+        timing.arrival, timing.scheduled, timing.first_token, timing.last_token)
+    decode = ms(first, last)
+    inference = ms(scheduled, last)
+    out: dict[str, Any] = {
+        "time_to_first_token_ms": ms(scheduled, first),
+        "generation_time_ms": decode,
+        "queue_time_ms": ms(queued, scheduled),
+        "mean_itl_ms": decode / (generated - 1) if decode is not None and generated > 1
+        else None,
+        "tokens_per_second": generated / inference * 1000.0 if inference else None,
+        "speculative_decoding": None,
+    }
+    return {k: v for k, v in out.items() if v is not None} if stream else out
 
 
 # -- logprobs -------------------------------------------------------------------------------

@@ -7,6 +7,8 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any, Protocol
 
+from actors.runtime.messages import ChoiceTiming
+
 from server import sse
 from server.errors import status_of_failure
 from server.frontend.service import ChoiceDelta, Failed, Finished, Idle, TextGeneration, Usage
@@ -15,7 +17,8 @@ from server.frontend.service import ChoiceDelta, Failed, Finished, Idle, TextGen
 class ChunkRenderer(Protocol):
     def first_chunks(self) -> list[dict[str, Any]]: ...
     def chunk(self, delta: ChoiceDelta) -> dict[str, Any] | None: ...
-    def final(self, usage: Usage) -> dict[str, Any] | None: ...
+    def final(self, usage: Usage, timing: ChoiceTiming | None = None
+              ) -> dict[str, Any] | None: ...
 
 
 async def sse_body(gen: TextGeneration, renderer: ChunkRenderer) -> AsyncIterator[bytes]:
@@ -36,7 +39,7 @@ async def sse_body(gen: TextGeneration, renderer: ChunkRenderer) -> AsyncIterato
                 elif isinstance(ev, Failed):
                     yield sse.error_event(status_of_failure(ev.failure), ev.message)
                 elif isinstance(ev, Finished):
-                    final = renderer.final(ev.usage)
+                    final = renderer.final(ev.usage, ev.timing)
                     if final is not None:
                         yield sse.event(final)
         yield sse.DONE

@@ -30,13 +30,22 @@ async def token_ids_of(srv: ServerState, render: Callable[[], str],
     """What /tokenize gives: the rendered text (a chat template's, or a prompt as it is)
     tokenized in a tokenizer thread; text that cannot fit the context is refused
     untokenized, as generation refuses it."""
+    ids, _ = await encoded(srv, render, add_special_tokens)
+    return ids
+
+
+async def encoded(srv: ServerState, render: Callable[[], str], add_special_tokens: bool,
+                  ) -> tuple[list[int], list[tuple[int, int]]]:
+    """token_ids_of's ids with each token's (start, end) character offsets in the rendered
+    text ((0, 0) for a special token the tokenizer added)."""
     tok = srv.tokenizer
 
-    def work() -> list[int]:
+    def work() -> tuple[list[int], list[tuple[int, int]]]:
         text = render()
         too_long = srv.prompt_bound.error(text, srv.limits.max_model_len)
         if too_long is not None:
             raise bad_request(too_long, "prompt")
-        return tok.backend_tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        enc = tok.backend_tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        return enc.ids, enc.offsets
 
     return await in_tokenizer_thread(work)

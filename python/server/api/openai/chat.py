@@ -46,7 +46,7 @@ async def handle(srv: ServerState, req: ChatCompletionRequest) -> Response:
         include_usage=bool(opts and opts.include_usage),
         continuous_usage=bool(opts and opts.continuous_usage_stats),
         new_choice=reasoning_factory(thinking, choice_factory(plan), gen.prompts[0].text),
-        reasoning_usage=thinking is not None)
+        reasoning_usage=thinking is not None, metrics=srv.config.enable_per_request_metrics)
     if req.stream:
         return sse_response(sse_body(gen, renderer))
     result = await gen.collect()

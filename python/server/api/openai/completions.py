@@ -27,7 +27,8 @@ async def handle(srv: ServerState, req: CompletionRequest) -> Response:
         gen, model=model, fingerprint=srv.fingerprint, echo=req.echo,
         echo_only=echo_only(req), logprobs=req.logprobs,
         include_usage=bool(opts and opts.include_usage),
-        continuous_usage=bool(opts and opts.continuous_usage_stats))
+        continuous_usage=bool(opts and opts.continuous_usage_stats),
+        metrics=srv.config.enable_per_request_metrics)
     if req.stream:
         return sse_response(sse_body(gen, renderer))
     result = await gen.collect()

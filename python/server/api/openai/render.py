@@ -16,11 +16,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from actors.runtime.messages import ChoiceTiming
+
 from server.api.common.render_json import (
     chat_logprobs,
     completion_logprobs,
     echo_logprobs,
     echo_prompt_logprobs,
+    metrics_json,
     prompt_logprobs_json,
     response_usage_json,
     usage_json,
@@ -46,11 +49,14 @@ class _StreamOptions:
 
 
 class _Renderer:
-    """What both OpenAI renderers share: the usage chunks stream_options asks for."""
+    """What both OpenAI renderers share: the usage chunks stream_options asks for, and the
+    per-request metrics (`metrics`: --enable-per-request-metrics), which describe one
+    choice of one prompt and are null otherwise, as vLLM's."""
 
     gen: TextGeneration
     fingerprint: str
     options: _StreamOptions
+    metrics: bool = False
 
     def _base(self) -> dict[str, Any]:
         raise NotImplementedError
@@ -66,12 +72,23 @@ class _Renderer:
                                          d.index)
         return chunk
 
-    def final(self, usage: Usage) -> dict[str, Any] | None:
-        """The closing usage chunk (stream_options.include_usage), else nothing."""
+    def final(self, usage: Usage, timing: ChoiceTiming | None = None
+              ) -> dict[str, Any] | None:
+        """The closing usage chunk (stream_options.include_usage), else nothing; it carries
+        the metrics (vLLM sends them nowhere else in a stream)."""
         if not self.options.include_usage:
             return None
-        return dict(self._base(), choices=[], usage=self._usage(usage),
-                    system_fingerprint=self.fingerprint)
+        chunk = dict(self._base(), choices=[], usage=self._usage(usage),
+                     system_fingerprint=self.fingerprint)
+        if self.metrics and self.gen.num_choices == 1:
+            chunk["metrics"] = metrics_json(timing, usage.completion_tokens, stream=True)
+        return chunk
+
+    def _with_metrics(self, body: dict[str, Any], result: Collected) -> dict[str, Any]:
+        if self.metrics:
+            one = result.choices[0] if len(result.choices) == 1 else None
+            body["metrics"] = None if one is None else metrics_json(one.timing, one.num_tokens)
+        return body
 
 
 # -- /v1/completions ------------------------------------------------------------------------
@@ -91,8 +108,9 @@ class CompletionRenderer(_Renderer):
 
     def __init__(self, gen: TextGeneration, *, model: str, fingerprint: str, echo: bool,
                  echo_only: bool, logprobs: int | None, include_usage: bool = False,
-                 continuous_usage: bool = False) -> None:
+                 continuous_usage: bool = False, metrics: bool = False) -> None:
         self.gen = gen
+        self.metrics = metrics
         self.model = model
         self.fingerprint = fingerprint
         self.response_id = f"cmpl-{gen.request_id}"
@@ -158,11 +176,11 @@ class CompletionRenderer(_Renderer):
             choices.append({"index": r.index, "text": text, "logprobs": lp,
                             "finish_reason": r.finish_reason, "stop_reason": r.stop_reason,
                             "prompt_logprobs": prompt_json.get(p)})
-        return {
+        return self._with_metrics({
             "id": self.response_id, "object": "text_completion", "created": gen.created,
             "model": self.model, "choices": choices, "service_tier": None,
             "system_fingerprint": self.fingerprint, "usage": response_usage_json(result.usage),
-        }
+        }, result)
 
 
 # -- /v1/chat/completions -------------------------------------------------------------------
@@ -174,8 +192,9 @@ class ChatCompletionRenderer(_Renderer):
                  continuous_usage: bool = False,
                  new_choice: Callable[[], ChatChoice] = ChatChoice,
                  per_prompt: Sequence[tuple[str, str]] | None = None,
-                 reasoning_usage: bool = False) -> None:
+                 reasoning_usage: bool = False, metrics: bool = False) -> None:
         self.gen = gen
+        self.metrics = metrics
         self.model = model
         self.fingerprint = fingerprint
         self.response_id = f"chatcmpl-{gen.request_id}"
@@ -251,11 +270,11 @@ class ChatCompletionRenderer(_Renderer):
             choices.append({"index": r.index, "message": message,
                             "logprobs": self._logprobs_json(r.logprobs),
                             "finish_reason": reason, "stop_reason": r.stop_reason})
-        return {
+        return self._with_metrics({
             "id": self.response_id, "object": "chat.completion", "created": self.gen.created,
             "model": self.model, "choices": choices, "service_tier": None,
             "system_fingerprint": self.fingerprint,
             "usage": self._usage(result.usage, whole=True),
             "prompt_logprobs": prompt_logprobs_json(
                 result.prompt_logprobs[0] if result.prompt_logprobs else None),
-        }
+        }, result)

@@ -198,7 +198,8 @@ def _sampling_params(srv: ServerState, req: ResponsesRequest, plan: ToolPlan) ->
                           defaults=srv.defaults, limits=srv.limits,
                           aliases={"max_tokens": "max_output_tokens",
                                    "logprobs": "top_logprobs"},
-                          priority_header=priority_header())
+                          priority_header=priority_header(),
+                          stream_interval=srv.config.stream_interval)
     return apply_plan(params, plan)
 
 
@@ -271,7 +272,8 @@ class ResponsesAPI:
         store = self.store if req.store else None
         client = self._client()
         shape = ResponseShape(response_id=new_id("resp"), model=model,
-                              echo=_echo(req, params, store is not None))
+                              echo=_echo(req, params, store is not None),
+                              metrics=srv.config.enable_per_request_metrics)
         turn = history + messages  # what a later turn continues, before this one's output
         if req.background:
             detach_from_request()  # the generation outlives this request
@@ -290,7 +292,7 @@ class ResponsesAPI:
         result = await gen.collect()
         choice = result.choices[0]
         builder.feed_whole(choice)
-        body = final_body(shape, builder, result.usage, choice.finish_reason)
+        body = final_body(shape, builder, result.usage, choice.finish_reason, choice.timing)
         if store is not None:
             await store.put(body, turn, client)
         return json_response(body)
@@ -335,7 +337,7 @@ class ResponsesAPI:
                     elif isinstance(ev, Failed):
                         final = failed_body(shape, builder, ev.message)
                     elif isinstance(ev, Finished):
-                        final = final_body(shape, builder, ev.usage, finish)
+                        final = final_body(shape, builder, ev.usage, finish, ev.timing)
                     if final is not None:
                         if store is not None:  # before the last event: a client may go then
                             await store.put(final, turn, client)

@@ -89,7 +89,7 @@ class BackgroundResponses:
                     choice = result.choices[0]
                     job.builder.feed_whole(choice)
                     job.final = final_body(job.shape, job.builder, result.usage,
-                                           choice.finish_reason)
+                                           choice.finish_reason, choice.timing)
                 except ServiceFailure as exc:
                     job.final = failed_body(job.shape, job.builder, exc.message)
             if job.scope.cancelled_caught:

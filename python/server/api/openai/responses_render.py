@@ -29,6 +29,9 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from actors.runtime.messages import ChoiceTiming
+
+from server.api.common.render_json import metrics_json
 from server.frontend.chat.reasoning_plan import ReasoningPlan
 from server.frontend.chat.tool_parsers import ContentDelta, ToolCallDelta
 from server.frontend.chat.tools import ToolPlan
@@ -60,11 +63,13 @@ def logprobs_json(items: Sequence[LogprobEntry], top: int) -> list[dict[str, Any
 class ResponseShape:
     """The request's fields every response object echoes, and the object itself."""
 
-    def __init__(self, *, response_id: str, model: str, echo: dict[str, Any]) -> None:
+    def __init__(self, *, response_id: str, model: str, echo: dict[str, Any],
+                 metrics: bool = False) -> None:
         self.id = response_id
         self.model = model
         self.created_at = int(time.time())
         self.echo = echo
+        self.metrics = metrics  # --enable-per-request-metrics: a finished one carries them
 
     def body(self, status: str, output: list[dict[str, Any]], usage: Usage | None = None,
              *, error: dict[str, Any] | None = None,
@@ -299,15 +304,20 @@ class EventCounter:
 
 
 def final_body(shape: ResponseShape, builder: OutputBuilder, usage: Usage,
-               finish_reason: str | None) -> dict[str, Any]:
-    """The response once its generation ended for `finish_reason`."""
+               finish_reason: str | None, timing: ChoiceTiming | None = None
+               ) -> dict[str, Any]:
+    """The response once its generation ended for `finish_reason`; with `timing` (its
+    choice's clock) and metrics on, vLLM's `metrics` object too."""
     if finish_reason == "abort":  # the server aborted it (a drain, /pause): not an answer
         return shape.body("failed", builder.output, usage,
                           error={"code": "server_error",
                                  "message": "The server aborted this response."},
                           reasoning_tokens=builder.reasoning_tokens)
-    return shape.body("incomplete" if finish_reason == "length" else "completed",
+    body = shape.body("incomplete" if finish_reason == "length" else "completed",
                       builder.output, usage, reasoning_tokens=builder.reasoning_tokens)
+    if shape.metrics and timing is not None:
+        body["metrics"] = metrics_json(timing, usage.completion_tokens)
+    return body
 
 
 def failed_body(shape: ResponseShape, builder: OutputBuilder, message: str) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+from actors.runtime.messages import ChoiceTiming
 from actors.runtime.request import PromptInput
 from quart import Quart, Response, request
 
@@ -49,7 +50,6 @@ _UNSUPPORTED = {
     "logprob_token_ids": "logprob_token_ids",
     "bad_words": "bad_words",
     "thinking_token_budget": "thinking_token_budget",
-    "repetition_detection": "repetition detection",
     "watermarking": "watermarking",
     "extra_args": "extra_args",
     "routed_experts_prompt_start": "routed experts",
@@ -107,7 +107,8 @@ def _checked(srv: ServerState, req: GenerateRequest) -> Any:
     try:
         return build_params(sp, max_tokens=max_tokens, logprobs=sp.logprobs,
                             defaults=srv.defaults, limits=srv.limits,
-                            prompt_logprobs=None if req.stream else sp.prompt_logprobs)
+                            prompt_logprobs=None if req.stream else sp.prompt_logprobs,
+                            stream_interval=srv.config.stream_interval)
     except APIError as exc:
         if exc.param and exc.param not in ("stream_options", "priority", "cache_salt"):
             exc.param = f"sampling_params.{exc.param}"
@@ -203,7 +204,9 @@ class GenerateRenderer:
                                          d.token_ids, d.text, d.logprobs)]
         return chunk
 
-    def final(self, usage: Usage) -> dict[str, Any] | None:
+    def final(self, usage: Usage, timing: ChoiceTiming | None = None
+              ) -> dict[str, Any] | None:
+        """The usage chunk; no timing metrics (vLLM's generate route has none)."""
         if not self.include_usage:
             return None
         u = usage_json(usage)

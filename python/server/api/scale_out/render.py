@@ -8,6 +8,9 @@ tokens are what /tokenize gives for the same input, and the prompt then passes t
 generation applies (`check_prompt`: vocabulary, context, truncate_prompt_tokens). Another
 API renders through the same two steps: `rendered_prompt` (PromptInput -> token ids) and
 `generate_request_json` (ids + SamplingParams -> the body), e.g. /v1/messages/render.
+`return_token_offsets: true` adds each token's (start, end) characters in the rendered text
+(the template's output, for chat) as `token_offsets`, cut as the prompt was truncated; a
+prompt of token ids has none (null), as in vLLM.
 
 sampling_params is written as vLLM writes its SamplingParams: vLLM's names, only what
 differs from vLLM's defaults, and max_tokens resolved against the prompt's length.
@@ -16,6 +19,7 @@ differs from vLLM's defaults, and max_tokens resolved against the prompt's lengt
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from typing import Any
 
 from actors.errors import RequestRefused
@@ -29,7 +33,7 @@ from server.api.common import chat_body, completion_body
 from server.api.common.chat_protocol import ChatCompletionRequest
 from server.api.common.completion_protocol import CompletionRequest
 from server.api.common.protocol import StreamOptions
-from server.api.common.tokens import token_ids_of
+from server.api.common.tokens import encoded
 from server.api.http_io import accepts, json_response, parse, read_json
 from server.errors import api_error_of
 from server.frontend.chat.render import render_call, template_kwargs
@@ -88,14 +92,21 @@ def vllm_sampling_json(params: SamplingParams, *, max_tokens: int,
     gate = params.reasoning_gate
     if gate is not None and gate.thinking_token_budget is not None:
         out["thinking_token_budget"] = gate.thinking_token_budget
+    if params.stream_interval is not None:
+        out["stream_interval"] = params.stream_interval
+    if params.repetition_detection is not None:
+        out["repetition_detection"] = asdict(params.repetition_detection)
     return out
 
 
-async def rendered_prompt(srv: ServerState, prompt: PromptInput,
-                          params: SamplingParams) -> list[int]:
+async def rendered_prompt(srv: ServerState, prompt: PromptInput, params: SamplingParams,
+                          *, offsets: bool = False
+                          ) -> tuple[list[int], list[tuple[int, int]] | None]:
     """The token ids the engine would run for `prompt` under `params`: rendered and
     tokenized as /tokenize does, then check_prompt's (a refusal is the generation
-    routes' 400)."""
+    routes' 400); with `offsets`, each kept token's characters in the rendered text (None
+    for a prompt of token ids)."""
+    spans = None
     if prompt.token_ids is not None:
         ids = list(prompt.token_ids)
     else:
@@ -103,25 +114,30 @@ async def rendered_prompt(srv: ServerState, prompt: PromptInput,
         if render is None:
             text = prompt.text or ""
             render = lambda: text
-        ids = await token_ids_of(srv, render, prompt.add_special_tokens)
+        ids, spans = await encoded(srv, render, prompt.add_special_tokens)
     assert srv.limits is not None
     try:
-        return check_prompt(ids, params, srv.limits)
+        kept = check_prompt(ids, params, srv.limits)
     except RequestRefused as exc:
         raise api_error_of(exc) from None
+    if not offsets or spans is None:
+        return kept, None
+    cut = len(ids) - len(kept)  # truncate_prompt_tokens dropped these, from one side
+    return kept, spans[:len(kept)] if params.truncation_side == "right" else spans[cut:]
 
 
 def generate_request_json(srv: ServerState, request_id: str, token_ids: list[int],
                           params: SamplingParams, *, model: str | None, stream: bool,
                           stream_options: StreamOptions | None,
                           parse_context: dict[str, Any] | None = None,
-                          return_token_ids: bool | None = None) -> dict[str, Any]:
+                          return_token_ids: bool | None = None,
+                          token_offsets: list[tuple[int, int]] | None = None) -> dict[str, Any]:
     """vLLM's GenerateRequest, as its render routes write it."""
     assert srv.limits is not None and srv.limits.max_model_len is not None
     room = srv.limits.max_model_len - len(token_ids)
     max_tokens = room if params.max_tokens is None else min(room, params.max_tokens)
     return {
-        "request_id": request_id, "token_ids": token_ids, "token_offsets": None,
+        "request_id": request_id, "token_ids": token_ids, "token_offsets": token_offsets,
         "features": None, "content_parts": None,
         "sampling_params": vllm_sampling_json(params, max_tokens=max_tokens, stream=stream),
         "model": model, "reasoning_ended": None, "reasoning_parser_kwargs": None,
@@ -151,12 +167,13 @@ async def chat_generate_request(srv: ServerState, req: ChatCompletionRequest
     assert srv.renderer is not None
     prompt = PromptInput(render=render_call(srv.renderer, chat, plan.tools),
                          add_special_tokens=chat.add_special_tokens)
-    ids = await rendered_prompt(srv, prompt, params)
+    ids, spans = await rendered_prompt(srv, prompt, params,
+                                       offsets=bool(req.return_token_offsets))
     rid = new_request_id(request.headers.get("X-Request-Id"), req.request_id)
     return generate_request_json(
         srv, f"chatcmpl-{rid}", ids, params, model=req.model, stream=bool(req.stream),
         stream_options=req.stream_options, parse_context=_parse_context(req, chat, plan.tools),
-        return_token_ids=False)
+        return_token_ids=False, token_offsets=spans)
 
 
 def register(app: Quart, srv: ServerState) -> None:
@@ -174,9 +191,10 @@ def register(app: Quart, srv: ServerState) -> None:
         base = f"cmpl-{new_request_id(request.headers.get('X-Request-Id'), req.request_id)}"
         out = []
         for i, prompt in enumerate(prompts):
-            ids = await rendered_prompt(srv, prompt, params)
+            ids, spans = await rendered_prompt(srv, prompt, params,
+                                               offsets=bool(req.return_token_offsets))
             out.append(generate_request_json(
                 srv, base if len(prompts) == 1 else f"{base}-{i}", ids, params,
                 model=req.model, stream=bool(req.stream), stream_options=req.stream_options,
-                return_token_ids=False))
+                return_token_ids=False, token_offsets=spans))
         return json_response(out)
