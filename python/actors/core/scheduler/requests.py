@@ -304,6 +304,6 @@ class RequestBook:
 
 
 def _logprobs_of(seq: Sequence, tok: SampledToken) -> tuple[Logprobs, ...] | None:
-    if seq.params.logprobs is None or tok.logprobs is None:
+    if not seq.params.wants_logprobs or tok.logprobs is None:
         return None
     return (tok.logprobs,)
