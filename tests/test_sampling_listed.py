@@ -69,3 +69,27 @@ def test_out_of_vocabulary_ids_are_refused(ids: list[list[int]]) -> None:
     batch.add(temperature=0.0)
     with pytest.raises(ValueError, match="logprob token id"):
         batch.sample(torch.zeros(1, VOCAB), logprob_token_ids=ids)
+
+
+@pytest.mark.slow
+def test_offline_llm_reports_the_listed_ids() -> None:
+    """Through the engine (actors.LLM): each position reports exactly the listed ids, in
+    the listed order, with the values its top-20 run reports for them."""
+    from actors import SamplingParams
+    from server_helpers import offline_llm
+
+    llm = offline_llm()
+    prompt = [[1, 504, 3458, 282]]
+    top = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=4, logprobs=20))
+    steps = top[0].outputs[0].logprobs
+    listed = sorted({t for lp in steps for t in lp.top_token_ids[:3]}) + [7]
+    out = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=4,
+                                              logprob_token_ids=listed))
+    assert out[0].outputs[0].token_ids == top[0].outputs[0].token_ids
+    for want, got in zip(steps, out[0].outputs[0].logprobs, strict=True):
+        assert got.top_token_ids == tuple(listed) and got.logprob == want.logprob
+        tops = dict(zip(want.top_token_ids, want.top_logprobs))
+        shared = [(v, tops[t]) for t, v in zip(got.top_token_ids, got.top_logprobs) if t in tops]
+        assert shared and all(a == b for a, b in shared)
+    with pytest.raises(ValueError, match="logprob_token_ids"):
+        llm.generate(prompt, SamplingParams(logprob_token_ids=[1] * 129))
