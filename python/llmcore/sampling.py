@@ -3,12 +3,13 @@
 ``sample(logits, temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
 frequency_penalty, seed, position, *, prompt_tokens, output_tokens, logit_bias, banned_tokens,
 allowed_bitmask, use_bitmask, num_top_logprobs, logprobs_mode, logprob_token_ids, stream)``
-samples one token per row of ``logits`` ([num_rows, vocab], float32 or bfloat16, any object with ``__dlpack__``;
-borrowed, never modified). Per-row parameters are 1-D arrays of length num_rows (a scalar is
-broadcast to every row); token lists are CSR pairs ``(offsets, tokens)`` with
-``offsets[num_rows + 1]``; ``logit_bias`` is ``(offsets, tokens, values)``; ``allowed_bitmask`` is
-int32 ``[num_rows, words]`` (bit ``t % 32`` of word ``t // 32`` set = token ``t`` allowed),
-applied to the rows where ``use_bitmask`` is set (every row when it is None).
+samples one token per row of ``logits`` ([num_rows, vocab], float32 or bfloat16, any object
+with ``__dlpack__``; borrowed, never modified). Per-row parameters are 1-D arrays of length
+num_rows (a scalar is broadcast to every row); token lists are CSR pairs
+``(offsets, tokens)`` with ``offsets[num_rows + 1]``; ``logit_bias`` is
+``(offsets, tokens, values)``; ``allowed_bitmask`` is int32 ``[num_rows, words]`` (bit
+``t % 32`` of word ``t // 32`` set = token ``t`` allowed), applied to the rows where
+``use_bitmask`` is set (every row when it is None).
 
 It returns the tuple ``(tokens, logprobs, ranks, top_tokens, top_logprobs,
 listed_logprobs)``:

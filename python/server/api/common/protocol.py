@@ -8,10 +8,12 @@ SamplingParams.validate (through server.api.common.params, which only maps the f
 Two bases. The bodies that mirror vLLM's request models (completions, chat, Responses,
 generate: ``VLLMModel``) coerce as vLLM's pydantic models do, in pydantic's lax mode: a JSON
 string is a bool where vLLM reads one ("true", "yes"), a number where vLLM reads one ("10"),
-and an integral float is an int; clients written against vLLM send such bodies. What no
-vLLM model coerces stays strict (``APIModel``: the bodies of routes vLLM does not lax-parse
-the same way, and ours alone), so that a JSON string is not silently a bool or an int there.
-Lax values still meet every range check (a "nan" string is a float that validate refuses).
+and an integral float is an int; clients written against vLLM send such bodies. The other
+bodies (``APIModel``: tokenize, pooling, the scale-out control bodies, ours alone) stay
+strict until their coercions are matched to vLLM's, so a JSON string is not silently a bool
+or an int there. Lax values still meet every range check (a "nan" string is a float that
+validate refuses), and the logprob counts vLLM checks on the body as sent must be numbers
+(``require_numbers``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from server.errors import bad_request
-
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
