@@ -249,10 +249,17 @@ def test_sample_matches_cpu(dtype: torch.dtype, mode: str) -> None:
     logits[5, 100:200] = float("nan")  # sanitized to masked
     logits[9, 7] = float("inf")
     case = _sampling_case(rng, rows, vocab)
-    cpu = _sample(logits, case, num_top_logprobs=20, logprobs_mode=mode)
-    gpu = _sample(logits.cuda(), case, num_top_logprobs=20, logprobs_mode=mode)
-    tokens_c, lp_c, rank_c, top_c, toplp_c = cpu
-    tokens_g, lp_g, rank_g, top_g, toplp_g = gpu
+    # listed logprobs: 0..5 ids a row (repeats and masked ids included)
+    counts = rng.integers(0, 6, rows)
+    listed = (np.concatenate([[0], np.cumsum(counts)]).astype(np.int32),
+              rng.integers(0, vocab, int(counts.sum())).astype(np.int32))
+    cpu = _sample(logits, case, num_top_logprobs=20, logprobs_mode=mode,
+                  logprob_token_ids=listed)
+    gpu = _sample(logits.cuda(), case, num_top_logprobs=20, logprobs_mode=mode,
+                  logprob_token_ids=listed)
+    tokens_c, lp_c, rank_c, top_c, toplp_c, listed_c = cpu
+    tokens_g, lp_g, rank_g, top_g, toplp_g, listed_g = gpu
+    np.testing.assert_allclose(listed_g, listed_c, rtol=1e-5, atol=1e-4)
     np.testing.assert_array_equal(tokens_g, tokens_c)
     np.testing.assert_array_equal(rank_g, rank_c)
     np.testing.assert_array_equal(top_g, top_c)

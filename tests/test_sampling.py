@@ -96,8 +96,8 @@ def logits() -> torch.Tensor:
 
 
 def test_greedy_is_argmax_with_raw_logprobs(logits: torch.Tensor) -> None:
-    tokens, lps, ranks, top_t, top_l = _call(logits, [RefRow(temperature=0.0)] * 32,
-                                             num_top_logprobs=5)
+    tokens, lps, ranks, top_t, top_l, _ = _call(logits, [RefRow(temperature=0.0)] * 32,
+                                                num_top_logprobs=5)
     ref = torch.log_softmax(logits, -1)
     assert (tokens == logits.argmax(-1).numpy()).all()
     assert (ranks == 1).all()
@@ -116,7 +116,7 @@ def test_greedy_ties_pick_lowest_id_and_top_n_orders_ties() -> None:
     x = torch.zeros(2, 64)
     x[0, [40, 9, 33]] = 3.0
     x[1, [5, 6]] = 1.0
-    tokens, _, ranks, top_t, _ = _call(x, [RefRow(temperature=0.0)] * 2, num_top_logprobs=4)
+    tokens, _, ranks, top_t, *_ = _call(x, [RefRow(temperature=0.0)] * 2, num_top_logprobs=4)
     assert tokens.tolist() == [9, 5]
     assert ranks.tolist() == [1, 1]
     assert top_t.tolist() == [[9, 33, 40, 0], [5, 6, 0, 1]]
@@ -124,8 +124,8 @@ def test_greedy_ties_pick_lowest_id_and_top_n_orders_ties() -> None:
 
 def test_logprobs_ranks_top_n_of_sampled_tokens(logits: torch.Tensor) -> None:
     rows = [RefRow(temperature=1.0, top_p=0.95)] * 32
-    tokens, lps, ranks, top_t, top_l = _call(logits, rows, positions=np.arange(32),
-                                             num_top_logprobs=20)
+    tokens, lps, ranks, top_t, top_l, _ = _call(logits, rows, positions=np.arange(32),
+                                                num_top_logprobs=20)
     ref = torch.log_softmax(logits, -1)
     for r in range(32):
         t = int(tokens[r])
@@ -156,8 +156,8 @@ def test_processing_matches_reference(logits: torch.Tensor, row: int) -> None:
     p = CRAFTED[row]
     x = logits[row : row + 1]
     ref = reference_row(x[0], p)
-    tokens, lps, ranks, top_t, top_l = _call(x, [p], num_top_logprobs=20,
-                                             logprobs_mode="processed")
+    tokens, lps, ranks, top_t, top_l, _ = _call(x, [p], num_top_logprobs=20,
+                                                logprobs_mode="processed")
     t = int(tokens[0])
     if p.temperature <= 0:
         assert t == ref.greedy_token
@@ -272,7 +272,7 @@ def test_all_masked_rows_yield_no_token() -> None:
     cols = _defaults(3, temperature=np.array([0.0, 1.0, 1.0], np.float32))
     banned = (np.array([0, 100, 100, 100], np.int32), np.tile(np.arange(100, dtype=np.int32), 1))
     mask = np.zeros((3, 4), np.int32)
-    tokens, lps, ranks, top_t, top_l = sample(
+    tokens, lps, ranks, top_t, top_l, _ = sample(
         x, **cols, banned_tokens=banned, allowed_bitmask=mask, use_bitmask=np.array([0, 1, 0]),
         num_top_logprobs=3, logprobs_mode="processed")
     assert tokens.tolist() == [NO_TOKEN] * 3
@@ -320,9 +320,9 @@ def test_invalid_arguments_raise_value_error(case: int) -> None:
 
 
 def test_empty_batch() -> None:
-    tokens, lps, ranks, top_t, top_l = sample(torch.zeros(0, 10), **_defaults(0),
-                                              num_top_logprobs=2)
-    assert tokens.shape == (0,) and top_t.shape == (0, 2)
+    tokens, lps, ranks, top_t, top_l, listed = sample(torch.zeros(0, 10), **_defaults(0),
+                                                      num_top_logprobs=2)
+    assert tokens.shape == (0,) and top_t.shape == (0, 2) and listed.shape == (0,)
 
 
 def test_float16_logits_are_rejected() -> None:
@@ -348,7 +348,7 @@ def test_builder_bitmask_and_bias() -> None:
 def test_top_logprobs_up_to_the_vocabulary(logits: torch.Tensor) -> None:
     """Any count up to the vocabulary (vLLM's max_logprobs=-1), best first; beyond it refused."""
     rows = [RefRow(temperature=0.0)] * 2
-    _, _, _, top_t, top_l = _call(logits[:2], rows, num_top_logprobs=VOCAB)
+    _, _, _, top_t, top_l, _ = _call(logits[:2], rows, num_top_logprobs=VOCAB)
     want = torch.log_softmax(logits[:2].double(), dim=-1)
     for r in range(2):
         order = torch.sort(want[r], descending=True, stable=True)

@@ -8,7 +8,8 @@
 // (csrc/src/sampling/rng.h) keyed by (seed, position, token id); ties go to the lowest
 // id. Top-k and top-p cut-offs come from weighted radix selection instead of
 // sorting. Logprobs: RAW = log_softmax of the sanitized logits, PROCESSED =
-// after bias, masks, penalties and temperature (greedy rows: temperature 1).
+// after bias, masks, penalties and temperature (greedy rows: temperature 1); listed
+// ids (logprob_offsets) read the same distribution.
 #include <cfloat>
 #include <climits>
 #include <cstring>
@@ -135,6 +136,10 @@ void sample(const lc_tensor& logits, const lc_sampling_batch& b, void* stream,
         bv = in.add(b.bias_values + b.bias_offsets[0],
                     size_t(b.bias_offsets[rows] - b.bias_offsets[0]));
     const bool has_banned = csr(b.banned_offsets, b.banned_tokens, no, ni);
+    size_t lo = 0, li = 0;
+    const bool has_listed = csr(b.logprob_offsets, b.logprob_ids, lo, li);
+    const size_t num_listed =
+        has_listed ? size_t(b.logprob_offsets[rows] - b.logprob_offsets[0]) : 0;
     bool any_bitmask = false, any_penalty = false;
     for (int64_t r = 0; r < rows; ++r) {
         const lc_sampling_row& p = b.rows[r];
@@ -151,8 +156,10 @@ void sample(const lc_tensor& logits, const lc_sampling_batch& b, void* stream,
     const size_t off_marks = off_x + align16(size_t(rows) * vocab * sizeof(float));
     const size_t marks_bytes = any_penalty ? align16(size_t(rows) * vocab * sizeof(int32_t)) : 0;
     const size_t off_out = off_marks + marks_bytes;
-    // outputs: tokens, logprobs, ranks [rows] each, then top tokens / logprobs [rows][num_top]
-    const size_t out_bytes = size_t(rows) * (3 + 2 * size_t(num_top)) * 4;
+    // outputs: tokens, logprobs, ranks [rows] each, then top tokens / logprobs [rows][num_top],
+    // then the listed logprobs
+    const size_t top_end = size_t(rows) * (3 + 2 * size_t(num_top));
+    const size_t out_bytes = (top_end + num_listed) * 4;
     StreamBuffer buf(off_out + out_bytes, s);
     unsigned char* base = buf.as<unsigned char>();
     LC_CUDA_CHECK(cudaMemcpyAsync(base, in.data(), in.size(), cudaMemcpyHostToDevice, s));
@@ -174,7 +181,7 @@ void sample(const lc_tensor& logits, const lc_sampling_batch& b, void* stream,
     a.bitmask_words = b.bitmask_words;
     a.num_top = num_top;
     a.raw_mode = b.logprobs_mode == LC_LOGPROBS_RAW;
-    a.want_logprobs = out.logprobs || out.ranks || num_top > 0;
+    a.want_logprobs = out.logprobs || out.ranks || num_top > 0 || has_listed;
     a.x = (float*)at(off_x);
     a.marks = marks_bytes ? (int32_t*)at(off_marks) : nullptr;
     int32_t* d_tokens = (int32_t*)at(off_out);
@@ -183,6 +190,10 @@ void sample(const lc_tensor& logits, const lc_sampling_batch& b, void* stream,
     a.ranks = out.ranks ? d_tokens + 2 * rows : nullptr;
     a.top_tokens = num_top ? d_tokens + 3 * rows : nullptr;
     a.top_logprobs = num_top ? (float*)(d_tokens + (3 + num_top) * rows) : nullptr;
+    if (has_listed) {
+        a.listed_off = (int32_t*)at(lo), a.listed_ids = (int32_t*)at(li);
+        a.listed_logprobs = (float*)(d_tokens + top_end);
+    }
 
     sample_kernel<<<unsigned(rows), kThreads, 0, s>>>(a);
     LC_CUDA_CHECK_LAUNCH("sample_kernel");
@@ -199,6 +210,7 @@ void sample(const lc_tensor& logits, const lc_sampling_batch& b, void* stream,
         std::memcpy(out.top_tokens, h + 3 * row4, row4 * num_top);
         std::memcpy(out.top_logprobs, h + (3 + num_top) * row4, row4 * num_top);
     }
+    if (num_listed) std::memcpy(out.listed_logprobs, h + top_end * 4, num_listed * 4);
 }
 
 }  // namespace lc::cuda

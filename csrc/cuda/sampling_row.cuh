@@ -50,6 +50,9 @@ struct SampleArgs {
     int32_t* ranks;
     int32_t* top_tokens;
     float* top_logprobs;
+    const int32_t* listed_off;  // listed logprobs (CSR rebased to 0), or null
+    const int32_t* listed_ids;
+    float* listed_logprobs;
 };
 
 __device__ __forceinline__ float load_logit(const SampleArgs& a, int64_t r, int64_t i) {
@@ -240,6 +243,9 @@ __device__ void write_logprobs(const SampleArgs& a, int64_t r, const float* x, f
     auto logprob = [&](int64_t i) { return dm > -INFINITY ? (d(i) - dm) - lse : -INFINITY; };
 
     if (a.logprobs && threadIdx.x == 0) a.logprobs[r] = token >= 0 ? logprob(token) : -INFINITY;
+    const Span listed = row_span(a.listed_off, r);
+    for (int32_t j = listed.begin + threadIdx.x; j < listed.end; j += kThreads)
+        a.listed_logprobs[j] = logprob(a.listed_ids[j]);
     if (a.ranks) {
         int32_t greater = 0;
         if (token >= 0) {

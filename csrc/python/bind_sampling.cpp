@@ -79,7 +79,8 @@ py::tuple sample(const py::handle& logits, const py::handle& temperature, const 
                  const py::handle& output_tokens, const py::handle& logit_bias,
                  const py::handle& banned_tokens, const py::handle& allowed_bitmask,
                  const py::handle& use_bitmask, int num_top_logprobs,
-                 const std::string& logprobs_mode, uintptr_t stream) {
+                 const std::string& logprobs_mode, const py::handle& logprob_token_ids,
+                 uintptr_t stream) {
     Borrowed t = borrow(logits, "logits");
     if (t.view()->ndim != 2) throw py::value_error("logits must be 2-D [num_rows, vocab]");
     const int64_t rows = t.view()->shape[0];
@@ -98,6 +99,7 @@ py::tuple sample(const py::handle& logits, const py::handle& temperature, const 
     Csr output(output_tokens, "output_tokens", rows, false, nullptr);
     Csr bias(logit_bias, "logit_bias", rows, true, &bias_values);
     Csr banned(banned_tokens, "banned_tokens", rows, false, nullptr);
+    Csr listed(logprob_token_ids, "logprob_token_ids", rows, false, nullptr);
 
     Col<int32_t> mask;
     std::vector<int32_t> use(size_t(rows), 0);
@@ -152,14 +154,19 @@ py::tuple sample(const py::handle& logits, const py::handle& temperature, const 
     b.bitmask_words = words;
     b.num_top_logprobs = num_top_logprobs;
     b.logprobs_mode = parse_mode(logprobs_mode);
+    b.logprob_offsets = listed.off();
+    b.logprob_ids = listed.tok();
 
     py::array_t<int32_t> tokens(rows), ranks(rows);
     py::array_t<float> logprobs(rows);
     py::array_t<int32_t> top_tokens({rows, int64_t(num_top_logprobs)});
     py::array_t<float> top_logprobs({rows, int64_t(num_top_logprobs)});
+    const int64_t num_listed = listed.off() ? listed.off()[rows] - listed.off()[0] : 0;
+    py::array_t<float> listed_logprobs(num_listed);
     lc_sample_output out{tokens.mutable_data(), logprobs.mutable_data(), ranks.mutable_data(),
                          num_top_logprobs ? top_tokens.mutable_data() : nullptr,
-                         num_top_logprobs ? top_logprobs.mutable_data() : nullptr};
+                         num_top_logprobs ? top_logprobs.mutable_data() : nullptr,
+                         num_listed ? listed_logprobs.mutable_data() : nullptr};
     (void)vocab;
     lc_status st;
     {
@@ -167,7 +174,7 @@ py::tuple sample(const py::handle& logits, const py::handle& temperature, const 
         st = lc_sample(t.view(), &b, reinterpret_cast<void*>(stream), &out);
     }
     check(st);
-    return py::make_tuple(tokens, logprobs, ranks, top_tokens, top_logprobs);
+    return py::make_tuple(tokens, logprobs, ranks, top_tokens, top_logprobs, listed_logprobs);
 }
 
 py::array_t<float> rng_uniform(uint64_t seed, int64_t position, const py::handle& index) {
@@ -195,10 +202,12 @@ void bind_sampling(py::module_& m) {
           py::arg("output_tokens") = py::none(), py::arg("logit_bias") = py::none(),
           py::arg("banned_tokens") = py::none(), py::arg("allowed_bitmask") = py::none(),
           py::arg("use_bitmask") = py::none(), py::arg("num_top_logprobs") = 0,
-          py::arg("logprobs_mode") = "raw", py::arg("stream") = 0,
+          py::arg("logprobs_mode") = "raw", py::arg("logprob_token_ids") = py::none(),
+          py::arg("stream") = 0,
           "Samples one token per row of logits [num_rows, vocab] (fp32/bf16, borrowed via "
           "__dlpack__). Returns (tokens int32 [B], logprobs float32 [B], ranks int32 [B], "
-          "top_tokens int32 [B, N], top_logprobs float32 [B, N]).");
+          "top_tokens int32 [B, N], top_logprobs float32 [B, N], listed_logprobs float32 "
+          "[L]: the logprob of each id of logprob_token_ids' (offsets, ids) lists, in order).");
     m.def(
         "sampling_isa",
         [] { return std::string(lc::isa_name(lc::sampling::current_isa())); },

@@ -113,7 +113,7 @@ class LLM:
             self.engine.add_request(rid, ids, sp)
             results[rid] = GenerationOutput(
                 rid, text, ids,
-                [CompletionOutput(i, "", [], [] if sp.logprobs is not None else None, None)
+                [CompletionOutput(i, "", [], [] if sp.wants_logprobs else None, None)
                  for i in range(sp.n)],
             )
             order.append(rid)

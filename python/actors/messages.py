@@ -145,7 +145,8 @@ class ControlResult:
 
 @dataclass(frozen=True, slots=True)
 class Logprobs:
-    """Logprob of one sampled token and the top alternatives (best first)."""
+    """Logprob of one sampled token and the top alternatives (best first), or with
+    logprob_token_ids the listed ids in the request's order."""
 
     logprob: float
     top_token_ids: tuple[int, ...] = ()
@@ -256,6 +257,8 @@ class SamplingRow:
     num_logprobs: int  # top logprobs wanted; 0 with want_logprobs: only the sampled one
     want_logprobs: bool
     banned_token_ids: tuple[int, ...]  # EOS / stop ids while min_tokens holds
+    # ids whose logprobs are reported in place of the top ones (logprob_token_ids)
+    logprob_token_ids: tuple[int, ...] = ()
 
     @property
     def uses_penalties(self) -> bool:

@@ -151,12 +151,14 @@ def sample(
     use_bitmask: _npt.ArrayLike | None = None,
     num_top_logprobs: int = 0,
     logprobs_mode: str = "raw",
+    logprob_token_ids: tuple[_npt.ArrayLike, _npt.ArrayLike] | None = None,
     stream: int = 0,
 ) -> tuple[
     _npt.NDArray[_np.int32],
     _npt.NDArray[_np.float32],
     _npt.NDArray[_np.int32],
     _npt.NDArray[_np.int32],
+    _npt.NDArray[_np.float32],
     _npt.NDArray[_np.float32],
 ]: ...
 def rng_uniform(seed: int, position: int, index: _npt.ArrayLike) -> _npt.NDArray[_np.float32]: ...

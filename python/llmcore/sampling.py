@@ -2,21 +2,26 @@
 
 ``sample(logits, temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
 frequency_penalty, seed, position, *, prompt_tokens, output_tokens, logit_bias, banned_tokens,
-allowed_bitmask, use_bitmask, num_top_logprobs, logprobs_mode, stream)`` samples one token per
-row of ``logits`` ([num_rows, vocab], float32 or bfloat16, any object with ``__dlpack__``;
-borrowed, never modified). Per-row parameters are 1-D arrays of length num_rows (a scalar is
-broadcast to every row); token lists are CSR pairs ``(offsets, tokens)`` with
-``offsets[num_rows + 1]``; ``logit_bias`` is ``(offsets, tokens, values)``; ``allowed_bitmask`` is
-int32 ``[num_rows, words]`` (bit ``t % 32`` of word ``t // 32`` set = token ``t`` allowed),
-applied to the rows where ``use_bitmask`` is set (every row when it is None).
+allowed_bitmask, use_bitmask, num_top_logprobs, logprobs_mode, logprob_token_ids, stream)``
+samples one token per row of ``logits`` ([num_rows, vocab], float32 or bfloat16, any object
+with ``__dlpack__``; borrowed, never modified). Per-row parameters are 1-D arrays of length
+num_rows (a scalar is broadcast to every row); token lists are CSR pairs
+``(offsets, tokens)`` with ``offsets[num_rows + 1]``; ``logit_bias`` is
+``(offsets, tokens, values)``; ``allowed_bitmask`` is int32 ``[num_rows, words]`` (bit
+``t % 32`` of word ``t // 32`` set = token ``t`` allowed), applied to the rows where
+``use_bitmask`` is set (every row when it is None).
 
-It returns the tuple ``(tokens, logprobs, ranks, top_tokens, top_logprobs)``:
+It returns the tuple ``(tokens, logprobs, ranks, top_tokens, top_logprobs,
+listed_logprobs)``:
 
 - ``tokens`` int32 [B]: ``NO_TOKEN`` (-1) when every token of the row was masked;
 - ``logprobs`` float32 [B]: logprob of the sampled token (-inf for ``NO_TOKEN``);
 - ``ranks`` int32 [B]: 1 + number of tokens with a strictly higher logprob (0 for ``NO_TOKEN``);
 - ``top_tokens`` int32 / ``top_logprobs`` float32 [B, num_top_logprobs]: best first, ties by
-  lower id; slots past the tokens with a finite logprob hold ``NO_TOKEN`` / -inf.
+  lower id; slots past the tokens with a finite logprob hold ``NO_TOKEN`` / -inf;
+- ``listed_logprobs`` float32 [L]: with ``logprob_token_ids=(offsets, ids)`` (CSR, any ids
+  per row, repeats allowed), the logprob of each listed id in list order (L = number of
+  ids listed; empty without it), from the same distribution as the top entries.
 
 ``logprobs_mode="raw"`` reports the model's distribution (log_softmax of the logits as given);
 ``"processed"`` reports log_softmax after bias, bans, bitmask, penalties and temperature (greedy
@@ -55,6 +60,7 @@ class SampleResult(NamedTuple):
     ranks: npt.NDArray[np.int32]
     top_tokens: npt.NDArray[np.int32]
     top_logprobs: npt.NDArray[np.float32]
+    listed_logprobs: npt.NDArray[np.float32]
 
 
 def bitmask_from_tokens(tokens: Iterable[int], vocab_size: int) -> npt.NDArray[np.int32]:
@@ -188,10 +194,17 @@ class SamplingBatch:
         *,
         num_top_logprobs: int = 0,
         logprobs_mode: str = "raw",
+        logprob_token_ids: Iterable[Iterable[int]] | None = None,
         stream: int = 0,
     ) -> SampleResult:
-        """Samples one token per row of ``logits`` ([len(self), vocab])."""
+        """Samples one token per row of ``logits`` ([len(self), vocab]).
+        ``logprob_token_ids``: per row, the ids whose logprobs ``listed_logprobs`` reports."""
         vocab_size = int(logits.shape[-1])
+        listed = None
+        if logprob_token_ids is not None:
+            rows = [np.asarray(list(ids), np.int32) for ids in logprob_token_ids]
+            listed = _csr(rows)
         return SampleResult(*sample(logits, **self.arrays(vocab_size),
                                     num_top_logprobs=num_top_logprobs,
-                                    logprobs_mode=logprobs_mode, stream=stream))
+                                    logprobs_mode=logprobs_mode, logprob_token_ids=listed,
+                                    stream=stream))

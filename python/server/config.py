@@ -71,6 +71,11 @@ class ServerConfig:
         help="how message content is passed to the template")
     trust_request_chat_template: bool = flag(
         False, help="allow requests to supply their own chat_template")
+    # logprobs: tokens written "token_id:<id>" (a request's return_tokens_as_token_ids wins)
+    return_tokens_as_token_ids: bool = flag(
+        False, help="write every logprob token as 'token_id:<id>' instead of its text (for "
+        "tokens that are not valid UTF-8 on their own); a request's "
+        "return_tokens_as_token_ids overrides it")
     # tool calling: tool_choice "auto" and the parser that reads every tool choice's output
     enable_auto_tool_choice: bool = flag(False, help="let requests use tool_choice 'auto' "
         "(the model decides; needs --tool-call-parser)")

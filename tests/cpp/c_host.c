@@ -167,10 +167,19 @@ static int exercise_sampling(void) {
     batch.num_rows = 2;
     batch.rows = rows;
     batch.num_top_logprobs = 3;
+    /* Listed logprobs: row 0 lists none, row 1 its top token's id (found below) twice. */
+    int32_t listed_offsets[3] = {0, 0, 2}, listed_ids[2] = {0, 0};
+    batch.logprob_offsets = listed_offsets;
+    batch.logprob_ids = listed_ids;
     int32_t tokens[2], top_tokens[6];
-    float logprobs[2], top_logprobs[6];
-    lc_sample_output so = {tokens, logprobs, NULL, top_tokens, top_logprobs};
+    float logprobs[2], top_logprobs[6], listed[2];
+    lc_sample_output so = {tokens, logprobs, NULL, top_tokens, top_logprobs, listed};
     HOST_CHECK(lc_sample(&lt, &batch, NULL, &so) == LC_OK);
+    listed_ids[0] = listed_ids[1] = top_tokens[3];
+    HOST_CHECK(lc_sample(&lt, &batch, NULL, &so) == LC_OK);
+    HOST_CHECK(listed[0] == top_logprobs[3] && listed[1] == top_logprobs[3]);
+    lc_sample_output no_listed = {tokens, logprobs, NULL, top_tokens, top_logprobs, NULL};
+    HOST_CHECK(lc_sample(&lt, &batch, NULL, &no_listed) == LC_ERR_INVALID_ARGUMENT);
     int best = 0;
     for (int i = 1; i < V; ++i)
         if (logits[i] > logits[best]) best = i;

@@ -60,6 +60,14 @@ typedef struct lc_sampling_batch {
                                        CUDA kernel costs O(N x vocab) a row) */
     int32_t logprobs_mode;          /* LC_LOGPROBS_RAW (model's own distribution)
                                        or LC_LOGPROBS_PROCESSED */
+    /* Listed logprobs (CSR, like the token lists above): row r reports the
+     * logprob, in logprobs_mode, of each id of logprob_ids[logprob_offsets[r] ..
+     * logprob_offsets[r+1]), in list order (repeats allowed), into
+     * out.listed_logprobs[i - logprob_offsets[0]] for list index i. Each costs
+     * O(1) once the row's normalizer is known; the host bounds how many a
+     * request may list. NULL offsets: none. */
+    const int32_t* logprob_offsets;
+    const int32_t* logprob_ids;
 } lc_sampling_batch;
 
 /* Caller-allocated host outputs. tokens is required; others may be NULL. */
@@ -69,6 +77,8 @@ typedef struct lc_sample_output {
     int32_t* ranks;       /* [num_rows]: 1 + number of tokens with a higher logprob */
     int32_t* top_tokens;  /* [num_rows][num_top_logprobs], best first */
     float* top_logprobs;  /* [num_rows][num_top_logprobs] */
+    float* listed_logprobs; /* [logprob_offsets[num_rows] - logprob_offsets[0]];
+                               required when the batch lists any id */
 } lc_sample_output;
 
 /* Samples one token per row of logits ([num_rows, vocab], fp32 or bf16, unit

@@ -20,7 +20,8 @@
 //
 // Logprobs: RAW = log_softmax of the logits as given (sanitized);
 // PROCESSED = log_softmax after bias, masks, penalties and temperature (greedy
-// rows: temperature 1), before min-p/top-k/top-p.
+// rows: temperature 1), before min-p/top-k/top-p. Listed ids (logprob_offsets)
+// read the same distribution, so an id's listed logprob equals its top entry.
 #include "sampling/sampling_row.h"
 
 #include <algorithm>
@@ -176,7 +177,11 @@ struct Dist {
 };
 
 void write_logprobs(const Kernels& k, const Dist& dist, int64_t n, int64_t token, int64_t r,
-                    int32_t num_top, const lc_sample_output& out, Scratch& sc) {
+                    const lc_sampling_batch& b, const lc_sample_output& out, Scratch& sc) {
+    const int32_t num_top = b.num_top_logprobs;
+    if (b.logprob_offsets)
+        for (int32_t i = b.logprob_offsets[r]; i < b.logprob_offsets[r + 1]; ++i)
+            out.listed_logprobs[i - b.logprob_offsets[0]] = dist.logprob(b.logprob_ids[i]);
     if (out.logprobs) out.logprobs[r] = token >= 0 ? dist.logprob(token) : -kInf;
     if (out.ranks)
         out.ranks[r] = token >= 0 ? int32_t(1 + k.count_greater(dist.d, n, dist.d[token])) : 0;
@@ -203,7 +208,8 @@ void sample_row(const Kernels& k, const lc_tensor& logits, const lc_sampling_bat
     float* x = sc.x.data();
 
     const int64_t offset = r * logits.strides[0];
-    const bool want_logprobs = out.logprobs || out.ranks || b.num_top_logprobs > 0;
+    const bool listed = b.logprob_offsets && b.logprob_offsets[r + 1] > b.logprob_offsets[r];
+    const bool want_logprobs = out.logprobs || out.ranks || b.num_top_logprobs > 0 || listed;
     const bool raw_mode = b.logprobs_mode == LC_LOGPROBS_RAW;
     // Raw values (and their block maxima) are kept only when logprobs report them.
     float* raw_block_max = want_logprobs && raw_mode ? sc.raw_max.data() : nullptr;
@@ -233,7 +239,7 @@ void sample_row(const Kernels& k, const lc_tensor& logits, const lc_sampling_bat
     Dist dist{raw_mode ? sc.raw.data() : x, raw_mode ? sc.raw_max.data() : sc.x_max.data(),
               raw_mode ? raw_max : m, 0.0f};
     if (dist.dm > -kInf) dist.lse = std::log(k.sum_exp(dist.d, n, dist.dm));
-    write_logprobs(k, dist, n, token, r, b.num_top_logprobs, out, sc);
+    write_logprobs(k, dist, n, token, r, b, out, sc);
 }
 
 }  // namespace lc::sampling

@@ -85,6 +85,10 @@ void validate(const lc_tensor* logits, const lc_sampling_batch* b, const lc_samp
     check_csr("output", b->output_offsets, b->output_tokens, b->num_rows, vocab);
     check_csr("banned", b->banned_offsets, b->banned_tokens, b->num_rows, vocab);
     check_csr("bias", b->bias_offsets, b->bias_tokens, b->num_rows, vocab);
+    check_csr("logprob", b->logprob_offsets, b->logprob_ids, b->num_rows, vocab);
+    require(!b->logprob_offsets || b->logprob_offsets[b->num_rows] == b->logprob_offsets[0] ||
+                out->listed_logprobs != nullptr,
+            "logprob_offsets lists ids but out listed_logprobs is NULL");
     if (b->bias_offsets) {
         const int32_t end = b->bias_offsets[b->num_rows];
         require(end == b->bias_offsets[0] || b->bias_values != nullptr, "bias_values is NULL");

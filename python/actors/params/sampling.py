@@ -19,16 +19,26 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from actors.errors import RequestRefused
 from actors.params.beam import beam_error
 from actors.params.cache_salt import cache_salt_error
+from actors.params.field_checks import (
+    FLOAT32_MIN_NORMAL,
+    INT32_MAX,
+    SamplingParamsError,
+    int_in,
+    is_int,
+    is_real,
+    logprobs_in,
+    real_in,
+    token_id_in,
+)
 from actors.params.limits import RequestLimits
 from actors.params.reasoning import ReasoningGate, gate_error
 from actors.params.repetition import RepetitionDetection, repetition_problem
 from actors.params.structured import StructuredSpec
 
-__all__ = ["GREEDY_EPS", "RequestLimits", "SamplingParams", "SamplingParamsError",
-           "cache_salt_error"]
+__all__ = ["FLOAT32_MIN_NORMAL", "GREEDY_EPS", "INT32_MAX", "RequestLimits", "SamplingParams",
+           "SamplingParamsError", "cache_salt_error"]
 
 # temperature below this is greedy (argmax); vLLM's _SAMPLING_EPS.
 GREEDY_EPS = 1e-5
@@ -39,21 +49,10 @@ MAX_STOP_STRINGS = 4  # vLLM's VLLM_MAX_STOP_STRINGS default, offline too here
 MAX_STOP_STRING_CHARS = 256
 MAX_STOP_TOKEN_IDS = 256
 MAX_LOGIT_BIAS_ENTRIES = 1024
+MAX_LOGPROB_TOKEN_IDS = 128  # vLLM's bound on logprob_token_ids
 LOGIT_BIAS_LIMIT = 100.0
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
-# The core's types (lc_sampling_row): the per-row reals are float32 and top_k is int32.
-# Kernels may flush float32 subnormals to zero, so a bound that is open at 0 means "at least
-# the smallest normal float32".
-FLOAT32_MIN_NORMAL = 2.0**-126
-INT32_MAX = 2**31 - 1
-class SamplingParamsError(RequestRefused):
-    """An out-of-range request parameter; ``param`` names the field."""
-
-    param: str
-
-    def __init__(self, message: str, param: str) -> None:
-        super().__init__(message, param)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +73,9 @@ class SamplingParams:
     max_tokens: int | None = 16  # None: until the model's context is full
     min_tokens: int = 0
     logprobs: int | None = None  # top logprobs per output token; None: none
+    # The ids whose logprobs each output token reports instead of the top ones (vLLM's
+    # logprob_token_ids; the sampled token's own logprob comes too). None: the top ones.
+    logprob_token_ids: tuple[int, ...] | None = None
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
@@ -119,10 +121,18 @@ class SamplingParams:
             set_(self, "stop_token_ids", tuple(self.stop_token_ids))
         if self.allowed_token_ids is not None and not isinstance(self.allowed_token_ids, tuple):
             set_(self, "allowed_token_ids", tuple(self.allowed_token_ids))
+        if self.logprob_token_ids is not None and not isinstance(self.logprob_token_ids,
+                                                                 tuple):
+            set_(self, "logprob_token_ids", tuple(self.logprob_token_ids))
         if self.seed == -1:
             set_(self, "seed", None)
 
     # ------------------------------------------------------------------ derived values
+
+    @property
+    def wants_logprobs(self) -> bool:
+        """Whether each output token carries logprobs (top ones or listed ids)."""
+        return self.logprobs is not None or self.logprob_token_ids is not None
 
     @property
     def is_greedy(self) -> bool:
@@ -181,30 +191,30 @@ class SamplingParams:
         actors.params.prompt.check_prompt's.
         """
         vocab_size = limits.vocab_size
-        _int_in(self.n, "n", 1, limits.max_n)
+        int_in(self.n, "n", 1, limits.max_n)
         if limits.max_num_seqs is not None and self.n > limits.max_num_seqs:
             raise SamplingParamsError(
                 f"n={self.n} exceeds max_num_seqs={limits.max_num_seqs}", "n")
         if self.use_beam_search and (beam := beam_error(self)) is not None:
             raise SamplingParamsError(*beam)
-        if (self.n > 1 and not self.use_beam_search and _is_real(self.temperature)
+        if (self.n > 1 and not self.use_beam_search and is_real(self.temperature)
                 and self.temperature < GREEDY_EPS):
             raise SamplingParamsError("n must be 1 when using greedy sampling", "n")
-        _real_in(self.temperature, "temperature", 0.0, 2.0)
-        _real_in(self.top_p, "top_p", 0.0, 1.0, low_open=True)
-        _int_in(self.top_k, "top_k", -1, None)
+        real_in(self.temperature, "temperature", 0.0, 2.0)
+        real_in(self.top_p, "top_p", 0.0, 1.0, low_open=True)
+        int_in(self.top_k, "top_k", -1, None)
         if self.top_k > INT32_MAX:
             raise SamplingParamsError(
                 f"top_k must be at most {INT32_MAX} (the sampler's int32), got {self.top_k}",
                 "top_k",
             )
-        _real_in(self.min_p, "min_p", 0.0, 1.0)
-        _real_in(self.presence_penalty, "presence_penalty", -2.0, 2.0)
-        _real_in(self.frequency_penalty, "frequency_penalty", -2.0, 2.0)
-        _real_in(self.repetition_penalty, "repetition_penalty", 0.0, 2.0, low_open=True)
+        real_in(self.min_p, "min_p", 0.0, 1.0)
+        real_in(self.presence_penalty, "presence_penalty", -2.0, 2.0)
+        real_in(self.frequency_penalty, "frequency_penalty", -2.0, 2.0)
+        real_in(self.repetition_penalty, "repetition_penalty", 0.0, 2.0, low_open=True)
         if self.seed is not None:
-            _int_in(self.seed, "seed", INT64_MIN, INT64_MAX)
-        _int_in(self.priority, "priority", INT64_MIN, INT64_MAX)
+            int_in(self.seed, "seed", INT64_MIN, INT64_MAX)
+        int_in(self.priority, "priority", INT64_MIN, INT64_MAX)
         if self.priority != 0 and limits.scheduling_policy != "priority":
             raise SamplingParamsError(  # vLLM's message
                 f"Got priority {self.priority} but Priority scheduling is not enabled.",
@@ -213,11 +223,12 @@ class SamplingParams:
         if message is not None:
             raise SamplingParamsError(message, "cache_salt")
         if self.max_tokens is not None:
-            _int_in(self.max_tokens, "max_tokens", 1, None)
-        _int_in(self.min_tokens, "min_tokens", 0, self.max_tokens)
+            int_in(self.max_tokens, "max_tokens", 1, None)
+        int_in(self.min_tokens, "min_tokens", 0, self.max_tokens)
         self._validate_stop(vocab_size)
-        _logprobs_in(self.logprobs, "logprobs", vocab_size, limits.max_logprobs)
-        _logprobs_in(self.prompt_logprobs, "prompt_logprobs", vocab_size, limits.max_logprobs)
+        logprobs_in(self.logprobs, "logprobs", vocab_size, limits.max_logprobs)
+        logprobs_in(self.prompt_logprobs, "prompt_logprobs", vocab_size, limits.max_logprobs)
+        self._validate_logprob_token_ids(vocab_size)
         self._validate_logit_bias(vocab_size)
         if self.allowed_token_ids is not None:
             if len(self.allowed_token_ids) == 0:
@@ -228,9 +239,9 @@ class SamplingParams:
                 raise SamplingParamsError("allowed_token_ids is longer than the vocabulary",
                                           "allowed_token_ids")
             for t in self.allowed_token_ids:
-                _token_id(t, "allowed_token_ids", vocab_size)
+                token_id_in(t, "allowed_token_ids", vocab_size)
         if self.truncate_prompt_tokens is not None:
-            _int_in(self.truncate_prompt_tokens, "truncate_prompt_tokens", -1, INT64_MAX)
+            int_in(self.truncate_prompt_tokens, "truncate_prompt_tokens", -1, INT64_MAX)
             if self.truncate_prompt_tokens == 0:
                 raise SamplingParamsError("truncate_prompt_tokens must be -1 or at least 1",
                                           "truncate_prompt_tokens")
@@ -239,7 +250,7 @@ class SamplingParams:
                 "truncation_side must be 'left' or 'right'", "truncation_side"
             )
         if self.stream_interval is not None:
-            if not _is_int(self.stream_interval) or self.stream_interval < 1:
+            if not is_int(self.stream_interval) or self.stream_interval < 1:
                 raise SamplingParamsError(  # vLLM's message
                     f"stream_interval must be at least 1, got {self.stream_interval}.",
                     "stream_interval")
@@ -300,7 +311,31 @@ class SamplingParams:
                 f"at most {MAX_STOP_TOKEN_IDS} stop_token_ids are allowed", "stop_token_ids"
             )
         for t in self.stop_token_ids:
-            _token_id(t, "stop_token_ids", vocab_size)
+            token_id_in(t, "stop_token_ids", vocab_size)
+
+    def _validate_logprob_token_ids(self, vocab_size: int) -> None:
+        """vLLM's rules and messages."""
+        ids = self.logprob_token_ids
+        if ids is None:
+            return
+        name = "logprob_token_ids"
+        if len(ids) > MAX_LOGPROB_TOKEN_IDS:
+            raise SamplingParamsError(
+                f"Requested {name} of length {len(ids)}, which is greater than max allowed: "
+                f"{MAX_LOGPROB_TOKEN_IDS}", name)
+        for t in ids:
+            if not is_int(t):
+                raise SamplingParamsError(f"{name} must hold integer token ids, got {t!r}",
+                                          name)
+        bad = [t for t in ids if not 0 <= t < vocab_size]
+        if bad:
+            raise SamplingParamsError(
+                f"token_id(s) {bad} in {name} contain out-of-vocab token ids. Vocabulary "
+                f"size: {vocab_size}", name)
+        if self.logprobs is not None and self.logprobs != len(ids):
+            raise SamplingParamsError(
+                f"When both logprobs and {name} are set, logprobs must equal len({name}). "
+                f"Got logprobs={self.logprobs}, len({name})={len(ids)}.", name)
 
     def _validate_logit_bias(self, vocab_size: int) -> None:
         if not self.logit_bias:
@@ -325,7 +360,7 @@ class SamplingParams:
                     f"(vocab size {vocab_size})",
                     "logit_bias",
                 )
-            if not _is_real(value) or not math.isfinite(value):
+            if not is_real(value) or not math.isfinite(value):
                 raise SamplingParamsError(
                     f"logit_bias values must be finite numbers, got {value!r}", "logit_bias"
                 )
@@ -333,68 +368,3 @@ class SamplingParams:
             raise SamplingParamsError(
                 f"logit_bias keys must be token ids (integers); invalid keys: {bad}", "logit_bias"
             )
-
-
-def _is_int(x: object) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _is_real(x: object) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
-def _int_in(x: object, name: str, low: int | None, high: int | None) -> None:
-    if not _is_int(x):
-        raise SamplingParamsError(f"{name} must be an integer, got {x!r}", name)
-    assert isinstance(x, int)
-    if low is not None and x < low:
-        raise SamplingParamsError(f"{name} must be at least {low}, got {x}", name)
-    if high is not None and x > high:
-        raise SamplingParamsError(f"{name} must be at most {high}, got {x}", name)
-
-
-def _real_in(x: object, name: str, low: float, high: float, *, low_open: bool = False) -> None:
-    """x in [low, high] (or (low, high]) as the float32 the sampler receives. The bounds are
-    float32-exact, so rounding keeps a value of a closed range inside it; only a bound open
-    at 0 needs a float32 check (1e-46 rounds to 0.0, 1e-40 to a subnormal)."""
-    if not _is_real(x) or not math.isfinite(x):  # type: ignore[arg-type]
-        raise SamplingParamsError(f"{name} must be a finite number, got {x!r}", name)
-    assert isinstance(x, (int, float))
-    if (x <= low if low_open else x < low) or x > high:
-        lo = "(" if low_open else "["
-        raise SamplingParamsError(f"{name} must be in {lo}{low}, {high}], got {x}", name)
-    if low_open and low == 0.0 and x < FLOAT32_MIN_NORMAL:
-        raise SamplingParamsError(
-            f"{name} must be at least {FLOAT32_MIN_NORMAL:.9g} (the smallest normal float32, "
-            f"the sampler's type), got {x}", name,
-        )
-
-
-def _logprobs_in(value: object, name: str, vocab_size: int, max_logprobs: int) -> None:
-    """vLLM's rule and messages: -1 asks for the whole vocabulary, and max_logprobs=-1
-    allows it."""
-    if value is None:
-        return
-    if not _is_int(value):
-        raise SamplingParamsError(f"{name} must be an integer, got {value!r}", name)
-    assert isinstance(value, int)
-    if value < -1:
-        raise SamplingParamsError(f"`{name}` must be a positive value or -1.", name)
-    wanted = vocab_size if value == -1 else value
-    allowed = vocab_size if max_logprobs == -1 else max_logprobs
-    kind = "sample" if name == "logprobs" else "prompt"
-    if wanted > allowed:
-        raise SamplingParamsError(
-            f"Requested {kind} logprobs of {wanted}, which is greater than max allowed: "
-            f"{allowed}", name,
-        )
-
-
-def _token_id(t: object, name: str, vocab_size: int) -> None:
-    if not _is_int(t):
-        raise SamplingParamsError(f"{name} must hold integer token ids, got {t!r}", name)
-    assert isinstance(t, int)
-    if not 0 <= t < vocab_size:
-        raise SamplingParamsError(
-            f"token id {t} in {name} is out of vocabulary (vocab size {vocab_size})", name
-        )

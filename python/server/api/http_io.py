@@ -4,6 +4,8 @@ event loop when they are large. The SSE response is server.sse's."""
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -16,6 +18,13 @@ from server.api.validation_errors import describe
 from server.errors import APIError, bad_request
 from server.json_depth import MAX_JSON_DEPTH, nesting_depth
 from server.state import ServerState
+
+# orjson reads an integer beyond 64 bits as a float (-2**63 - 1 becomes -2**63, in range):
+# a body with a run of 19+ digits is read again by the standard parser, which keeps
+# integers exact, so that an out-of-range value is refused as out of range (pydantic's
+# greater_than_equal / less_than_equal, as vLLM's FastAPI reads it). A run inside a string
+# only costs the second read.
+_LONG_DIGITS = re.compile(rb"\d{19}")
 
 M = TypeVar("M", bound=BaseModel)
 F = TypeVar("F", bound=Callable[..., Any])
@@ -47,6 +56,11 @@ async def read_json() -> dict[str, Any]:
         raise bad_request("the request body is not valid JSON") from None
     if nesting_depth(raw) > MAX_JSON_DEPTH:
         raise bad_request(f"the request body is nested more than {MAX_JSON_DEPTH} levels deep")
+    if _LONG_DIGITS.search(raw):
+        try:  # valid JSON (orjson read it) of bounded depth: only a huge integer can fail
+            body = json.loads(raw)
+        except ValueError:
+            raise bad_request("the request body holds an integer too long to read") from None
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     return body

@@ -6,6 +6,9 @@ from pydantic import ValidationError
 
 MAX_ENTRIES = 10
 MAX_MESSAGE = 1000
+# A bound's error names its pydantic type too, as vLLM's message does (clients match on
+# "greater_than_equal" / "less_than_equal" for an out-of-range seed, say).
+_NAMED_TYPES = frozenset({"greater_than", "greater_than_equal", "less_than", "less_than_equal"})
 
 
 def describe(exc: ValidationError) -> tuple[str, str | None]:
@@ -14,7 +17,8 @@ def describe(exc: ValidationError) -> tuple[str, str | None]:
     lines = []
     for err in errors[:MAX_ENTRIES]:
         loc = ".".join(str(p) for p in err["loc"] if not _is_union_tag(p))
-        lines.append(f"{loc or 'body'}: {err['msg']}")
+        named = f" [type={err['type']}]" if err["type"] in _NAMED_TYPES else ""
+        lines.append(f"{loc or 'body'}: {err['msg']}{named}")
     message = f"{len(errors)} validation error(s): " + "; ".join(lines)
     if len(message) > MAX_MESSAGE:
         message = message[: MAX_MESSAGE - 3] + "..."

@@ -254,14 +254,27 @@ class Sampler:
             kwargs["use_bitmask"] = use
         # Any count up to the vocabulary; the core refuses a row beyond it like any other.
         num_top = max((self._num_top(r) for r in rows if r.want_logprobs), default=0)
+        listed = None
+        if any(r.logprob_token_ids for r in rows):
+            listed = _csr([np.asarray(r.logprob_token_ids, dtype=np.int32) for r in rows])
+            kwargs["logprob_token_ids"] = listed
 
         res = llmcore.sample(logits, temperature, top_k, top_p, min_p, rep, pres, freq, seed,
                              position, num_top_logprobs=num_top, **kwargs)
-        tokens, logprobs, _ranks, top_tokens, top_logprobs = res
+        tokens, logprobs, _ranks, top_tokens, top_logprobs, listed_logprobs = res
         out: list[_Draw] = []
         for j, r in enumerate(rows):
             lp = None
-            if r.want_logprobs:
+            if r.logprob_token_ids:
+                assert listed is not None
+                at = listed[0][j]
+                lp = Logprobs(
+                    logprob=float(logprobs[j]),
+                    top_token_ids=r.logprob_token_ids,
+                    top_logprobs=tuple(float(x) for x in
+                                       listed_logprobs[at: at + len(r.logprob_token_ids)]),
+                )
+            elif r.want_logprobs:
                 k = self._num_top(r)
                 lp = Logprobs(
                     logprob=float(logprobs[j]),

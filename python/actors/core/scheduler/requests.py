@@ -322,6 +322,6 @@ class RequestBook(BeamBook):
 
 
 def _logprobs_of(seq: Sequence, tok: SampledToken) -> tuple[Logprobs, ...] | None:
-    if seq.params.logprobs is None or tok.logprobs is None:
+    if not seq.params.wants_logprobs or tok.logprobs is None:
         return None
     return (tok.logprobs,)

@@ -33,8 +33,9 @@ def sampling_row_of(seq: Sequence) -> SamplingRow:
         *static,
         position=n_out,
         num_logprobs=p.logprobs or 0,
-        want_logprobs=p.logprobs is not None,
+        want_logprobs=p.wants_logprobs,
         banned_token_ids=banned,
+        logprob_token_ids=p.logprob_token_ids or (),
     )
 
 

@@ -65,7 +65,9 @@ def sampling_params(srv: ServerState, req: ChatCompletionRequest) -> SamplingPar
     top = req.top_logprobs
     if top is not None and top != 0 and not req.logprobs:
         raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
-    logprobs = (top or 0) if req.logprobs else None
+    # As vLLM: listed ids replace the top ones.
+    listed = req.logprob_token_ids or None
+    logprobs = (top or 0) if req.logprobs and not listed else None
     max_tokens = req.max_completion_tokens
     if max_tokens is None:
         max_tokens = req.max_tokens
@@ -79,7 +81,8 @@ def sampling_params(srv: ServerState, req: ChatCompletionRequest) -> SamplingPar
     if req.max_completion_tokens is not None:
         aliases["max_tokens"] = "max_completion_tokens"
     assert srv.limits is not None
-    return build_params(req, max_tokens=max_tokens, logprobs=logprobs, defaults=srv.defaults,
+    return build_params(req, max_tokens=max_tokens, logprobs=logprobs,
+                        logprob_token_ids=listed, defaults=srv.defaults,
                         limits=srv.limits, prompt_logprobs=None if req.stream else prompt_lps,
                         aliases=aliases, priority_header=priority_header(),
                         stream_interval=srv.config.stream_interval)

@@ -4,14 +4,20 @@ from typing import Any, Literal, get_args
 
 from pydantic import Field, model_validator
 
-from server.api.common.protocol import APIModel, SamplingFields
+from server.api.common.protocol import (
+    SamplingFields,
+    TokenIdFields,
+    VLLMModel,
+    require_numbers,
+)
+from server.errors import bad_request
 
 # vLLM's (and OpenAI's) reasoning efforts; the chat template receives the request's value.
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
 REASONING_EFFORTS: tuple[str, ...] = get_args(ReasoningEffort)
 
 
-class ContentPart(APIModel):
+class ContentPart(VLLMModel):
     type: str
     text: str | None = None
 
@@ -23,9 +29,10 @@ class ContentPart(APIModel):
         return self
 
 
-class ChatMessage(APIModel):
-    # OpenAI's roles; a template cannot be trusted to do anything sensible with others.
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+class ChatMessage(VLLMModel):
+    # Any role, as vLLM takes it (its custom-role messages): the template receives it as
+    # sent and decides what it means (a template that knows no such role may refuse it).
+    role: str
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
@@ -36,19 +43,19 @@ class ChatMessage(APIModel):
     reasoning_content: str | None = None
 
 
-class FunctionDefinition(APIModel):
+class FunctionDefinition(VLLMModel):
     name: str
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
 
 
-class ChatTool(APIModel):
+class ChatTool(VLLMModel):
     type: Literal["function"] = "function"
     function: FunctionDefinition
 
 
-class ChatCompletionRequest(SamplingFields):
+class ChatCompletionRequest(SamplingFields, TokenIdFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
@@ -70,6 +77,17 @@ class ChatCompletionRequest(SamplingFields):
     reasoning_effort: ReasoningEffort | None = None
     # With --reasoning-parser: false leaves the reasoning out of the response.
     include_reasoning: bool = True
-    # vLLM 0.34's cap on reasoning tokens (Anthropic's thinking.budget_tokens maps here);
-    # the engine side that enforces it is declared with the reasoning gate.
-    thinking_token_budget: int | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _logprob_fields(cls, data: Any) -> Any:
+        # vLLM's checks and words, on the body as sent.
+        require_numbers(data, ("prompt_logprobs", "top_logprobs"))
+        return data
+
+    @model_validator(mode="after")
+    def _listed_logprobs_need_logprobs(self) -> ChatCompletionRequest:
+        if self.logprob_token_ids and not self.logprobs:
+            raise bad_request("when using `logprob_token_ids`, `logprobs` must be set to true.",
+                              "logprob_token_ids")
+        return self

@@ -24,10 +24,14 @@ from server.frontend.reasoning_gate import gate_reasoning
 from server.state import ServerState
 
 
+# vLLM's words (clients match on them); prompt_embeds is vLLM's other prompt field.
+EMPTY_PROMPT = "Either prompt or prompt_embeds must be provided and non-empty."
+
+
 def prompts_of(req: CompletionRequest) -> list[PromptInput]:
     p = req.prompt
     if p is None or p == "" or p == []:
-        raise bad_request("prompt must be provided and non-empty", "prompt")
+        raise bad_request(EMPTY_PROMPT, "prompt")
     if isinstance(p, str):
         items: list[Any] = [p]
     elif all(isinstance(x, int) for x in p):
@@ -63,8 +67,11 @@ def sampling_params(srv: ServerState, req: CompletionRequest) -> SamplingParams:
     if prompt_lps is None and req.echo and req.logprobs is not None:
         prompt_lps = req.logprobs
     assert srv.limits is not None
+    # As vLLM: listed ids replace the top ones (logprobs only has to be set).
+    listed = req.logprob_token_ids or None
     return build_params(
-        req, max_tokens=1 if echo_only(req) else req.max_tokens, logprobs=req.logprobs,
+        req, max_tokens=1 if echo_only(req) else req.max_tokens,
+        logprobs=None if listed else req.logprobs, logprob_token_ids=listed,
         defaults=srv.defaults, limits=srv.limits,
         prompt_logprobs=None if req.stream else prompt_lps, priority_header=priority_header(),
         stream_interval=srv.config.stream_interval,

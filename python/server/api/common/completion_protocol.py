@@ -6,13 +6,14 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from server.api.common.protocol import SamplingFields
+from server.api.common.protocol import SamplingFields, TokenIdFields, require_numbers
+from server.errors import bad_request
 
 Prompt = str | list[str] | list[int] | list[list[int]]
 DEFAULT_MAX_TOKENS = 16
 
 
-class CompletionRequest(SamplingFields):
+class CompletionRequest(SamplingFields, TokenIdFields):
     prompt: Prompt | None = None
     echo: bool = False
     max_tokens: int | None = DEFAULT_MAX_TOKENS
@@ -20,6 +21,22 @@ class CompletionRequest(SamplingFields):
     suffix: str | None = None
     add_special_tokens: bool = True
     best_of: int | None = Field(default=None, exclude=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _logprob_fields(cls, data: Any) -> Any:
+        # vLLM's checks and words, on the body as sent.
+        require_numbers(data, ("prompt_logprobs", "logprobs"))
+        if isinstance(data, dict) and data.get("logprob_token_ids"):
+            if data.get("echo") and data.get("max_tokens") == 0:
+                raise bad_request(
+                    "`logprob_token_ids` is not supported when `echo=True` and "
+                    "`max_tokens=0` because no output tokens are generated.",
+                    "logprob_token_ids")
+            if data.get("logprobs") is None:
+                raise bad_request("when using `logprob_token_ids`, `logprobs` must be set.",
+                                  "logprob_token_ids")
+        return data
 
     @model_validator(mode="before")
     @classmethod

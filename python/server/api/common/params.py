@@ -47,6 +47,7 @@ def build_params(
     aliases: dict[str, str] | None = None,
     priority_header: str | None = None,
     stream_interval: int = 1,
+    logprob_token_ids: list[int] | None = None,
 ) -> SamplingParams:
     """``prompt_logprobs``: what the engine computes (the route's choice; echo may imply
     it). ``req.prompt_logprobs`` is checked here as vLLM checks it. ``aliases``: the request
@@ -55,7 +56,8 @@ def build_params(
     X-Vllm-Priority header, which wins over the body's priority when it is an integer (a
     header that is not one is ignored, as vLLM does). ``stream_interval``: the server's
     --stream-interval; a stream's own is raised to it (vLLM's clamp), and a request that
-    does not stream has none (vLLM ignores it there)."""
+    does not stream has none (vLLM ignores it there). ``logprob_token_ids``: the ids whose
+    logprobs each output token reports in place of the top ones."""
     asked = req.prompt_logprobs
     if req.stream and asked is not None and asked != 0:
         # As vLLM: a stream cannot carry them (0 is let through and computes nothing).
@@ -83,6 +85,7 @@ def build_params(
         include_stop_str_in_output=req.include_stop_str_in_output,
         ignore_eos=req.ignore_eos,
         logprobs=logprobs,
+        logprob_token_ids=None if logprob_token_ids is None else tuple(logprob_token_ids),
         prompt_logprobs=prompt_logprobs,
         logit_bias=_logit_bias(req.logit_bias),
         allowed_token_ids=None if allowed is None else tuple(allowed),

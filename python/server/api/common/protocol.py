@@ -4,6 +4,16 @@ Unknown fields are accepted and ignored (extra="allow"), as OpenAI clients send 
 extensions freely; the vLLM extensions that would change the output and are not implemented
 are refused by name in server.api.common.unsupported. Types are checked here; value ranges by
 SamplingParams.validate (through server.api.common.params, which only maps the fields).
+
+Two bases. The bodies that mirror vLLM's request models (completions, chat, Responses,
+generate: ``VLLMModel``) coerce as vLLM's pydantic models do, in pydantic's lax mode: a JSON
+string is a bool where vLLM reads one ("true", "yes"), a number where vLLM reads one ("10"),
+and an integral float is an int; clients written against vLLM send such bodies. The other
+bodies (``APIModel``: tokenize, pooling, the scale-out control bodies, ours alone) stay
+strict until their coercions are matched to vLLM's, so a JSON string is not silently a bool
+or an int there. Lax values still meet every range check (a "nan" string is a float that
+validate refuses), and the logprob counts vLLM checks on the body as sent must be numbers
+(``require_numbers``).
 """
 
 from __future__ import annotations
@@ -12,23 +22,34 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from server.errors import bad_request
+
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+
 
 class APIModel(BaseModel):
     # strict: a JSON string is not silently a bool or an int ("yes" -> True, "10" -> 10).
     model_config = ConfigDict(extra="allow", protected_namespaces=(), strict=True)
 
 
-class StreamOptions(APIModel):
+class VLLMModel(BaseModel):
+    """A body that mirrors one of vLLM's request models, coerced as vLLM's are (lax)."""
+
+    model_config = ConfigDict(extra="allow", protected_namespaces=())
+
+
+class StreamOptions(VLLMModel):
     include_usage: bool | None = False
     continuous_usage_stats: bool | None = False
 
 
-class StructuredOutputs(APIModel):
+class StructuredOutputs(VLLMModel):
     """vLLM's ``structured_outputs`` object; exactly one constraint kind is set (checked
     by ``StructuredSpec.from_params``). Unknown keys are refused, as vLLM's dataclass
     refuses them."""
 
-    model_config = ConfigDict(extra="forbid", protected_namespaces=(), strict=True)
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
     json_: dict[str, Any] | str | bool | None = Field(default=None, alias="json")
     regex: str | None = None
     choice: list[str] | None = None
@@ -40,7 +61,7 @@ class StructuredOutputs(APIModel):
     disable_additional_properties: bool = False
 
 
-class RepetitionDetectionFields(APIModel):
+class RepetitionDetectionFields(VLLMModel):
     """vLLM's ``repetition_detection`` object (actors.params.repetition)."""
 
     max_pattern_size: int = 0
@@ -48,7 +69,7 @@ class RepetitionDetectionFields(APIModel):
     min_count: int = 0
 
 
-class SamplingFields(APIModel):
+class SamplingFields(VLLMModel):
     model: str | None = None
     n: int | None = 1
     stream: bool | None = False
@@ -61,7 +82,9 @@ class SamplingFields(APIModel):
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
-    seed: int | None = None  # ranges: SamplingParams.validate, once
+    # As vLLM: out of int64 is pydantic's greater_than_equal / less_than_equal (clients
+    # match on those names); SamplingParams.validate checks the same range offline.
+    seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
     stop: str | list[str] | None = None  # how many: SamplingParams.validate
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False
@@ -96,3 +119,26 @@ class SamplingFields(APIModel):
     # With --reasoning-parser: reasoning tokens before the end marker is forced (-1: none);
     # chat, completions and Responses alike (server.frontend.reasoning_gate)
     thinking_token_budget: int | None = None
+
+
+class TokenIdFields(VLLMModel):
+    """vLLM's token-id fields of completions and chat: the prompt's and the output's ids on
+    each choice (``return_token_ids``), logprob tokens written "token_id:<id>"
+    (``return_tokens_as_token_ids``; None: the server's --return-tokens-as-token-ids), and
+    the logprobs of exactly the listed ids at each position (``logprob_token_ids``; their
+    count and ids: SamplingParams.validate)."""
+
+    return_token_ids: bool | None = None
+    return_tokens_as_token_ids: bool | None = None
+    logprob_token_ids: list[int] | None = None
+
+
+def require_numbers(data: Any, names: tuple[str, ...]) -> None:
+    """As vLLM, before any coercion: these logprob counts must be JSON numbers (a string
+    such as "5" is refused rather than read as one)."""
+    if not isinstance(data, dict):
+        return
+    for name in names:
+        value = data.get(name)
+        if value is not None and not isinstance(value, (int, float)):
+            raise bad_request(f"`{name}` must be an integer.", name)

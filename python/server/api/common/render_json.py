@@ -5,6 +5,7 @@ per-request `metrics` object (--enable-per-request-metrics)."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from actors.runtime.messages import ChoiceTiming
@@ -55,54 +56,95 @@ def metrics_json(timing: ChoiceTiming | None, generated: int, *,
 
 
 # -- logprobs -------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class LogprobStyle:
+    """How a request asked its logprobs to be written. ``as_token_ids``: each token is
+    "token_id:<id>" instead of its text (vLLM's return_tokens_as_token_ids; completions'
+    text offsets then count those strings, as vLLM counts them). ``listed``: the entries
+    are logprob_token_ids' (all of them, after the sampled token), not the top ones."""
+
+    as_token_ids: bool = False
+    listed: bool = False
+
+    def name(self, token_id: int, text: str) -> str:
+        return f"token_id:{token_id}" if self.as_token_ids else text
+
+
+PLAIN = LogprobStyle()
+
+
+def logprob_style(as_token_ids: bool | None, server_default: bool,
+                  listed: list[int] | None) -> LogprobStyle:
+    """A request's style: its return_tokens_as_token_ids, else the server's
+    --return-tokens-as-token-ids; listed when it sets logprob_token_ids."""
+    return LogprobStyle(server_default if as_token_ids is None else as_token_ids, bool(listed))
+
+
 def _clamped(logprob: float) -> float:
     return max(logprob, MIN_LOGPROB)
 
 
-def chat_logprobs(items: Iterable[LogprobEntry], top_n: int) -> dict[str, Any]:
+def chat_logprobs(items: Iterable[LogprobEntry], top_n: int,
+                  style: LogprobStyle = PLAIN) -> dict[str, Any]:
     """Chat's layout: per token its text, logprob, UTF-8 bytes and the `top_n` most likely
-    tokens (-1: all that were computed)."""
+    tokens (-1: all that were computed). Listed ids: the sampled token, then each listed id
+    once, as vLLM lists them. A token's bytes are its text's; a top entry's are those of
+    the string it is written as (vLLM's)."""
     content = []
     for lp in items:
-        top = lp.top if top_n < 0 else lp.top[:top_n]
+        if style.listed:
+            seen = {lp.token_id}
+            top = [(lp.token_id, lp.text, lp.logprob)]
+            for t in lp.top:
+                if t.token_id not in seen:
+                    seen.add(t.token_id)
+                    top.append((t.token_id, t.text, t.logprob))
+        else:
+            top = [(t.token_id, t.text, t.logprob)
+                   for t in (lp.top if top_n < 0 else lp.top[:top_n])]
         content.append({
-            "token": lp.text,
+            "token": style.name(lp.token_id, lp.text),
             "logprob": _clamped(lp.logprob),
             "bytes": list(lp.bytes),
-            "top_logprobs": [{"token": t.text, "logprob": _clamped(t.logprob),
-                              "bytes": list(t.bytes)} for t in top],
+            "top_logprobs": [{"token": (name := style.name(tid, text)),
+                              "logprob": _clamped(v),
+                              "bytes": list(name.encode("utf-8"))} for tid, text, v in top],
         })
     return {"content": content}
 
 
 def completion_logprobs(items: Iterable[LogprobEntry], start_offset: int, num: int,
-                        first_token: str | None = None) -> dict[str, Any]:
+                        first_token: tuple[int, str] | None = None,
+                        style: LogprobStyle = PLAIN) -> dict[str, Any]:
     """The legacy completions layout. Each position's top_logprobs holds the sampled token
-    and the `num` most likely ones (so num + 1 entries at most, one for logprobs=0), the
-    sampled token first, as OpenAI's completions API and vLLM report them.
-    ``first_token``: the text of a leading token without a logprob (an echoed prompt's
-    first)."""
+    and the `num` most likely ones (so num + 1 entries at most, one for logprobs=0; every
+    listed id with logprob_token_ids), the sampled token first, as OpenAI's completions API
+    and vLLM report them. ``first_token``: (id, text) of a leading token without a logprob
+    (an echoed prompt's first)."""
     tokens: list[str] = []
     token_lps: list[float | None] = []
     tops: list[dict[str, float] | None] = []
     offsets: list[int] = []
     offset = start_offset
     if first_token is not None:
-        tokens.append(first_token)
+        name = style.name(*first_token)
+        tokens.append(name)
         token_lps.append(None)
         tops.append(None)
         offsets.append(offset)
-        offset += len(first_token)
+        offset += len(name)
     for lp in items:
-        tokens.append(lp.text)
+        name = style.name(lp.token_id, lp.text)
+        tokens.append(name)
         token_lps.append(_clamped(lp.logprob))
-        ranked = [(lp.text, lp.logprob)]
-        ranked += [(t.text, t.logprob) for t in lp.top if t.token_id != lp.token_id]
-        if num >= 0:
+        ranked = [(name, lp.logprob)]
+        ranked += [(style.name(t.token_id, t.text), t.logprob) for t in lp.top
+                   if t.token_id != lp.token_id]
+        if num >= 0 and not style.listed:
             ranked = ranked[: num + 1]
         tops.append({text: _clamped(v) for text, v in ranked})
         offsets.append(offset)
-        offset += len(lp.text)
+        offset += len(name)
     return {"text_offset": offsets, "token_logprobs": token_lps, "tokens": tokens,
             "top_logprobs": tops}
 
@@ -130,22 +172,24 @@ def _ranked_json(text: str, logprob: float, rank: int) -> dict[str, Any]:
     return {"logprob": _clamped(logprob), "rank": rank, "decoded_token": text}
 
 
-def echo_prompt_logprobs(first_token: str, prompt_items: PromptLogprobs,
-                         num: int) -> dict[str, Any]:
+def echo_prompt_logprobs(first_token: tuple[int, str], prompt_items: PromptLogprobs,
+                         num: int, style: LogprobStyle = PLAIN) -> dict[str, Any]:
     """echo with logprobs, the prompt's part (shared by the prompt's n choices): its tokens,
-    the first without a logprob, text offsets counted from the start of the prompt."""
-    head = completion_logprobs([], 0, num, first_token=first_token)
+    the first without a logprob, text offsets counted from the start of the prompt. The
+    prompt's entries are its top ones (listed ids are the output's)."""
+    prompt_style = LogprobStyle(as_token_ids=style.as_token_ids)
+    head = completion_logprobs([], 0, num, first_token=first_token, style=prompt_style)
     rest = [lp for lp in prompt_items[1:] if lp is not None]
-    tail = completion_logprobs(rest, len(head["tokens"][0]), num)
+    tail = completion_logprobs(rest, len(head["tokens"][0]), num, style=prompt_style)
     return {k: head[k] + tail[k] for k in head}
 
 
 def echo_logprobs(prompt_part: dict[str, Any], items: Iterable[LogprobEntry],
-                  num: int) -> dict[str, Any]:
+                  num: int, style: LogprobStyle = PLAIN) -> dict[str, Any]:
     """echo with logprobs: the prompt's part, then the generated tokens, whose text offsets
     go on from the end of the echoed prompt."""
     end = prompt_part["text_offset"][-1] + len(prompt_part["tokens"][-1])
-    generated = completion_logprobs(items, end, num)
+    generated = completion_logprobs(items, end, num, style=style)
     return {k: prompt_part[k] + generated[k] for k in prompt_part}
 
 

@@ -25,6 +25,7 @@ from quart import Quart, Response, request
 from server.api.common.chat_body import checked, echo_text, response_role, to_chat
 from server.api.common.chat_protocol import ChatCompletionRequest, ChatMessage
 from server.api.common.params import MAX_PROMPTS
+from server.api.common.render_json import logprob_style
 from server.api.http_io import accepts, built_json_response, parse, read_json
 from server.api.openai.render import ChatCompletionRenderer
 from server.errors import bad_request
@@ -93,7 +94,9 @@ async def handle(srv: ServerState, req: BatchChatCompletionRequest) -> Response:
     renderer = ChatCompletionRenderer(
         gen, model=model, fingerprint=srv.fingerprint, role=per_prompt[0][0], echoed="",
         logprobs=bool(req.logprobs), top_logprobs=req.top_logprobs or 0,
-        per_prompt=per_prompt)
+        per_prompt=per_prompt, return_token_ids=bool(req.return_token_ids),
+        style=logprob_style(req.return_tokens_as_token_ids,
+                            srv.config.return_tokens_as_token_ids, req.logprob_token_ids))
     result = await gen.collect()
     return await built_json_response(lambda: renderer.response(result),
                                      off_loop=bool(req.logprobs))

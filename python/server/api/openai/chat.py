@@ -10,6 +10,7 @@ from quart import Quart, Response, request
 
 from server.api.common.chat_body import checked, echo_text, response_role
 from server.api.common.chat_protocol import ChatCompletionRequest
+from server.api.common.render_json import logprob_style
 from server.api.common.stream import sse_body
 from server.api.http_io import accepts, built_json_response, parse, read_json
 from server.api.openai.render import ChatCompletionRenderer
@@ -46,7 +47,10 @@ async def handle(srv: ServerState, req: ChatCompletionRequest) -> Response:
         include_usage=bool(opts and opts.include_usage),
         continuous_usage=bool(opts and opts.continuous_usage_stats),
         new_choice=reasoning_factory(thinking, choice_factory(plan), gen.prompts[0].text),
-        reasoning_usage=thinking is not None, metrics=srv.config.enable_per_request_metrics)
+        reasoning_usage=thinking is not None, metrics=srv.config.enable_per_request_metrics,
+        return_token_ids=bool(req.return_token_ids),
+        style=logprob_style(req.return_tokens_as_token_ids,
+                            srv.config.return_tokens_as_token_ids, req.logprob_token_ids))
     if req.stream:
         return sse_response(sse_body(gen, renderer))
     result = await gen.collect()

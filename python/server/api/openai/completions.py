@@ -8,6 +8,7 @@ from quart import Quart, Response, request
 
 from server.api.common.completion_body import checked, echo_only
 from server.api.common.completion_protocol import CompletionRequest
+from server.api.common.render_json import logprob_style
 from server.api.common.stream import sse_body
 from server.api.http_io import accepts, built_json_response, parse, read_json
 from server.api.openai.render import CompletionRenderer
@@ -28,7 +29,10 @@ async def handle(srv: ServerState, req: CompletionRequest) -> Response:
         echo_only=echo_only(req), logprobs=req.logprobs,
         include_usage=bool(opts and opts.include_usage),
         continuous_usage=bool(opts and opts.continuous_usage_stats),
-        metrics=srv.config.enable_per_request_metrics)
+        metrics=srv.config.enable_per_request_metrics,
+        return_token_ids=bool(req.return_token_ids),
+        style=logprob_style(req.return_tokens_as_token_ids,
+                            srv.config.return_tokens_as_token_ids, req.logprob_token_ids))
     if req.stream:
         return sse_response(sse_body(gen, renderer))
     result = await gen.collect()

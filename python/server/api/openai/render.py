@@ -8,7 +8,13 @@ the end of a stream into its usage chunk (`final`) and a collected generation in
 response (`response`).
 
 The shapes (with render_json.py's usage and logprobs JSON) are vLLM's, byte for byte: the
-order of keys, which are null and which are left out, -inf written as -9999.0.
+order of keys, which are null and which are left out, -inf written as -9999.0. Each choice
+carries vLLM's token-id fields, null unless return_token_ids asks for them: completions'
+`prompt_token_ids` and `token_ids` (streamed: the prompt's on the choice's first chunk, the
+delta's on every chunk; an echoed stream's first chunk carries the prompt's ids either way,
+as vLLM's does), chat's `token_ids` per choice and `prompt_token_ids` on the response (streamed:
+on the role chunks). vLLM's other choice fields this server never fills (`routed_experts`,
+`weight_versions`) are written null where vLLM writes them.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from typing import Any
 from actors.runtime.messages import ChoiceTiming
 
 from server.api.common.render_json import (
+    PLAIN,
+    LogprobStyle,
     chat_logprobs,
     completion_logprobs,
     echo_logprobs,
@@ -94,13 +102,15 @@ class _Renderer:
 # -- /v1/completions ------------------------------------------------------------------------
 class CompletionChoice:
     """One choice of a completions stream: its text offset (logprobs count offsets from
-    the start of the choice's text) and whether its echoed prompt is still to go out."""
+    the start of the choice's text), whether its echoed prompt is still to go out and
+    whether its prompt's ids are."""
 
-    __slots__ = ("echo_pending", "offset")
+    __slots__ = ("echo_pending", "offset", "prompt_ids_pending")
 
-    def __init__(self, echo: bool) -> None:
+    def __init__(self, echo: bool, prompt_ids: bool) -> None:
         self.offset = 0
         self.echo_pending = echo
+        self.prompt_ids_pending = prompt_ids
 
 
 class CompletionRenderer(_Renderer):
@@ -108,7 +118,8 @@ class CompletionRenderer(_Renderer):
 
     def __init__(self, gen: TextGeneration, *, model: str, fingerprint: str, echo: bool,
                  echo_only: bool, logprobs: int | None, include_usage: bool = False,
-                 continuous_usage: bool = False, metrics: bool = False) -> None:
+                 continuous_usage: bool = False, metrics: bool = False,
+                 return_token_ids: bool = False, style: LogprobStyle = PLAIN) -> None:
         self.gen = gen
         self.metrics = metrics
         self.model = model
@@ -119,7 +130,14 @@ class CompletionRenderer(_Renderer):
         self.logprobs = logprobs
         self.num_logprobs = -1 if logprobs is None else logprobs
         self.options = _StreamOptions(include_usage, continuous_usage)
-        self.choices = [CompletionChoice(echo) for _ in range(gen.num_choices)]
+        self.return_token_ids = return_token_ids
+        self.style = style
+        self.choices = [CompletionChoice(echo, echo or return_token_ids)
+                        for _ in range(gen.num_choices)]
+
+    def _echoed(self, prompt_text: str) -> str:
+        # As vLLM: with return_token_ids the echoed prompt is in prompt_token_ids, not text.
+        return "" if self.return_token_ids else prompt_text
 
     def _base(self) -> dict[str, Any]:
         return {"id": self.response_id, "object": "text_completion", "created": self.gen.created,
@@ -134,16 +152,23 @@ class CompletionRenderer(_Renderer):
         if state.echo_pending:
             # The echoed prompt goes out in front of the choice's first chunk, as vLLM sends it.
             state.echo_pending = False
-            text = self.gen.prompt_of(d.index).text + text
+            text = self._echoed(self.gen.prompt_of(d.index).text) + text
         elif not text and not d.token_ids and d.finish_reason is None:
             return None  # nothing happened; a token with held-back text still goes out
+        prompt_ids = None
+        if state.prompt_ids_pending:
+            state.prompt_ids_pending = False
+            prompt_ids = self.gen.prompt_of(d.index).token_ids
         lp = None
         if self.logprobs is not None:
-            lp = completion_logprobs(d.logprobs, state.offset, self.num_logprobs)
+            lp = completion_logprobs(d.logprobs, state.offset, self.num_logprobs,
+                                     style=self.style)
             state.offset += sum(len(t) for t in lp["tokens"])
-        chunk = dict(self._base(), choices=[{"index": d.index, "text": text, "logprobs": lp,
-                                             "finish_reason": d.finish_reason,
-                                             "stop_reason": d.stop_reason}])
+        chunk = dict(self._base(), choices=[{
+            "index": d.index, "text": text, "logprobs": lp, "finish_reason": d.finish_reason,
+            "stop_reason": d.stop_reason, "prompt_token_ids": prompt_ids,
+            "token_ids": list(d.token_ids) if self.return_token_ids else None,
+            "weight_versions": None}])
         if d.finish_reason is not None and not self.options.include_usage:
             chunk["system_fingerprint"] = self.fingerprint
         return self._with_choice_usage(chunk, d)
@@ -159,7 +184,7 @@ class CompletionRenderer(_Renderer):
             p = r.index // n
             text = "" if self.echo_only else r.text
             if self.echo:
-                text = gen.prompts[p].text + text
+                text = self._echoed(gen.prompts[p].text) + text
             prompt_items = result.prompt_logprobs[p]
             if p not in prompt_json:
                 prompt_json[p] = prompt_logprobs_json(prompt_items)
@@ -168,14 +193,20 @@ class CompletionRenderer(_Renderer):
                 if prompt_items is None:
                     raise RuntimeError("the engine returned no prompt logprobs")
                 if p not in echo_part:
-                    echo_part[p] = echo_prompt_logprobs(gen.prompts[p].first_token_text,
-                                                        prompt_items, num)
-                lp = echo_logprobs(echo_part[p], [] if self.echo_only else r.logprobs, num)
+                    prompt = gen.prompts[p]
+                    first = (prompt.token_ids[0], prompt.first_token_text)
+                    echo_part[p] = echo_prompt_logprobs(first, prompt_items, num, self.style)
+                lp = echo_logprobs(echo_part[p], [] if self.echo_only else r.logprobs, num,
+                                   self.style)
             elif self.logprobs is not None:
-                lp = completion_logprobs(r.logprobs, 0, num)
+                lp = completion_logprobs(r.logprobs, 0, num, style=self.style)
+            ids = self.return_token_ids
             choices.append({"index": r.index, "text": text, "logprobs": lp,
                             "finish_reason": r.finish_reason, "stop_reason": r.stop_reason,
-                            "prompt_logprobs": prompt_json.get(p)})
+                            "token_ids": list(r.token_ids) if ids else None,
+                            "prompt_logprobs": prompt_json.get(p),
+                            "prompt_token_ids": list(gen.prompts[p].token_ids) if ids else None,
+                            "routed_experts": None, "weight_versions": None})
         return self._with_metrics({
             "id": self.response_id, "object": "text_completion", "created": gen.created,
             "model": self.model, "choices": choices, "service_tier": None,
@@ -192,7 +223,8 @@ class ChatCompletionRenderer(_Renderer):
                  continuous_usage: bool = False,
                  new_choice: Callable[[], ChatChoice] = ChatChoice,
                  per_prompt: Sequence[tuple[str, str]] | None = None,
-                 reasoning_usage: bool = False, metrics: bool = False) -> None:
+                 reasoning_usage: bool = False, metrics: bool = False,
+                 return_token_ids: bool = False, style: LogprobStyle = PLAIN) -> None:
         self.gen = gen
         self.metrics = metrics
         self.model = model
@@ -209,6 +241,8 @@ class ChatCompletionRenderer(_Renderer):
         # With a reasoning parser, usage carries completion_tokens_details.reasoning_tokens
         # (vLLM's; without one the usage is left as it was, with no details).
         self.reasoning_usage = reasoning_usage
+        self.return_token_ids = return_token_ids
+        self.style = style
 
     def _usage(self, usage: Usage, index: int | None = None,
                whole: bool = False) -> dict[str, Any]:
@@ -232,14 +266,20 @@ class ChatCompletionRenderer(_Renderer):
 
     def first_chunks(self) -> list[dict[str, Any]]:
         # One role chunk per choice, then (echo) one chunk per choice with the echoed text.
+        # The role chunks carry the prompt's ids (null unless return_token_ids), as vLLM's.
         indexes = range(self.gen.num_choices)
-        chunks = [self._opening(i, {"role": self.role, "content": ""}) for i in indexes]
+        chunks = [dict(self._opening(i, {"role": self.role, "content": ""}),
+                       prompt_token_ids=self._prompt_ids(i), prompt_text=None)
+                  for i in indexes]
         if self.echoed:
             chunks += [self._opening(i, {"content": self.echoed}) for i in indexes]
         return chunks
 
     def _logprobs_json(self, items: Sequence[LogprobEntry]) -> dict[str, Any] | None:
-        return chat_logprobs(items, self.top_logprobs) if self.logprobs else None
+        return chat_logprobs(items, self.top_logprobs, self.style) if self.logprobs else None
+
+    def _prompt_ids(self, index: int) -> list[int] | None:
+        return list(self.gen.prompt_of(index).token_ids) if self.return_token_ids else None
 
     def chunk(self, d: ChoiceDelta) -> dict[str, Any] | None:
         if not d.text and not d.token_ids and d.finish_reason is None:
@@ -247,8 +287,9 @@ class ChatCompletionRenderer(_Renderer):
         state = self.choices[d.index]
         delta = state.delta(d)
         if delta is None:
-            # Held back by a parser: only logprobs (or the finish) still need the chunk.
-            if d.finish_reason is None and not self.logprobs:
+            # Held back by a parser: only logprobs, token ids (or the finish) still need
+            # the chunk.
+            if d.finish_reason is None and not self.logprobs and not self.return_token_ids:
                 return None
             delta = {}
         choice: dict[str, Any] = {"index": d.index, "delta": delta,
@@ -257,6 +298,9 @@ class ChatCompletionRenderer(_Renderer):
         chunk = dict(self._base(), choices=[choice])
         if d.finish_reason is not None:
             choice["stop_reason"] = d.stop_reason
+        choice["token_ids"] = list(d.token_ids) if self.return_token_ids else None
+        if d.finish_reason is not None:
+            choice["weight_versions"] = None
             if not self.options.include_usage:
                 chunk["system_fingerprint"] = self.fingerprint
         return self._with_choice_usage(chunk, d)
@@ -269,7 +313,9 @@ class ChatCompletionRenderer(_Renderer):
             message, reason = self.choices[r.index].whole(r, role, echoed)
             choices.append({"index": r.index, "message": message,
                             "logprobs": self._logprobs_json(r.logprobs),
-                            "finish_reason": reason, "stop_reason": r.stop_reason})
+                            "finish_reason": reason, "stop_reason": r.stop_reason,
+                            "token_ids": list(r.token_ids) if self.return_token_ids else None,
+                            "routed_experts": None, "weight_versions": None})
         return self._with_metrics({
             "id": self.response_id, "object": "chat.completion", "created": self.gen.created,
             "model": self.model, "choices": choices, "service_tier": None,
@@ -277,4 +323,6 @@ class ChatCompletionRenderer(_Renderer):
             "usage": self._usage(result.usage, whole=True),
             "prompt_logprobs": prompt_logprobs_json(
                 result.prompt_logprobs[0] if result.prompt_logprobs else None),
+            # a batch's prompts are its choices' own: none is the response's (vLLM's)
+            "prompt_token_ids": None if self.per_prompt is not None else self._prompt_ids(0),
         }, result)

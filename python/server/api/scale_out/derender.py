@@ -22,7 +22,12 @@ from quart import Quart, Response
 from server.api.common.chat_protocol import ChatCompletionRequest
 from server.api.common.completion_protocol import CompletionRequest
 from server.api.common.protocol import APIModel
-from server.api.common.render_json import chat_logprobs, completion_logprobs
+from server.api.common.render_json import (
+    LogprobStyle,
+    chat_logprobs,
+    completion_logprobs,
+    logprob_style,
+)
 from server.api.http_io import accepts, built_json_response, check_model, parse, read_json
 from server.errors import bad_request
 from server.frontend.chat.tool_calls import chat_message
@@ -181,6 +186,15 @@ class Decoder:
         return out
 
 
+def _token_fields(srv: ServerState, body: ChatCompletionRequest | CompletionRequest | None
+                  ) -> tuple[bool, LogprobStyle]:
+    """The original request's return_token_ids and logprob style (the coupled route's; the
+    generate route lists no ids, so its logprobs are the top ones)."""
+    as_ids = None if body is None else body.return_tokens_as_token_ids
+    style = logprob_style(as_ids, srv.config.return_tokens_as_token_ids, None)
+    return body is not None and bool(body.return_token_ids), style
+
+
 def _usage(prompt: int, completion: int) -> dict[str, Any]:
     return {"prompt_tokens": prompt, "completion_tokens": completion,
             "total_tokens": prompt + completion, "prompt_tokens_details": None}
@@ -192,13 +206,16 @@ def derender_chat(srv: ServerState, req: DerenderChatRequest, model: str) -> dic
     decoder = Decoder(srv, chat)
     seed = req.prompt_token_ids or gen.prompt_token_ids or []
     top_n = (chat.top_logprobs or 0) if chat is not None and chat.logprobs else -1
+    ids, style = _token_fields(srv, chat)
     choices = []
     for c in gen.choices:
         text, stop_reason = decoder.text(c, seed)
         lps = decoder.logprobs(c)
         choices.append({"index": c.index, "message": chat_message("assistant", text),
-                        "logprobs": None if lps is None else chat_logprobs(lps, top_n),
-                        "finish_reason": c.finish_reason, "stop_reason": stop_reason})
+                        "logprobs": None if lps is None else chat_logprobs(lps, top_n, style),
+                        "finish_reason": c.finish_reason, "stop_reason": stop_reason,
+                        "token_ids": list(c.token_ids or ()) if ids else None,
+                        "routed_experts": None, "weight_versions": None})
     completion = sum(len(c.token_ids or ()) for c in gen.choices)
     return {"id": gen.request_id, "object": "chat.completion", "created": int(time.time()),
             "model": model, "choices": choices, "service_tier": None,
@@ -214,15 +231,21 @@ def derender_completion(srv: ServerState, req: DerenderCompletionRequest,
     counts = req.prompt_tokens or [0] * n
     seeds = req.prompt_token_ids or [None] * n
     num = -1 if cmpl is None or cmpl.logprobs is None else cmpl.logprobs
+    ids, style = _token_fields(srv, cmpl)
     choices, completion, index = [], 0, 0
     for gen, seed in zip(req.generate_responses, seeds, strict=True):
         for c in gen.choices:
             text, stop_reason = decoder.text(c, seed or gen.prompt_token_ids or [])
             lps = decoder.logprobs(c)
             choices.append({"index": index, "text": text,
-                            "logprobs": None if lps is None else completion_logprobs(lps, 0, num),
+                            "logprobs": None if lps is None else completion_logprobs(
+                                lps, 0, num, style=style),
                             "finish_reason": c.finish_reason, "stop_reason": stop_reason,
-                            "prompt_logprobs": None})
+                            "token_ids": list(c.token_ids or ()) if ids else None,
+                            "prompt_logprobs": None,
+                            "prompt_token_ids": list(gen.prompt_token_ids or seed or [])
+                            if ids else None,
+                            "routed_experts": None, "weight_versions": None})
             completion += len(c.token_ids or ())
             index += 1
     return {"id": req.generate_responses[0].request_id, "object": "text_completion",
