@@ -7,11 +7,11 @@ Nothing here touches the engine: each route sends one typed ``Control`` to the e
 actor, which applies it between steps (actors.runtime.engine_actor, actors.core.operator)
 and answers with a ``ControlResult``. Without the flag none of these routes exists (404);
 with ``--api-key`` every one of them needs the key (vLLM leaves them open). Paths, query
-parameters and bodies are vLLM's (0.33's rl/online and serve/dev routers, 0.34's cache and
+parameters and bodies are vLLM's (0.33's rl/online and serve/dev routers; 0.34's cache and
 sleep routes: /reset_mm_cache and /reset_encoder_cache answer 200 with no body,
-/release_kv_cache_memory ``{"status": "kv_cache_released"}``, a 409 unless /pause has
-completed; vLLM's is a 500 with its RuntimeError's text); errors come in
-our envelope, with ``param`` naming the query field as vLLM does (``query.mode``).
+/release_kv_cache_memory ``{"status": "kv_cache_released"}``, or a 409 unless a /pause has
+completed, where vLLM's engine raises and its server answers 500). Errors come in our
+envelope, with ``param`` naming the query field as vLLM does (``query.mode``).
 """
 
 from __future__ import annotations
