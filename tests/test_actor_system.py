@@ -94,3 +94,39 @@ def test_logprobs_carry_their_token_texts():
         assert lp.text == text(lp.token_id) and lp.text
         assert len(lp.top_texts) == len(lp.top) >= 2
         assert list(lp.top_texts) == [text(t) for t, _ in lp.top]
+
+
+def test_prefill_backlog_counts_prompts_until_their_first_output():
+    """--max-num-queued-tokens' count: each choice's prompt from its admit to its first
+    output or its retirement (an abort included), n choices n times."""
+    llm = offline_llm()
+    ids = default_tokenizer()("Once upon a time", add_special_tokens=False)["input_ids"]
+    params = SamplingParams(n=2, seed=3, temperature=1.0, max_tokens=4)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            system: ActorSystem = await nursery.start(
+                lambda task_status: run_actor_system(
+                    llm.engine, default_tokenizer(), capacity=8, model_name="m",
+                    on_fatal=print, task_status=task_status))
+            assert (await system.control(Control("pause", (("mode", "keep"),)))).ok
+            states = [RequestState(f"r{i}", [PromptInput(token_ids=list(ids))], params,
+                                   max_model_len=system.info.max_model_len) for i in range(2)]
+            for state in states:
+                assert system.admission.try_acquire(state.num_choices)
+                system.registry.add(state)
+                await system.submit(state)
+                await state.ready.wait()
+            assert system.queued_prompt_tokens == 2 * 2 * len(ids)  # held before any step
+            system.abort(states[1])
+            with trio.fail_after(30):
+                await states[1].retired.wait()
+            assert system.queued_prompt_tokens == 2 * len(ids)
+            assert (await system.control(Control("resume"))).ok
+            await read_all(states[0])
+            assert system.queued_prompt_tokens == 0
+            system.close_submissions()
+            with trio.fail_after(60):
+                await system.stopped.wait()
+
+    trio.run(main)

@@ -131,3 +131,29 @@ def test_take_pending_at_the_end():
     m = e.machine
     m.pause("wait", True, "p")
     assert [p.ticket for p in m.take_pending()] == ["p"] and m.pending == []
+
+
+def test_release_needs_a_completed_pause_and_wake_up_resumes():
+    e = Engine(running=1)
+    m = e.machine
+    assert not m.released_allowed  # no pause
+    m.pause("keep", False, "p")
+    assert not m.released_allowed  # keep: the requests are still in the core
+    m.resume("r")
+    m.pause("wait", False, "p")
+    assert not m.released_allowed  # pending its drain
+    e.running = 0
+    m.drained()
+    assert m.released_allowed
+    m.released()
+    assert m.sleep_level == 1 and m.is_sleeping and not m.stepping_allowed
+    m.resume("r")  # the pause ends, but the KV cache is still gone: nothing steps
+    assert m.pause_mode is None and not m.stepping_allowed
+    m.pause("abort", False, "p")
+    m.woke(asleep=False)  # vLLM's wake_up resumes the scheduler once fully awake
+    assert m.stepping_allowed and m.admits_flow and m.pause_mode is None
+    assert m.refusal() is None and not m.kv_released
+    m.pause("abort", False, "p")
+    m.slept(1)
+    m.woke(asleep=False)  # a plain sleep's wake_up leaves the operator's pause alone
+    assert m.pause_mode == "abort" and m.holding

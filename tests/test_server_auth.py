@@ -18,7 +18,7 @@ from server.auth import normalise_path
 from server_helpers import ServerProcess
 
 KEY = "sekret"
-PUBLIC = {"/health", "/ping"}
+PUBLIC = {"/health", "/ping", "/ready", "/readyz"}  # the probes
 # Not settings: a server's environment as a deployment might leave it.
 SECRET_ENV = {"SOME_SECRET_TOKEN": "xyz-token-value", "VLLM_FOO_SECRET": "abc-secret-value"}
 

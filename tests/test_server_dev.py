@@ -26,7 +26,8 @@ OPERATOR_ROUTES = [
     ("POST", "/abort_requests"), ("POST", "/reset_prefix_cache"), ("POST", "/sleep"),
     ("POST", "/wake_up"), ("GET", "/is_sleeping"), ("POST", "/update_weights"),
     ("GET", "/weight_info"), ("GET", "/server_info"), ("POST", "/collective_rpc"),
-    ("POST", "/start_profile"), ("POST", "/stop_profile"),
+    ("POST", "/start_profile"), ("POST", "/stop_profile"), ("POST", "/reset_mm_cache"),
+    ("POST", "/reset_encoder_cache"), ("POST", "/release_kv_cache_memory"),
 ]
 
 

@@ -232,6 +232,9 @@ class EngineInfo:
     eos_token_ids: tuple[int, ...]
     # Sampling defaults from generation_config.json (SamplingParams field -> value).
     generation_defaults: tuple[tuple[str, Any], ...] = field(default=())
+    # The KV-event publisher this core runs, as vLLM's KVEventsConfig fields (field ->
+    # value; actors.core.kv_events.ZmqEventPublisher.source); () when it publishes none.
+    kv_event_source: tuple[tuple[str, Any], ...] = field(default=())
 
 
 # ------------------------------------------------------------------ inside the core

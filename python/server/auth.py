@@ -19,7 +19,7 @@ from urllib.parse import unquote
 from server.api.anthropic import errors as anthropic_errors
 from server.errors import envelope_bytes
 
-PUBLIC_PATHS = frozenset({"/health", "/ping"})
+PUBLIC_PATHS = frozenset({"/health", "/ping", "/ready", "/readyz"})  # the probes
 
 ASGIApp = Callable[[dict[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]]
 

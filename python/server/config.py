@@ -154,6 +154,11 @@ class ServerConfig:
     max_queued_requests: int | None = flag(
         None, type="integer", low=0, help="sequences allowed to wait beyond --max-num-seqs "
         "before new requests get 503 + Retry-After. Default: 2 x --max-num-seqs")
+    max_num_queued_tokens: int | None = flag(
+        None, type="tokens", low=0, help="vLLM's prefill backlog bound: while the prompts "
+        "of requests that have had no output yet (n choices counting n times, every "
+        "data-parallel engine together) hold this many tokens or more, new requests get "
+        "503 + Retry-After (k suffix: 1000). Default: no bound")
     max_body_bytes: int = flag(4 * 1024 * 1024, type="size", low=1,
                                help="largest request body (413 above)")
     # structured outputs: a constraint's bytes and subschemas (beyond: 400) and the grammar

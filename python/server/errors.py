@@ -94,6 +94,13 @@ def overloaded(retry_after: int = 1) -> APIError:
     )
 
 
+def prefill_backlog_full(retry_after: int = 1) -> APIError:
+    """--max-num-queued-tokens reached (vLLM's MaxQueuedTokensError, its message)."""
+    return APIError(503, "The engine has reached its prefill token backlog limit. Please try "
+                    "again later or on a different instance.",
+                    headers={"Retry-After": str(retry_after)})
+
+
 # 499: nginx's "client closed request"; nobody reads the answer, but logs and metrics do.
 CLIENT_GONE = 499
 

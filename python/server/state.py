@@ -62,6 +62,9 @@ class ServerState:
     write_watchdog: WriteWatchdog | None = None  # set by create_app
     connections: ConnectionTable | None = None  # set by the supervisor
     lora_names: LoraNames | None = None  # the served adapters, once one loads
+    # data-parallel rank -> its KV-event publisher (vLLM's KVEventsConfig fields), for
+    # /kv_event_sources; empty without --kv-events-config
+    kv_event_sources: dict[int, dict[str, Any]] = field(default_factory=dict)
     _fingerprint: str | None = field(default=None, repr=False)
 
     @property

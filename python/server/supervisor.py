@@ -187,6 +187,8 @@ class Supervisor:
         srv.registry = system.registry
         srv.metrics = system.metrics
         srv.model_root = cfg.model or DEFAULT_MODEL_NAME
+        srv.kv_event_sources = {i: dict(c.info.kv_event_source) for i, c in enumerate(cores)
+                                if c.info.kv_event_source}
         await lora.load_startup_modules(srv)  # --lora-modules, before the first request
 
     # -- failure and shutdown ----------------------------------------------------------

@@ -178,7 +178,8 @@ def build_parts(config: EngineConfig, loaded: LoadedModel | None,
             kv_cache_dtype=config.kv_cache_dtype,
             enable_prefix_caching=config.enable_prefix_caching,
             scheduling_policy=config.scheduling_policy, max_logprobs=config.max_logprobs,
-            eos_token_ids=eos, generation_defaults=tuple(defaults.items())))
+            eos_token_ids=eos, generation_defaults=tuple(defaults.items()),
+            kv_event_source=() if kv_events is None else tuple(kv_events.source().items())))
 
 
 def _set_threads(config: EngineConfig) -> None:

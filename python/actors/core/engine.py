@@ -171,6 +171,10 @@ class LLMEngine:
         self.runner.free_kv_cache()
         self.kv.reset_cache()  # the cached prefixes' KV is gone
 
+    def reset_encoder_cache(self) -> int:
+        """An encoder-decoder's cross-attention K/V pool, dropped when idle (bytes freed)."""
+        return self.runner.reset_cross_kv() if self.runner.encoder_decoder else 0
+
     def restore_kv_cache(self) -> None:
         self.runner.allocate_kv_cache()
 

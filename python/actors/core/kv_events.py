@@ -157,6 +157,13 @@ def offset_endpoint(endpoint: str | None, rank: int) -> str | None:
     return endpoint
 
 
+def _resolved(endpoint: str | None, bound: str | None) -> str | None:
+    """The endpoint a subscriber connects to: a bound ``tcp://HOST:0`` as ZMQ bound it."""
+    if endpoint and bound and endpoint.startswith("tcp://") and endpoint.endswith(":0"):
+        return bound
+    return endpoint
+
+
 class KVEventLog:
     """The events of the KV cache since the last ``take``, and which cached blocks were
     published: block id -> hash, so that an eviction on allocation (the pool drops a free
@@ -222,6 +229,7 @@ class ZmqEventPublisher:
         self._max_frame = MAX_PEER_FRAME + len(str(cfg["topic"]).encode())
         self.bound: str | None = None  # the address bound (ZMQ's last endpoint), if bound
         self.replay_endpoint = offset_endpoint(cfg["replay_endpoint"], data_parallel_rank)
+        self.replay_bound: str | None = None
         self._hwm = int(cfg["hwm"])
         self._topic = str(cfg["topic"]).encode()
         self._queue: queue.Queue[tuple[float, list[dict[str, Any]]] | None] = queue.Queue(
@@ -246,6 +254,16 @@ class ZmqEventPublisher:
                 log.warning("KV events: %s is bound on every interface; any host that can "
                             "reach it reads the token ids of every cached prompt (ZMQ asks "
                             "no credentials)", ep)
+
+    def source(self) -> dict[str, Any]:
+        """This publisher as vLLM's KVEventsConfig reports a running one (what
+        /kv_event_sources lists for its rank): the endpoints offset for the rank, and a TCP
+        port 0 resolved to the port the OS gave."""
+        return {"enable_kv_cache_events": True, "publisher": "zmq",
+                "endpoint": _resolved(self.endpoint, self.bound),
+                "replay_endpoint": _resolved(self.replay_endpoint, self.replay_bound),
+                "buffer_steps": self._buffer.maxlen, "hwm": self._hwm,
+                "max_queue_size": self._queue.maxsize, "topic": self._topic.decode()}
 
     def publish(self, events: list[dict[str, Any]]) -> None:
         """Hands one step's events to the thread (called from the engine's step)."""
@@ -283,6 +301,7 @@ class ZmqEventPublisher:
                 replay.setsockopt(zmq.LINGER, 0)
                 replay.setsockopt(zmq.MAXMSGSIZE, self._max_frame)
                 replay.bind(self.replay_endpoint)
+                self.replay_bound = replay.getsockopt_string(zmq.LAST_ENDPOINT)
         except Exception as exc:  # noqa: BLE001 (reported by the constructor)
             self._error = exc
             self._ready.set()

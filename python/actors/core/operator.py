@@ -1,5 +1,6 @@
-"""The core's operator commands: the prefix cache, its memory (sleep, wake), its weights
-(update, version), LoRA adapters, the linear routing table and the profiler.
+"""The core's operator commands: the prefix and encoder caches, memory (sleep, wake, the
+KV cache's release), the weights (update, version), LoRA adapters, the linear routing table
+and the profiler.
 
 ``LLMEngine.control`` hands every ``Control`` here. The engine actor applies them only
 between steps and only once nothing runs that they would break (sleep needs an empty
@@ -12,7 +13,11 @@ never writes the engine's fields.
   contents are gone); level 2 also drops the model. glibc keeps freed heap pages unless
   asked, so both end with ``malloc_trim``: the process's RSS falls by what was resident.
   Wake reallocates the KV cache (zeroed, so pages come back as they are written) and, after
-  level 2, builds the model again from the checkpoint on disk.
+  level 2, builds the model again from the checkpoint on disk. **release_kv_cache_memory**
+  (vLLM's, for RL loops: pause, release, update the weights, wake) is level 1's KV part
+  after a completed pause, with the caches reset first; wake_up restores it.
+- **The encoder cache** is Whisper's cross-attention K/V pool (core/runner/cross_kv.py):
+  per live window, so a reset drops the pool's memory only when no window is running.
 - **Weight updates** take a safetensors file (or a directory of them) with checkpoint names
   and shapes. Every tensor is checked against the checkpoint on disk before anything
   changes; the model is then built anew from the checkpoint with every update so far
@@ -69,6 +74,7 @@ class EngineHost(Protocol):
     def has_unfinished(self) -> bool: ...
     def reset_prefix_cache(self, *, publish: bool) -> None: ...
     def free_kv_cache(self) -> None: ...
+    def reset_encoder_cache(self) -> int: ...
     def restore_kv_cache(self) -> None: ...
     def swap_model(self, model: torch.nn.Module | None) -> None: ...
 
@@ -106,6 +112,13 @@ class Operator:
             case "reset_prefix_cache":  # blocks in use stay; they are simply not found again
                 host.reset_prefix_cache(publish=True)
                 return ControlResult(True)
+            case "reset_encoder_cache":
+                freed = host.reset_encoder_cache()
+                if freed:
+                    _trim_heap()
+                return ControlResult(True, {"freed_bytes": freed})
+            case "release_kv_cache_memory":
+                return self.release_kv_cache_memory()
             case "sleep":
                 return self.sleep(int(args.get("level", 1)))
             case "wake_up":
@@ -150,6 +163,26 @@ class Operator:
         after = resident_bytes()
         log.info("sleep level %d: RSS %.1f -> %.1f MiB", level, before / 2**20, after / 2**20)
         return ControlResult(True, {"level": level, "rss_before": before, "rss_after": after})
+
+    def release_kv_cache_memory(self) -> ControlResult:
+        """vLLM's release_kv_cache_memory: after a completed pause, the caches are reset (the
+        prefix cache published as cleared, the encoder cache) and the KV cache freed, the
+        weights kept; wake_up (tag kv_cache) brings it back."""
+        host = self._host
+        if self.asleep:
+            return _conflict("release_kv_cache_memory requires all memory to be resident; "
+                             f"{', '.join(sorted(self.asleep))} sleeps (wake up first)")
+        if host.has_unfinished():
+            return _conflict("release_kv_cache_memory requires a completed pause first")
+        before = resident_bytes()
+        host.reset_prefix_cache(publish=True)
+        host.reset_encoder_cache()
+        host.free_kv_cache()
+        self.asleep.add("kv_cache")
+        _trim_heap()
+        after = resident_bytes()
+        log.info("release_kv_cache_memory: RSS %.1f -> %.1f MiB", before / 2**20, after / 2**20)
+        return ControlResult(True, {"rss_before": before, "rss_after": after})
 
     def wake_up(self, tags: tuple[str, ...] | None) -> ControlResult:
         """Restores the parts named (all when None); the value says what still sleeps."""

@@ -127,6 +127,12 @@ class DataParallelMetrics:
     def count_rejection(self, reason: str = "max_num_queued_reqs") -> None:
         self._parts[0].count_rejection(reason)
 
+    def load_gauges(self) -> list[tuple[str, float]]:
+        """Every engine's load gauges, engine by engine within each name (as vLLM's metrics
+        snapshot lists an engine-labelled gauge)."""
+        parts = [p.load_gauges() for p in self._parts]
+        return [part[i] for i in range(len(parts[0])) for part in parts]
+
     def exposition(self) -> bytes:
         return merge_expositions([m.exposition() for m in self._parts])
 
@@ -172,6 +178,11 @@ class DataParallelSystem:
     @property
     def capacity(self) -> int:
         return self.admission.capacity
+
+    @property
+    def queued_prompt_tokens(self) -> int:
+        """Every engine's prefill backlog together (vLLM's limit covers all its ranks)."""
+        return sum(s.queued_prompt_tokens for s in self.systems)
 
     @property
     def token_texts(self) -> TokenTexts:

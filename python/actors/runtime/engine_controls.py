@@ -5,7 +5,7 @@
 Commands that decide whether the actor steps are its own (vLLM's pause and sleep), and
 their states and order of operations are the pause machine's (actors.runtime.pause_states):
 ``pause`` (modes abort, wait, keep), ``resume``, ``sleep``, ``wake_up``, ``is_paused``,
-``is_sleeping``. ``abort_requests`` is answered once the aborts the tokenizer sent for it
+``is_sleeping``, and ``release_kv_cache_memory``, which needs a pause that has applied. ``abort_requests`` is answered once the aborts the tokenizer sent for it
 have been applied (the tokenizer matches the ids: it owns the requests). Every other
 command is the core's; those that load or free memory (a LoRA load included) run in the
 worker thread, under the same limiter as a step.
@@ -33,9 +33,10 @@ log = logging.getLogger("actors.runtime.engine")
 
 # Core commands that allocate, free or load memory: run in the worker thread.
 _HEAVY_CONTROLS = frozenset({"sleep", "wake_up", "update_weights", "start_profile",
-                             "stop_profile", "load_lora_adapter"})
+                             "stop_profile", "load_lora_adapter", "release_kv_cache_memory",
+                             "reset_encoder_cache"})
 _ACTOR_CONTROLS = frozenset({"pause", "resume", "is_paused", "is_sleeping",
-                             "abort_requests", "sleep", "wake_up"})
+                             "abort_requests", "sleep", "wake_up", "release_kv_cache_memory"})
 
 Reply = trio.MemorySendChannel[ControlResult]
 
@@ -112,6 +113,16 @@ class EngineControls:
             case "sleep":
                 await self._carry_out(pause.sleep(str(args.get("mode", "abort")),
                                                   int(args.get("level", 1)), ticket))
+            case "release_kv_cache_memory":
+                if not pause.released_allowed:
+                    _reply(reply, ControlResult(False, reason="conflict", error=(
+                        "release_kv_cache_memory requires a completed pause first (/pause, "
+                        "with no request left in the engine)")))
+                    return
+                result = await self._apply_heavy(command)
+                if result.ok:
+                    pause.released()
+                _reply(reply, result)
             case "wake_up":
                 await self._carry_out(pause.wake_up())
                 result = await self._apply_heavy(command)

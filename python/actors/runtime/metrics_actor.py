@@ -34,7 +34,8 @@ ADMITTED_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 PREEMPTION_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
 PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
-# vLLM's reasons; the server refuses on sequence count only (max_num_queued_reqs).
+# vLLM's reasons: sequences held (--max-queued-requests) and the prefill backlog
+# (--max-num-queued-tokens).
 REJECTION_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")
 STATUS_CLASSES = ("2xx", "3xx", "4xx", "5xx")
 METHODS = ("GET", "POST", "OPTIONS", "HEAD", "other")
@@ -266,6 +267,13 @@ class MetricsActor:
         """Called by the HTTP edge when admission refuses a request for capacity."""
         self.rejections.labels(self._lv[0], reason if reason in REJECTION_REASONS else
                                REJECTION_REASONS[0]).inc()
+
+    def load_gauges(self) -> list[tuple[str, float]]:
+        """The scheduler's gauges an ORCA load report names (server.api.orca), in vLLM's
+        order: requests waiting, then KV cache usage (1 = 100%)."""
+        last = self._last
+        return [("num_requests_waiting", float(last.num_waiting) if last else 0.0),
+                ("kv_cache_usage_perc", float(last.kv_usage) if last else 0.0)]
 
     def count_dropped(self, n: int = 1) -> None:
         self.dropped.inc(n)

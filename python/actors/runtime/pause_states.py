@@ -21,6 +21,11 @@ state is three independent parts:
     sleep(keep, level >= 1)     -> 409 while busy (the KV cache goes, the requests cannot stay)
     wake_up                     -> every pending sleep answered 409, then the core's wake_up
                                    -> woke(asleep)
+    release_kv_cache_memory     -> 409 unless a pause holds and the core is empty; then the
+      (vLLM's; the core frees      core's release -> released(): asleep at level 1 (nothing
+       the KV cache)               steps, even after resume) until a wake_up that leaves the
+                                   core awake, which also ends the pause (vLLM's wake_up
+                                   resumes the scheduler)
 
 The order of operations is decided here, once: commands apply in arrival order, and a
 later ``resume`` (``wake_up``) overtakes a pause (sleep) still pending for its drain: that
@@ -78,6 +83,7 @@ class PauseStates(Generic[T]):
     holding: bool = False
     sleep_level: int | None = None
     pending: list[Pending[T]] = field(default_factory=list)
+    kv_released: bool = False  # the sleep is release_kv_cache_memory's (under a pause)
 
     # -- what the engine actor asks -------------------------------------------------------
     @property
@@ -97,6 +103,11 @@ class PauseStates(Generic[T]):
     @property
     def is_sleeping(self) -> bool:  # vLLM's: any pause of the scheduler counts as asleep
         return self.sleep_level is not None or self.pause_mode is not None
+
+    @property
+    def released_allowed(self) -> bool:
+        """release_kv_cache_memory may run: a pause holds, nothing is left in the core."""
+        return self.holding and not self.pending and not self.busy()
 
     @property
     def stopped_at_shutdown(self) -> bool:
@@ -142,6 +153,11 @@ class PauseStates(Generic[T]):
         """The core's sleep at `level` succeeded."""
         self.sleep_level = max(level, self.sleep_level or 0)
 
+    def released(self) -> None:
+        """The core's release_kv_cache_memory succeeded: its KV cache is gone."""
+        self.sleep_level = max(1, self.sleep_level or 0)
+        self.kv_released = True
+
     def wake_up(self) -> Transition[T]:
         """Before the core's wake_up runs: pending sleeps are overtaken."""
         return Transition(self._overtake("sleep", "woken up before the drain ended"))
@@ -151,6 +167,10 @@ class PauseStates(Generic[T]):
         wake_up of some tags), so nothing steps yet."""
         if not asleep:
             self.sleep_level = None
+            if self.kv_released:  # vLLM's wake_up then resumes its paused scheduler
+                self.kv_released = False
+                self.pause_mode = None
+                self.refusing = self.holding = False
 
     def drained(self) -> Transition[T]:
         """Between steps: once the core holds nothing, every pending pause applies and every

@@ -63,6 +63,9 @@ class Choice:
     abort_requested: bool = False  # an AbortChoices for it went to the engine
     retired: bool = False  # a Retired came back (or it never reached the engine)
     finish_reason: str | None = None  # as the engine's Retired reported it
+    # Sent to the engine and no output of it seen yet: its prompt counts in the tokenizer
+    # actor's prefill backlog (--max-num-queued-tokens).
+    prefilling: bool = False
     held: ChoiceUpdate | None = None  # stream_interval: output not pushed yet
     pushed: bool = False  # stream_interval: its first output went out
 

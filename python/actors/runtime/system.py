@@ -85,6 +85,11 @@ class ActorSystem:
         return self.admission.capacity
 
     @property
+    def queued_prompt_tokens(self) -> int:
+        """Prompt tokens sent to the engine whose choices have had no output yet."""
+        return self.tokenizer.queued_prompt_tokens
+
+    @property
     def token_texts(self) -> TokenTexts:
         return self.tokenizer.token_texts
 

@@ -105,6 +105,10 @@ class TokenizerActor:
         self.token_texts = TokenTexts(self._backend, vocab_size)
         self.prompt_bound = PromptCharBound(self._backend)
         self._preparer = PromptPreparer(self._backend, self.prompt_bound, vocab_size)
+        # vLLM's prefill backlog (its output processor's get_num_queued_tokens): the prompt
+        # tokens of every choice sent to the engine that has had no output yet, n choices
+        # counting n times; the HTTP edge refuses new requests at --max-num-queued-tokens.
+        self.queued_prompt_tokens = 0
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED):
         # The engine inbox stays open for aborts after the submissions end; it closes
@@ -219,6 +223,9 @@ class TokenizerActor:
                 # Never blocks (see the bound above), and no checkpoint between prompts and
                 # requests: the engine actor takes them all into the same step.
                 self._to_engine(req.admit)
+                for choice in req.choices:
+                    choice.prefilling = True
+                self.queued_prompt_tokens += len(req.admit.prompt_token_ids) * len(req.choices)
             state.note_retired()
 
     def _make_engine_requests(self, state: RequestState) -> None:
@@ -283,6 +290,7 @@ class TokenizerActor:
                 state.outbox.fail(message.error)
                 continue
             choice = req.choices[message.index]
+            self._prefilled(req, choice)
             if choice.retired:
                 continue
             choice.retired = True
@@ -300,11 +308,18 @@ class TokenizerActor:
             state.outbox.fail(error)
         for state, req in list(self._registry.engine_requests.values()):
             for choice in req.choices:
+                self._prefilled(req, choice)
                 if not choice.retired:
                     choice.retired = True
                     choice.finish_reason = choice.finish_reason or "error"
             req.done = True
             state.note_retired()
+
+    def _prefilled(self, req: EngineRequest, choice: Choice) -> None:
+        """The choice's first output (or its retirement): its prompt leaves the backlog."""
+        if choice.prefilling:
+            choice.prefilling = False
+            self.queued_prompt_tokens -= len(req.admit.prompt_token_ids)
 
     def _convert_logprobs(self, outputs: tuple[RequestOutput, ...]
                           ) -> dict[tuple[str, int], Logprobs]:
@@ -338,6 +353,7 @@ class TokenizerActor:
                 continue
             state, req = found
             choice = req.choices[out.index]
+            self._prefilled(req, choice)
             if req.abort_requested or choice.abort_requested or choice.detokenizer is None:
                 continue
             if out.finish_reason == "error":

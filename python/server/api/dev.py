@@ -1,13 +1,17 @@
 """The operator routes of vLLM's dev mode (``VLLM_SERVER_DEV_MODE=1``, or our
-``--enable-dev-endpoints``): pause and resume, abort, sleep and wake, the prefix cache,
-weight updates for RL loops, server info and a fenced ``collective_rpc``.
+``--enable-dev-endpoints``): pause and resume, abort, sleep and wake, releasing the KV
+cache, the prefix, multimodal and encoder caches, weight updates for RL loops, server info
+and a fenced ``collective_rpc``.
 
 Nothing here touches the engine: each route sends one typed ``Control`` to the engine
 actor, which applies it between steps (actors.runtime.engine_actor, actors.core.operator)
 and answers with a ``ControlResult``. Without the flag none of these routes exists (404);
 with ``--api-key`` every one of them needs the key (vLLM leaves them open). Paths, query
-parameters and bodies are vLLM 0.33's (its rl/online and serve/dev routers); errors come in
-our envelope, with ``param`` naming the query field as vLLM does (``query.mode``).
+parameters and bodies are vLLM's (0.33's rl/online and serve/dev routers; 0.34's cache and
+sleep routes: /reset_mm_cache and /reset_encoder_cache answer 200 with no body,
+/release_kv_cache_memory ``{"status": "kv_cache_released"}``, or a 409 unless a /pause has
+completed, where vLLM's engine raises and its server answers 500). Errors come in our
+envelope, with ``param`` naming the query field as vLLM does (``query.mode``).
 """
 
 from __future__ import annotations
@@ -143,6 +147,25 @@ def register(app: Quart, srv: ServerState) -> None:
                               "query.reset_external")
         await control(srv, "reset_prefix_cache")
         return json_response({"success": True})
+
+    @app.post("/reset_mm_cache")
+    async def reset_mm_cache() -> Response:
+        # No multimodal input is cached between requests here (audio is featurized per
+        # request): nothing to drop. vLLM's answer: 200, no body.
+        return Response(b"", status=200)
+
+    @app.post("/reset_encoder_cache")
+    async def reset_encoder_cache() -> Response:
+        freed = (await control(srv, "reset_encoder_cache"))["freed_bytes"]
+        log.info("encoder cache reset: %d bytes freed", freed)
+        return Response(b"", status=200)
+
+    @app.post("/release_kv_cache_memory")
+    async def release_kv_cache_memory() -> Response:
+        # reset_connector: there is no KV connector to reset; the value is checked all the same
+        _query_bool("reset_connector", True)
+        await control(srv, "release_kv_cache_memory")
+        return json_response({"status": "kv_cache_released"})
 
     @app.post("/sleep")
     async def sleep() -> Response:

@@ -1,7 +1,14 @@
-"""The operational routes, outside any model API: health and ping, version, load,
-Prometheus metrics, and the API's own description (/openapi.json, /docs: a plain list of
-operations, or with --enable-offline-docs Swagger UI from assets in the package).
-/server_info is an operator route (server/api/dev.py)."""
+"""The operational routes, outside any model API: health and ping, readiness, version, load,
+Prometheus metrics, the KV-event sources, and the API's own description (/openapi.json,
+/docs: a plain list of operations, or with --enable-offline-docs Swagger UI from assets in
+the package). /server_info is an operator route (server/api/dev.py).
+
+/health is liveness with a reason (503 with the state in our envelope while loading,
+draining or failed); /ready and /readyz are vLLM's readiness probes (its data-parallel
+supervisor's): 200 once every engine is up and serving, 503 otherwise, both with an empty
+body. A paused or sleeping engine is still ready, as vLLM's: its /health stays 200 then.
+/kv_event_sources is vLLM's map of data-parallel rank -> the KV-event publisher that rank
+runs (its resolved KVEventsConfig), {} without --kv-events-config."""
 
 from __future__ import annotations
 
@@ -27,6 +34,11 @@ def register(app: Quart, srv: ServerState) -> None:
         state = "loading" if srv.health.loading else "draining" if srv.health.draining else "failed"
         raise APIError(503, f"The server is {state}.")
 
+    @app.get("/ready")
+    @app.get("/readyz", endpoint="readyz")
+    async def ready() -> Response:
+        return Response(b"", status=200 if srv.health.serving else 503)
+
     @app.route("/ping", methods=["GET", "POST"])
     async def ping() -> Response:
         return await health()
@@ -38,6 +50,11 @@ def register(app: Quart, srv: ServerState) -> None:
     @app.get("/load")
     async def load() -> Response:
         return json_response({"server_load": len(srv.registry or ())})
+
+    @app.get("/kv_event_sources")
+    async def kv_event_sources() -> Response:
+        return json_response({str(rank): source
+                              for rank, source in sorted(srv.kv_event_sources.items())})
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -37,7 +37,9 @@ from actors.params.sampling import SamplingParams
 from actors.runtime.failures import Outcome
 from actors.runtime.outbox import Outbox, OutboxFailed
 from actors.runtime.request import PromptInput, RequestState
-from server.errors import APIError, api_error_of, bad_request, overloaded, status_of
+from server.errors import (
+    APIError, api_error_of, bad_request, overloaded, prefill_backlog_full, status_of,
+)
 from server.state import ServerState
 from server.write_watchdog import track_output
 
@@ -129,6 +131,12 @@ class Generation:
                 srv.metrics.count_rejection("max_num_queued_reqs")
             raise overloaded()
         self._slots_held = True
+        backlog = srv.config.max_num_queued_tokens
+        if backlog is not None and srv.actors.queued_prompt_tokens >= backlog:  # type: ignore[union-attr]
+            self._release_slots()
+            if srv.metrics is not None:
+                srv.metrics.count_rejection("max_num_queued_tokens")
+            raise prefill_backlog_full()
         try:
             srv.registry.add(self.state)  # type: ignore[union-attr]
         except RequestRefused as exc:

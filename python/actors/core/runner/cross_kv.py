@@ -14,7 +14,9 @@ it.
 
 Each row of a step is its own single-query "sequence" of the cross plan whose context is
 the whole encoder output (position = length - 1, so the causal kernel masks nothing).
-The pool starts small and doubles when every slot is taken (copying the live slots once).
+The pool starts small and doubles when every slot is taken (copying the live slots once);
+it never shrinks by itself. ``reset`` (the operator's /reset_encoder_cache) hands an idle
+pool's tensors back; live sequences keep their slots, so a reset under load frees nothing.
 """
 
 from __future__ import annotations
@@ -66,6 +68,16 @@ class CrossKVPool:
             for cache, x in ((self.k[layer], k), (self.v[layer], v)):
                 padded[:, :positions] = x
                 cache[rows] = padded.view(self.num_heads, bps, bs, self.head_size).transpose(0, 1)
+
+    def reset(self) -> int:
+        """Drops every tensor when no sequence holds a slot; returns the bytes dropped (0
+        while any sequence is live: each still reads its own K/V)."""
+        if self._slot or not self.k:
+            return 0
+        freed = sum(t.numel() * t.element_size() for t in (*self.k, *self.v))
+        self.k, self.v, self._free = [], [], []
+        self.positions = self.blocks_per_slot = 0
+        return freed
 
     def release(self, seq_id: int) -> None:
         slot = self._slot.pop(seq_id, None)

@@ -215,6 +215,10 @@ class ModelRunner:
         for sid in seq_ids:
             self._release(sid)
 
+    def reset_cross_kv(self) -> int:
+        """Hands the cross-attention pool's memory back when no sequence uses it (bytes)."""
+        return self._cross.reset()
+
     def num_cross_kv(self) -> int:
         """Sequences whose cross-attention K/V the runner holds."""
         return len(self._cross)

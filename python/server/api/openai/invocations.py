@@ -96,6 +96,7 @@ def register(app: Quart, srv: ServerState) -> None:
             view = views.get(kind.route)
             if view is not None and kind.matches(body):
                 g.json_body = body  # the route reads it as its own
+                g.invocation_route = kind.route  # what answers it (server.api.orca reads it)
                 return await view()
         names = ", ".join(dict.fromkeys(k.route for k in INVOCATIONS if k.route in views))
         raise bad_request(f"Cannot find suitable handler for request. Expected one of: "
