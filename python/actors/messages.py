@@ -229,6 +229,9 @@ class EngineInfo:
     eos_token_ids: tuple[int, ...]
     # Sampling defaults from generation_config.json (SamplingParams field -> value).
     generation_defaults: tuple[tuple[str, Any], ...] = field(default=())
+    # The width of the prompt embeddings the core takes (the model's hidden size) under
+    # --enable-prompt-embeds; 0: it takes none.
+    prompt_embeds_width: int = 0
 
 
 # ------------------------------------------------------------------ inside the core
