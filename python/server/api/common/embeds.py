@@ -54,6 +54,7 @@ FLAG_OFF = "You must set `--enable-prompt-embeds` to input `prompt_embeds`."
 # byte order, serialization id) and zip headers about 1.5 KB.
 MAX_PICKLE_BYTES = 4096
 ARCHIVE_SLACK = 64 << 10
+ONE_TENSOR = "the archive must hold exactly one dense tensor and nothing else"
 MAX_ENTRIES = 16
 
 _STORAGES = frozenset(f"{t}Storage" for t in (
@@ -150,9 +151,9 @@ def _check_archive(raw: bytes) -> None:
             records = [n for n in names if n.startswith(f"{root}/data/")]
             pickle_info = next((i for i in infos if i.filename == f"{root}/data.pkl"), None)
             if pickle_info is None or len(records) != 1:
-                raise _NotOneTensor("the archive must hold exactly one tensor")
+                raise _NotOneTensor(ONE_TENSOR)
             if pickle_info.file_size > MAX_PICKLE_BYTES:
-                raise _NotOneTensor("the archive must hold exactly one tensor")
+                raise _NotOneTensor(ONE_TENSOR)
             pickle = zf.read(pickle_info)
     except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError):
         raise _NotOneTensor("not a torch.save archive") from None
@@ -167,15 +168,14 @@ def _check_pickle(pickle: bytes) -> None:
         for op, arg, _ in pickletools.genops(pickle):
             name = op.name
             if name not in _OPCODES:
-                raise _NotOneTensor("the archive must hold one tensor and no other object")
+                raise _NotOneTensor(ONE_TENSOR)
             if name == "PROTO" and arg != 2:
                 raise _NotOneTensor("the tensor must be saved with torch.save's default "
                                     "pickle protocol")
             if name == "GLOBAL":
                 module, _, attr = str(arg).partition(" ")
                 if (module, attr) not in _GLOBALS:
-                    raise _NotOneTensor("the archive must hold one dense tensor and no other "
-                                        "object")
+                    raise _NotOneTensor(ONE_TENSOR)
                 globals_seen.append((module, attr))
             elif name == "BINPERSID":
                 persistent += 1
@@ -184,7 +184,7 @@ def _check_pickle(pickle: bytes) -> None:
     if (persistent != 1 or not globals_seen
             or globals_seen[0] != ("torch._utils", "_rebuild_tensor_v2")
             or sum(g[0] == "torch" for g in globals_seen) != 1):
-        raise _NotOneTensor("the archive must hold exactly one tensor")
+        raise _NotOneTensor(ONE_TENSOR)
 
 
 def _load(raw: bytes):  # -> torch.Tensor
