@@ -1,8 +1,8 @@
 """Prompts given as embedding rows, in the engine core (--enable-prompt-embeds): the rows the
 model's own embedding gives for a prompt's tokens generate what the tokens generate, whole or
-in chunks, greedy or seeded with forked choices, in this process or across the engine
-process's pipe; the prefix cache finds them again only under the same rows; the core refuses
-what it cannot run, naming the field."""
+in chunks, greedy, seeded with forked choices or by beam search, in this process or across
+the engine process's pipe; the prefix cache finds them again only under the same rows; the
+core refuses what it cannot run, naming the field."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ pytestmark = pytest.mark.slow
 MiB = 1 << 20
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 SAMPLED = SamplingParams(n=3, seed=11, temperature=1.0, max_tokens=6, ignore_eos=True)
+BEAMS = SamplingParams(n=3, use_beam_search=True, max_tokens=6)
 # About 60 tokens: three full blocks of 16 can be prefix-cache hits.
 LONG = ("A parcel left the depot on Monday, crossed two borders, waited at customs and "
         "reached the sorting centre on Thursday. ") * 3
@@ -68,7 +69,8 @@ def run(engine: Any, rid: str, ids: list[int], params: SamplingParams,
     return out, cached
 
 
-@pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "seeded-n3"])
+@pytest.mark.parametrize("params", [GREEDY, SAMPLED, BEAMS],
+                         ids=["greedy", "seeded-n3", "beams-3"])
 def test_rows_generate_what_their_tokens_generate(engine, params) -> None:
     ids = ids_of(engine, "The capital of France is")
     want, _ = run(engine, "tokens", ids, params)

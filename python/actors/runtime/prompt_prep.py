@@ -21,7 +21,7 @@ from actors.errors import PromptTooLong
 from actors.params.embeds import PromptEmbeds
 from actors.params.limits import RequestLimits
 from actors.params.pooling import check_pooling_prompt
-from actors.params.prompt import check_prompt
+from actors.params.prompt import EMBEDS, check_prompt
 from actors.runtime.prompt_bounds import PromptCharBound
 from actors.runtime.request import PromptResult, RequestState
 
@@ -112,12 +112,13 @@ class PromptPreparer:
                     raise s.error
                 ids = s.ids
                 assert ids is not None
-                checked = (check_prompt(ids, state.params, limits) if state.pooling is None
-                           else check_pooling_prompt(ids, state.params, limits))
                 if s.embeds is not None:  # truncate_prompt_tokens cuts its rows alike
+                    checked = check_prompt(ids, state.params, limits, EMBEDS)
                     results.append(PromptResult(checked, "", s.embeds.kept(
                         len(checked), state.params.truncation_side)))
                     continue
+                checked = (check_prompt(ids, state.params, limits) if state.pooling is None
+                           else check_pooling_prompt(ids, state.params, limits))
                 text = s.text
                 if text is None or checked is not ids:  # decoded once its ids are known good
                     text = self._backend.decode(checked, skip_special_tokens=False)
