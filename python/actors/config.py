@@ -129,6 +129,12 @@ class EngineConfig:
     structured_fast_forward: bool = True
     # LoRA adapters: slots kept for max_loras adapters at once, each of rank up to
     # max_lora_rank.
+    # Prompts given as embedding rows (vLLM's prompt_embeds on /v1/completions):
+    # actors.params.embeds; the front end decodes and bounds them (server.api.common.embeds).
+    enable_prompt_embeds: bool = flag(False, help="accept prompt_embeds on /v1/completions: "
+        "prompts given as base64 torch.save tensors [tokens, hidden_size] instead of text. "
+        "Decoded safely (one dense floating-point tensor, bounded in bytes and rows; no other "
+        "pickled object is loaded)")
     enable_lora: bool = flag(False, help="serve LoRA adapters (PEFT format)")
     max_loras: int = flag(1, type="int", help="adapters held at once (one slot each)")
     max_lora_rank: int = flag(16, type="int", help="the largest adapter rank accepted")

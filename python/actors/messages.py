@@ -235,6 +235,9 @@ class EngineInfo:
     # The KV-event publisher this core runs, as vLLM's KVEventsConfig fields (field ->
     # value; actors.core.kv_events.ZmqEventPublisher.source); () when it publishes none.
     kv_event_source: tuple[tuple[str, Any], ...] = field(default=())
+    # The width of the prompt embeddings the core takes (the model's hidden size) under
+    # --enable-prompt-embeds; 0: it takes none.
+    prompt_embeds_width: int = 0
 
 
 # ------------------------------------------------------------------ inside the core

@@ -90,6 +90,7 @@ def build_parts(config: EngineConfig, loaded: LoadedModel | None,
     routing = _route_linears(config, loaded)
     mc = loaded.config
     hook = hook_for(loaded.model, mc)
+    embeds_width = _prompt_embeds_width(config, loaded.model, mc.hidden_size)
     kv_dtype = _kv_cache_dtype(config.kv_cache_dtype, loaded.dtype)
     max_model_len = hook.context_length(config.max_model_len or mc.max_position_embeddings)
     if max_model_len > mc.max_position_embeddings:
@@ -179,7 +180,23 @@ def build_parts(config: EngineConfig, loaded: LoadedModel | None,
             enable_prefix_caching=config.enable_prefix_caching,
             scheduling_policy=config.scheduling_policy, max_logprobs=config.max_logprobs,
             eos_token_ids=eos, generation_defaults=tuple(defaults.items()),
-            kv_event_source=() if kv_events is None else tuple(kv_events.source().items())))
+            kv_event_source=() if kv_events is None else tuple(kv_events.source().items()),
+            prompt_embeds_width=embeds_width))
+
+
+
+def _prompt_embeds_width(config: EngineConfig, model: Any, hidden_size: int) -> int:
+    """The width of the prompt embeddings the engine takes (0: --enable-prompt-embeds is
+    off); refuses the flag on a model whose first layer cannot take rows (vLLM's text for
+    an encoder-decoder)."""
+    if not config.enable_prompt_embeds:
+        return 0
+    if getattr(model, "is_encoder_decoder", False):
+        raise UnsupportedModelError(
+            "--enable-prompt-embeds is not supported with encoder-decoder models.")
+    if not getattr(model, "is_causal", True) or not hasattr(model, "embed"):
+        raise UnsupportedModelError("--enable-prompt-embeds needs a generative decoder model")
+    return hidden_size
 
 
 def _set_threads(config: EngineConfig) -> None:

@@ -109,6 +109,8 @@ class LLMEngine:
         if isinstance(kind, Generate) and kind.lora_id and (
                 self.lora is None or not self.lora.serves(kind.lora_id)):
             raise RequestRefused(f"LoRA adapter id {kind.lora_id} is not loaded")
+        if isinstance(kind, Generate) and kind.prompt_embeds is not None:
+            self._check_embeds(kind, len(admit.prompt_token_ids))
         try:
             self._hook.check(kind)  # the model family's own checks (an encoder input's shape)
             if self._held.admit(admit):
@@ -117,6 +119,21 @@ class LLMEngine:
             raise
         except ValueError as exc:
             raise RequestRefused(str(exc)) from exc
+
+    def _check_embeds(self, kind: Generate, num_tokens: int) -> None:
+        """Refuses prompt embeddings this engine cannot run (the front end's checks, again
+        at the core's boundary: an offline caller reaches it directly)."""
+        width = self._info.prompt_embeds_width
+        if not width:
+            raise RequestRefused("You must set `--enable-prompt-embeds` to input "
+                                 "`prompt_embeds`.", param="prompt_embeds")
+        if kind.params.prompt_logprobs is not None:
+            raise RequestRefused("prompt_logprobs is not compatible with prompt embeds.",
+                                 param="prompt_logprobs")
+        try:
+            kind.prompt_embeds.check(width, num_tokens)
+        except ValueError as exc:
+            raise RequestRefused(str(exc), param="prompt_embeds") from None
 
     def abort(self, abort: Abort) -> None:
         if self._held.abort(abort.request_id, abort.index) is None:

@@ -33,6 +33,9 @@ every later one's; since the pool verifies a hit against the stored parent hash,
 lookup from another root (another salt, or none) can never reach a salted block.
 A LoRA adapter's id (``Sequence.lora_id``) enters the key the same way, so no block is
 ever shared between adapters or between an adapter and the base model.
+A prompt given as embeddings (``Generate.prompt_embeds``) has placeholder token ids, which
+say nothing of its KV: the embeddings' digest enters the key the same way, so its blocks are
+found again only by a prompt with the same embeddings (to the bit), never by a token prompt.
 
 Forking (n > 1): a child shares the parent's full blocks that end before the
 parent's last prompt token. The partially filled last prompt block is NOT copied;
@@ -290,13 +293,17 @@ class KVManager:
     def _key_of(self, seq: Sequence) -> int:
         """The pool namespace (extra_key) of seq's chain: the manager's, or its salt's."""
         salt = seq.params.cache_salt
-        if salt is None and not seq.lora_id:
+        embeds = getattr(seq.kind, "prompt_embeds", None)
+        if salt is None and not seq.lora_id and embeds is None:
             return self.extra_key
         # A LoRA adapter's id joins the salt under a personalisation of its own (its KV
         # differs from the base model's; no salt string can reach an adapter's namespace).
         material, person = (salt or "").encode(), b"llmserve-salt"
         if seq.lora_id:
             material, person = material + seq.lora_id.to_bytes(8, "little"), b"llmserve-lora"
+        if embeds is not None:  # its fixed-size digest first, under a person of its own
+            material = embeds.digest + material
+            person = b"llmserve-embl" if seq.lora_id else b"llmserve-embd"
         digest = hashlib.blake2b(material, digest_size=8, person=person,
                                  key=self.extra_key.to_bytes(8, "little")).digest()
         # 64 bits: two salts share a namespace with probability 2^-64; finding a salt that

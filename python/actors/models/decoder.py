@@ -104,10 +104,13 @@ class DecoderForCausalLM(nn.Module):
         return [r(positions, dtype) for r in self.ropes]
 
     def hidden_states(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend,
+        inputs_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Final-norm hidden states [T, hidden_size] for the flattened batch."""
-        x = self._embed(input_ids)
+        """Final-norm hidden states [T, hidden_size] for the flattened batch.
+        ``inputs_embeds`` [T, hidden_size] (compute dtype, written in place): the first
+        layer's input instead of ``embed(input_ids)`` (prompt embeddings)."""
+        x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
         ropes = self.rope_tables(positions, x.dtype)
         if self.native and x.device.type == "cpu":
             return decoder_native.hidden_states(self, x, ropes, attn)
@@ -250,7 +253,9 @@ class DecoderForCausalLM(nn.Module):
         """The table route_linears chose, or None (not measured, or turned off)."""
         return self._routing
 
-    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The first layer's input rows [T, hidden_size] for these tokens, a fresh tensor
+        in the compute dtype: their embeddings times the family's embedding scale."""
         if self._tied_packed is not None:  # the tied matrix lives packed: gather its rows
             out = torch.empty((input_ids.shape[0], self.config.hidden_size),
                               dtype=self.compute_dtype)
@@ -335,9 +340,10 @@ class DecoderForCausalLM(nn.Module):
         positions: torch.Tensor,
         attn: AttentionBackend,
         logits_indices: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits [len(logits_indices) or T, vocab] for the selected rows of the batch."""
-        hidden = self.hidden_states(input_ids, positions, attn)
+        hidden = self.hidden_states(input_ids, positions, attn, inputs_embeds)
         if logits_indices is not None:
             hidden = hidden.index_select(0, logits_indices)
         return self.compute_logits(hidden)

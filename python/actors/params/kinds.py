@@ -7,7 +7,9 @@ kind (``match admit.kind``) instead of testing optional fields:
 
 - ``Generate``: ``params.n`` choices drawn under ``params``, optionally under a LoRA
   adapter (its id in the core's registry; 0: the base model; part of the prefix-cache
-  key, so blocks are never shared across adapters).
+  key, so blocks are never shared across adapters), optionally from a prompt given as
+  embedding rows (``prompt_embeds``, actors.params.embeds; the Admit's token ids are then
+  placeholders, one per row).
 - ``Pool``: the prompt computed once, no token drawn, one vector out
   (``RequestOutput.pooled``), shaped by its ``PoolingSpec``. Truncation happened in the
   front end, and the priority travels on the Admit, so it needs no SamplingParams.
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from actors.params.embeds import PromptEmbeds
 from actors.params.encoder import EncoderInput
 from actors.params.pooling import PoolingSpec
 from actors.params.sampling import SamplingParams
@@ -37,6 +40,7 @@ POOL_SAMPLING = SamplingParams(max_tokens=1)
 class Generate:
     params: SamplingParams
     lora_id: int = 0
+    prompt_embeds: PromptEmbeds | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,10 +62,12 @@ RequestKind = Generate | Pool | Transcribe
 
 
 def request_kind(params: SamplingParams, pooling: PoolingSpec | None = None,
-                 encoder_input: EncoderInput | None = None) -> RequestKind:
-    """The kind a front-end request names (its params, pooling spec, encoder input)."""
+                 encoder_input: EncoderInput | None = None,
+                 prompt_embeds: PromptEmbeds | None = None) -> RequestKind:
+    """The kind a front-end request names (its params, pooling spec, encoder input, the
+    embeddings its prompt is given as)."""
     if pooling is not None:
         return Pool(pooling)
     if encoder_input is not None:
         return Transcribe(params, encoder_input)
-    return Generate(params, params.lora_id)
+    return Generate(params, params.lora_id, prompt_embeds)

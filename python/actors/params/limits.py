@@ -29,10 +29,12 @@ class RequestLimits:
     # The engine reserves a running seat per choice, so n may not exceed it (None: any n).
     max_num_seqs: int | None = None
     max_n: int = MAX_N
+    prompt_embeds_width: int = 0  # a prompt_embeds row's width; 0: none accepted
 
     @classmethod
     def from_info(cls, info: EngineInfo) -> RequestLimits:
         """The limits of the engine that published ``info``."""
         return cls(vocab_size=info.vocab_size, max_model_len=info.max_model_len,
                    max_logprobs=info.max_logprobs, scheduling_policy=info.scheduling_policy,
-                   max_num_seqs=info.max_num_seqs)
+                   max_num_seqs=info.max_num_seqs,
+                   prompt_embeds_width=info.prompt_embeds_width)

@@ -18,7 +18,7 @@ from actors.errors import PromptTooLong, RequestRefused, TokenOutOfVocab
 from actors.params.limits import RequestLimits
 from actors.params.sampling import SamplingParams
 
-__all__ = ["GENERATION", "POOLING", "PromptRule", "check_prompt"]
+__all__ = ["EMBEDS", "GENERATION", "POOLING", "PromptRule", "check_prompt"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +31,8 @@ class PromptRule:
 
 
 GENERATION = PromptRule("prompt", 1, "; at least one token must be left for the completion.")
+# A prompt given as embedding rows (actors.params.embeds), judged on its placeholder ids.
+EMBEDS = PromptRule("prompt_embeds", 1, GENERATION.too_long)
 POOLING = PromptRule("input", 0, ", which exceeds this limit even without any output "
                                  "tokens. Please reduce the length of the input prompt.")
 

@@ -18,9 +18,10 @@ from __future__ import annotations
 from typing import Any
 
 from actors.errors import PromptTooLong
+from actors.params.embeds import PromptEmbeds
 from actors.params.limits import RequestLimits
 from actors.params.pooling import check_pooling_prompt
-from actors.params.prompt import check_prompt
+from actors.params.prompt import EMBEDS, check_prompt
 from actors.runtime.prompt_bounds import PromptCharBound
 from actors.runtime.request import PromptResult, RequestState
 
@@ -34,12 +35,13 @@ class _Staged:
     until tokenized), or the error that refused it before tokenizing (raised in its turn,
     so a request's first bad prompt is the one reported, as when each was done whole)."""
 
-    __slots__ = ("add_special_tokens", "error", "ids", "text")
+    __slots__ = ("add_special_tokens", "embeds", "error", "ids", "text")
 
     def __init__(self, text: str | None = None, ids: list[int] | None = None,
-                 add_special_tokens: bool = True, error: Exception | None = None) -> None:
+                 add_special_tokens: bool = True, error: Exception | None = None,
+                 embeds: PromptEmbeds | None = None) -> None:
         self.text, self.ids, self.add_special_tokens = text, ids, add_special_tokens
-        self.error = error
+        self.error, self.embeds = error, embeds
 
 
 class PromptPreparer:
@@ -62,6 +64,10 @@ class PromptPreparer:
         """Each prompt's text or ids, up to the first that is refused untokenized."""
         staged = []
         for prompt in state.prompts:
+            if prompt.embeds is not None:  # judged as its placeholder ids are
+                staged.append(_Staged(ids=prompt.embeds.placeholder_ids(),
+                                      embeds=prompt.embeds))
+                continue
             if prompt.token_ids is not None:
                 staged.append(_Staged(ids=list(prompt.token_ids)))
                 continue
@@ -106,6 +112,11 @@ class PromptPreparer:
                     raise s.error
                 ids = s.ids
                 assert ids is not None
+                if s.embeds is not None:  # truncate_prompt_tokens cuts its rows alike
+                    checked = check_prompt(ids, state.params, limits, EMBEDS)
+                    results.append(PromptResult(checked, "", s.embeds.kept(
+                        len(checked), state.params.truncation_side)))
+                    continue
                 checked = (check_prompt(ids, state.params, limits) if state.pooling is None
                            else check_pooling_prompt(ids, state.params, limits))
                 text = s.text

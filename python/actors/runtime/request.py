@@ -25,6 +25,7 @@ import trio
 
 from actors.errors import DuplicateRequest
 from actors.messages import Admit
+from actors.params.embeds import PromptEmbeds
 from actors.params.encoder import EncoderInput
 from actors.params.pooling import PoolingSpec
 from actors.params.sampling import SamplingParams
@@ -35,20 +36,24 @@ from actors.text.detokenizer import IncrementalDetokenizer
 
 @dataclass(slots=True)
 class PromptInput:
-    """One prompt: text, token ids, or a deferred render (a chat template) producing text."""
+    """One prompt: text, token ids, a deferred render (a chat template) producing text, or
+    embedding rows (decoded and bounded by the front end)."""
 
     text: str | None = None
     token_ids: list[int] | None = None
     render: Callable[[], str] | None = None
     add_special_tokens: bool = True
+    embeds: PromptEmbeds | None = None
 
 
 @dataclass(slots=True)
 class PromptResult:
-    """A prompt after tokenization."""
+    """A prompt after tokenization. An embeddings prompt has one placeholder id per row
+    (actors.params.embeds), its rows as the engine runs them (truncated), no text."""
 
     token_ids: list[int]
     text: str
+    embeds: PromptEmbeds | None = None
 
 
 @dataclass(slots=True, eq=False)

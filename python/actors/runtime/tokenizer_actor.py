@@ -242,7 +242,7 @@ class TokenizerActor:
             req = EngineRequest(Admit(
                 f"{state.request_id}-{p}", tuple(result.token_ids),
                 request_kind(replace(params, **changes), state.pooling,
-                             state.encoder_input),
+                             state.encoder_input, result.embeds),
                 arrival_time=state.arrival, priority=params.priority), prompt_index=p)
             for i in range(n):
                 req.choices.append(Choice(
@@ -250,7 +250,8 @@ class TokenizerActor:
                     outbox_index=p * n + i,
                     detokenizer=IncrementalDetokenizer(
                         self._backend,
-                        prompt_token_ids=result.token_ids,
+                        # an embeddings prompt has no text to continue from
+                        prompt_token_ids=None if result.embeds else result.token_ids,
                         skip_special_tokens=params.skip_special_tokens,
                         # a beam search has no stop strings and never shows its EOS (vLLM)
                         stop=() if params.use_beam_search else params.stop,

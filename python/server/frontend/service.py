@@ -152,6 +152,12 @@ class Prompt:
     text: str
     token_ids: list[int]
     first_token_text: str  # the first token decoded alone, as logprobs report tokens
+    from_embeds: bool = False  # given as prompt_embeds: token_ids are placeholders
+
+    @property
+    def shown_ids(self) -> list[int] | None:
+        """The ids a response shows for this prompt: none for embeddings (as vLLM)."""
+        return None if self.from_embeds else list(self.token_ids)
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,7 +262,8 @@ class TextGeneration:
         self.num_choices: int = state.num_choices
         self.n: int = state.params.n  # choices per prompt
         self.prompts: tuple[Prompt, ...] = tuple(
-            Prompt(p.text, p.token_ids, texts[p.token_ids[0]] if p.token_ids else "")
+            Prompt(p.text, p.token_ids, texts[p.token_ids[0]] if p.token_ids else "",
+                   p.embeds is not None)
             for p in state.prompt_results)
 
     def prompt_of(self, index: int) -> Prompt:

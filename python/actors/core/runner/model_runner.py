@@ -13,6 +13,11 @@ seam of constrained decoding) are registered per (request id, choice index) with
 it arrives (``NewSeq``) and the registry forgets them when the plan reports the choice
 finished (``StepPlan.finished``).
 
+A prompt given as embeddings (``Generate.prompt_embeds``: placeholder token ids) feeds its
+rows to the first layer instead of the placeholders' embeddings: a step with any such
+position embeds the whole batch's tokens once, then overwrites those rows
+(``_inputs_embeds``); a step without pays one dict test.
+
 Structured outputs use the same seam: a ``NewSeq`` whose params carry a ``StructuredSpec``
 gets hooks whose token mask is a fresh grammar matcher (``structured_masks``, set by the
 engine, builds it from the process's grammar cache and replays a resumed sequence's
@@ -117,6 +122,9 @@ class ModelRunner:
         self.lora: lora.LoraStacks | None = None
         self.lora_slots: dict[int, int] = {}
         self._lora_of: dict[int, int] = {}
+        # Sequences whose prompt is embedding rows: seq id -> the rows (float32, shared
+        # with the kind's array, not copied).
+        self._embeds: dict[int, torch.Tensor] = {}
 
     def allocate_kv_cache(self) -> None:
         """The paged K/V tensors, zeroed (pages come back as they are written)."""
@@ -169,13 +177,17 @@ class ModelRunner:
                                 ns.request_id, ns.index, exc)
                     hooks.failed = f"the token mask's rollback raised {type(exc).__name__}"
                 hooks.accepted -= excess
+        embeds = ns.kind.prompt_embeds if isinstance(ns.kind, Generate) else None
         self._seqs[ns.seq_id] = SeqState(
             prompt=np.asarray(ns.prompt_token_ids, dtype=np.int32),
             outputs=list(ns.output_token_ids),
             logit_bias=ns.logit_bias,
             allowed_mask=mask,
             hooks=hooks,
+            prompt_penalized=embeds is None,  # placeholder ids are no tokens to penalize
         )
+        if embeds is not None:
+            self._embeds[ns.seq_id] = torch.from_numpy(embeds.data)
         match ns.kind:
             case Generate(lora_id=lora_id) if lora_id:
                 self._lora_of[ns.seq_id] = lora_id
@@ -227,6 +239,7 @@ class ModelRunner:
         self._cross.release(seq_id)
         self._pools.pop(seq_id, None)
         self._lora_of.pop(seq_id, None)
+        self._embeds.pop(seq_id, None)
         st = self._seqs.pop(seq_id, None)
         if st is not None and st.hooks is not None:
             self._num_hooked -= 1
@@ -302,16 +315,20 @@ class ModelRunner:
             split = row_kernels.RowSplit.of(pos >= np.repeat(prompt_lens, np.diff(query_start)))
         with (torch.inference_mode(), lora.active(self._lora_batch(plan, query_start)),
               row_kernels.active(split)):
+            # Only with prompt embeddings in the step: the model's other kinds lack the seam.
+            embeds = ({"inputs_embeds": self._inputs_embeds(plan, query_start, ids_t)}
+                      if self._embeds else {})
             if not sampling and not prompt_rows and not pool_rows:
                 # Only mid-prompt chunks (a prompt longer than the token budget): the KV
                 # is the whole result, no row reaches the LM head.
-                self.model.hidden_states(ids_t, torch.from_numpy(pos), seam)
+                self.model.hidden_states(ids_t, torch.from_numpy(pos), seam, **embeds)
                 return StepResult(step_id=plan.step_id, sampled=())
             if not prompt_rows and not pool_rows:  # the common step: sampling rows only
                 logits = self.model.forward(ids_t, torch.from_numpy(pos), seam,
-                                            logits_indices=logits_rows)
+                                            logits_indices=logits_rows, **embeds)
             else:
-                hidden = self.model.hidden_states(ids_t, torch.from_numpy(pos), seam)
+                hidden = self.model.hidden_states(ids_t, torch.from_numpy(pos), seam,
+                                                  **embeds)
                 logits = (self.model.compute_logits(hidden.index_select(0, logits_rows))
                           if sampling else None)
                 if prompt_rows:
@@ -327,6 +344,23 @@ class ModelRunner:
             res = StepResult(step_id=res.step_id, sampled=res.sampled, prompt_logprobs=prompt_lps,
                              pooled=pooled)
         return res
+
+    def _inputs_embeds(self, plan: StepPlan, query_start: np.ndarray,
+                       ids: torch.Tensor) -> torch.Tensor | None:
+        """The first layer's input rows when some row of the step is a prompt embedding
+        (those rows given, the others the tokens' embeddings); None when none is."""
+        spans = []  # (first batch row, the embedding rows it starts)
+        for i, s in enumerate(plan.seqs):
+            rows = self._embeds.get(s.seq_id)
+            if rows is not None and s.start_pos < rows.shape[0]:
+                count = min(len(s.token_ids), rows.shape[0] - s.start_pos)
+                spans.append((int(query_start[i]), rows[s.start_pos: s.start_pos + count]))
+        if not spans:
+            return None
+        x = self.model.embed(ids)
+        for at, part in spans:
+            x[at: at + part.shape[0]].copy_(part)
+        return x
 
     def _lora_batch(self, plan: StepPlan, query_start: np.ndarray) -> lora.LoraBatch | None:
         """The step's rows grouped by adapter slot; None when every row is the base's."""

@@ -92,6 +92,7 @@ class SeqState:
     allowed_mask: np.ndarray | None  # int32 bitmask row, or None
     output_array: np.ndarray | None = field(default=None)  # cache of outputs as int32
     hooks: SamplingHooks | None = None
+    prompt_penalized: bool = True  # False: the prompt's ids are placeholders (embeddings)
 
     def outputs_i32(self) -> np.ndarray:
         if self.output_array is None or len(self.output_array) != len(self.outputs):
@@ -231,8 +232,9 @@ class Sampler:
 
         kwargs = {}
         if any(r.uses_penalties for r in rows):
-            kwargs["prompt_tokens"] = _csr([st.prompt if r.repetition_penalty != 1.0 else None
-                                            for r, st in zip(rows, states)])
+            kwargs["prompt_tokens"] = _csr([
+                st.prompt if r.repetition_penalty != 1.0 and st.prompt_penalized else None
+                for r, st in zip(rows, states)])
             kwargs["output_tokens"] = _csr([st.outputs_i32() if r.uses_penalties else None
                                             for r, st in zip(rows, states)])
         if any(st.logit_bias for st in states):

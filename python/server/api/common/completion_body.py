@@ -9,6 +9,7 @@ from typing import Any
 from actors.params.sampling import SamplingParams
 from actors.runtime.request import PromptInput
 
+from server.api.common import embeds
 from server.api.common.completion_protocol import CompletionRequest
 from server.api.common.params import (
     MAX_PROMPTS,
@@ -29,8 +30,12 @@ EMPTY_PROMPT = "Either prompt or prompt_embeds must be provided and non-empty."
 
 
 def prompts_of(req: CompletionRequest) -> list[PromptInput]:
+    """The text and token-id prompts; none when only prompt_embeds are given (those are
+    decoded apart: server.api.common.embeds)."""
     p = req.prompt
     if p is None or p == "" or p == []:
+        if req.prompt_embeds:
+            return []
         raise bad_request(EMPTY_PROMPT, "prompt")
     if isinstance(p, str):
         items: list[Any] = [p]
@@ -96,5 +101,6 @@ def checked(srv: ServerState, req: CompletionRequest
         # vLLM streams the prompt's logprobs in front of the first chunk; not done here yet.
         raise bad_request("echo with logprobs is not supported with stream=true by this "
                           "server yet", "echo")
+    embeds.check_request(req)
     params = gate_reasoning(srv, sampling_params(srv, req), budget=req.thinking_token_budget)
     return model, prompts_of(req), with_adapter(srv, model, params)

@@ -20,6 +20,8 @@ class CompletionRequest(SamplingFields, TokenIdFields):
     logprobs: int | None = None
     suffix: str | None = None
     add_special_tokens: bool = True
+    # base64 torch.save tensors, taken before the text prompts (server.api.common.embeds)
+    prompt_embeds: str | list[str] | None = None
     best_of: int | None = Field(default=None, exclude=True)
 
     @model_validator(mode="before")

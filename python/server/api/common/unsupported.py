@@ -14,7 +14,6 @@ from server.errors import bad_request
 # field -> what the 400 says is missing. A field counts as set when it is truthy.
 UNSUPPORTED = {
     "logprob_token_ids": "logprob_token_ids",
-    "prompt_embeds": "prompt embeddings",
     "bad_words": "bad_words",
     "return_token_ids": "return_token_ids",
     "return_tokens_as_token_ids": "return_tokens_as_token_ids",

@@ -1,11 +1,13 @@
-"""POST /v1/completions: the body's prompts and checks (server.api.common.completion_body),
-and the handler that hands them to the generation service and its output to
-CompletionRenderer."""
+"""POST /v1/completions: the body's prompts and checks (server.api.common.completion_body;
+its prompt_embeds: server.api.common.embeds), and the handler that hands them to the
+generation service and its output to CompletionRenderer."""
 
 from __future__ import annotations
 
+from actors.runtime.request import PromptInput
 from quart import Quart, Response, request
 
+from server.api.common import embeds
 from server.api.common.completion_body import checked, echo_only
 from server.api.common.completion_protocol import CompletionRequest
 from server.api.common.render_json import logprob_style
@@ -21,6 +23,11 @@ from server.state import ServerState
 
 async def handle(srv: ServerState, req: CompletionRequest) -> Response:
     model, prompts, params = checked(srv, req)
+    assert srv.limits is not None
+    # As vLLM: the prompts given as embeddings come first, then the text prompts.
+    prompts = [PromptInput(embeds=e) for e in await embeds.decoded_prompts(
+        req, width=srv.limits.prompt_embeds_width,
+        max_model_len=srv.limits.max_model_len or 0)] + prompts
     rid = new_request_id(request.headers.get("X-Request-Id"), req.request_id)
     gen = await service.start(context_of(srv), rid, prompts, params)
     opts = req.stream_options

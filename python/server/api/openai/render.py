@@ -158,7 +158,7 @@ class CompletionRenderer(_Renderer):
         prompt_ids = None
         if state.prompt_ids_pending:
             state.prompt_ids_pending = False
-            prompt_ids = self.gen.prompt_of(d.index).token_ids
+            prompt_ids = self.gen.prompt_of(d.index).shown_ids
         lp = None
         if self.logprobs is not None:
             lp = completion_logprobs(d.logprobs, state.offset, self.num_logprobs,
@@ -205,7 +205,7 @@ class CompletionRenderer(_Renderer):
                             "finish_reason": r.finish_reason, "stop_reason": r.stop_reason,
                             "token_ids": list(r.token_ids) if ids else None,
                             "prompt_logprobs": prompt_json.get(p),
-                            "prompt_token_ids": list(gen.prompts[p].token_ids) if ids else None,
+                            "prompt_token_ids": gen.prompts[p].shown_ids if ids else None,
                             "routed_experts": None, "weight_versions": None})
         return self._with_metrics({
             "id": self.response_id, "object": "text_completion", "created": gen.created,
@@ -279,7 +279,7 @@ class ChatCompletionRenderer(_Renderer):
         return chat_logprobs(items, self.top_logprobs, self.style) if self.logprobs else None
 
     def _prompt_ids(self, index: int) -> list[int] | None:
-        return list(self.gen.prompt_of(index).token_ids) if self.return_token_ids else None
+        return self.gen.prompt_of(index).shown_ids if self.return_token_ids else None
 
     def chunk(self, d: ChoiceDelta) -> dict[str, Any] | None:
         if not d.text and not d.token_ids and d.finish_reason is None:

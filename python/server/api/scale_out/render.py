@@ -35,7 +35,7 @@ from server.api.common.completion_protocol import CompletionRequest
 from server.api.common.protocol import StreamOptions
 from server.api.common.tokens import encoded
 from server.api.http_io import accepts, json_response, parse, read_json
-from server.errors import api_error_of
+from server.errors import api_error_of, bad_request
 from server.frontend.chat.render import render_call, template_kwargs
 from server.frontend.chat.request import ChatRequest
 from server.frontend.generation import new_request_id
@@ -188,6 +188,9 @@ def register(app: Quart, srv: ServerState) -> None:
     async def completions_render() -> Response:
         req = parse(CompletionRequest, await read_json())
         _, prompts, params = completion_body.checked(srv, req)
+        if req.prompt_embeds:  # no token ids to render them as
+            raise bad_request("prompt_embeds cannot be rendered as token ids",
+                              "prompt_embeds")
         base = f"cmpl-{new_request_id(request.headers.get('X-Request-Id'), req.request_id)}"
         out = []
         for i, prompt in enumerate(prompts):
