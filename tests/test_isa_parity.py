@@ -207,12 +207,13 @@ def test_sampling_variant_matches_scalar(isa: str, dtype: torch.dtype, mode: str
     with llmcore.isa.capped(isa, ("sampling",)) as got_isa:
         assert got_isa["sampling"] == isa
         got = sample_all(logits, logprobs_mode=mode)
-    tokens, lps, ranks, top_t, top_l = got
+    tokens, lps, ranks, top_t, top_l, listed = got  # listed ids: tests/test_sampling_listed.py
     np.testing.assert_array_equal(tokens, want[0])
     np.testing.assert_allclose(lps, want[1], rtol=0, atol=5e-5)
     np.testing.assert_array_equal(ranks, want[2])
     np.testing.assert_array_equal(top_t, want[3])
     np.testing.assert_allclose(top_l, want[4], rtol=0, atol=5e-5)
+    np.testing.assert_allclose(listed, want[5], rtol=0, atol=5e-5)
     isa_record.ran("sampling", isa)
 
 
