@@ -104,7 +104,7 @@ def bypassing_validation(**fields: Any) -> SamplingParams:
     dict(top_p=1e-46),
     dict(repetition_penalty=-1.0),
     dict(top_k=2**31),  # the row's columns cannot be built (int32)
-    dict(logprobs=10**6),  # more top logprobs than the core returns
+    dict(min_p=2.0),  # out of [0, 1] (more logprobs than the vocabulary are capped to it)
     dict(n=2, top_p=0.0),  # a parent that never forks: both choices fail
 ])
 def test_a_row_the_core_refuses_fails_only_its_request(base: LLM, bad: dict) -> None:
