@@ -277,3 +277,59 @@ def test_routes_per_model(models) -> None:
     assert "/v1/completions" in lm and "/generative_scoring" in lm and "/classify" not in lm
     recipe = rules("--model", str(models["qwen3lm"]), "--hf-overrides", json.dumps(RECIPE))
     assert {"/classify", "/score"} <= recipe and "/generative_scoring" not in recipe
+
+
+# ------------------------------------------------------------------ /generative_scoring
+
+
+@pytest.fixture(scope="module")
+def generator():
+    proc = ServerProcess().wait_ready()  # the default model on the generate runner
+    yield proc
+    proc.stop()
+
+
+def test_generative_scoring_is_the_label_tokens_next_token_probability(generator) -> None:
+    tok = default_tokenizer()
+    labels = tok.convert_tokens_to_ids(["yes", "no"])
+    query, items = "Is the sky blue? Answer:", [" Sure", " Never"]
+    body = {"query": query, "items": items, "label_token_ids": labels}
+    r = post(generator, "/generative_scoring", body)
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert got["object"] == "list" and got["id"].startswith("generative-scoring-")
+    q = tok.encode(query)
+    prompts = [q + tok.encode(i, add_special_tokens=False) for i in items]
+    assert got["usage"]["prompt_tokens"] == sum(map(len, prompts))
+    assert got["usage"]["completion_tokens"] == len(items)
+    raw = post(generator, "/generative_scoring", {**body, "apply_softmax": False}).json()
+    for i, p in enumerate(prompts):  # the completion route's logprobs of the same ids
+        c = post(generator, "/v1/completions", {"prompt": p, "max_tokens": 1,
+                                                "logprob_token_ids": labels,
+                                                "logprobs": 2}).json()
+        lps = c["choices"][0]["logprobs"]["top_logprobs"][0]
+        yes, no = (lps[tok.convert_ids_to_tokens(t)] for t in labels)
+        assert abs(raw["data"][i]["score"] - np.exp(yes)) < 1e-4
+        want = np.exp(yes) / (np.exp(yes) + np.exp(no))
+        assert abs(got["data"][i]["score"] - want) < 1e-4
+        assert got["data"][i] == {"index": i, "object": "score", "score": got["data"][i]["score"]}
+    ids = post(generator, "/generative_scoring", {"query": q, "items": [prompts[0][len(q):]],
+                                                  "label_token_ids": labels}).json()
+    assert abs(ids["data"][0]["score"] - got["data"][0]["score"]) < 1e-6
+    first = post(generator, "/generative_scoring", {**body, "item_first": True})
+    assert first.status_code == 200
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ({"query": "q", "items": ["a"], "label_token_ids": [10 ** 9]}, "out of vocabulary range"),
+    ({"query": "q", "items": ["a"], "label_token_ids": []}, "at least one token ID"),
+    ({"query": "q", "items": [], "label_token_ids": [1]}, "at least one item"),
+    ({"query": "q", "items": "a", "label_token_ids": [1]}, None),
+    ({"query": "q", "items": ["a"] * 2049, "label_token_ids": [1]}, "array too long"),
+    ({"items": ["a"], "label_token_ids": [1]}, None),
+])
+def test_generative_scoring_bad_requests(generator, body, message) -> None:
+    r = post(generator, "/generative_scoring", body)
+    assert r.status_code == 400, r.text
+    if message is not None:
+        assert message in r.json()["error"]["message"]
