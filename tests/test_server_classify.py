@@ -56,10 +56,11 @@ def models(tmp_path_factory) -> dict[str, Path]:
         out[f"bert{n}"] = _save(transformers.BertForSequenceClassification(cfg).eval(), btok,
                                 root / f"bert{n}")
     qtok = default_tokenizer()
-    qcfg = dict(vocab_size=len(qtok), hidden_size=64, num_hidden_layers=2,
-                num_attention_heads=2, num_key_value_heads=1, head_dim=32,
-                intermediate_size=64, max_position_embeddings=256, initializer_range=0.2,
-                pad_token_id=qtok.pad_token_id or 0, tie_word_embeddings=False)
+    qcfg: dict[str, Any] = {
+        "vocab_size": len(qtok), "hidden_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32,
+        "intermediate_size": 64, "max_position_embeddings": 256, "initializer_range": 0.2,
+        "pad_token_id": qtok.pad_token_id or 0, "tie_word_embeddings": False}
     out["qwen3cls"] = _save(transformers.Qwen3ForSequenceClassification(
         transformers.Qwen3Config(**qcfg, num_labels=1)).eval(), qtok, root / "qwen3cls")
     out["qwen3lm"] = _save(transformers.Qwen3ForCausalLM(

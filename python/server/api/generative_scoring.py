@@ -21,6 +21,7 @@ import math
 import time
 
 import trio
+from actors.errors import RequestRefused
 from actors.params.sampling import SamplingParams
 from actors.runtime.request import PromptInput
 from quart import Quart, Response
@@ -71,7 +72,7 @@ def register(app: Quart, srv: ServerState) -> None:
                                 priority=req.priority, cache_salt=req.cache_salt)
         try:
             params.validate(srv.limits)
-        except Exception as exc:  # RequestRefused: the field and its wording
+        except RequestRefused as exc:  # the field and vLLM's wording
             raise api_error_of(exc) from None
         tok = srv.tokenizer
         keep = (srv.limits.max_model_len or 1 << 62) - 1
