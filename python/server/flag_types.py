@@ -171,6 +171,19 @@ def template_kwargs(text: str) -> dict[str, Any]:
     return value
 
 
+def hf_overrides(text: str) -> dict[str, Any]:
+    """--hf-overrides: a JSON object whose keys replace config.json's; what they describe
+    is checked when the model loads (a classifier the server cannot build is refused
+    there, with the reason)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object")
+    return value
+
+
 def effort_map(text: str) -> dict[str, str]:
     """--reasoning-effort-map: a JSON object from request efforts (vLLM's values) to the
     strings the chat template receives instead, checked as vLLM checks it."""

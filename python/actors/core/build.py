@@ -86,7 +86,8 @@ def build_parts(config: EngineConfig, loaded: LoadedModel | None,
         # "auto" -> what it means for this model and CPU; the config then says it
         config.quantization = resolve_quantization(config.quantization, config.model,
                                                    config.dtype)
-        loaded = load_model(config.model, config.dtype, quantization=config.quantization)
+        loaded = load_model(config.model, config.dtype, quantization=config.quantization,
+                            hf_overrides=config.hf_overrides)
     routing = _route_linears(config, loaded)
     mc = loaded.config
     hook = hook_for(loaded.model, mc)

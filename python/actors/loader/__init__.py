@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from actors.loader.default_model import (
     GGUF_MODELS,
@@ -101,12 +101,14 @@ QUANTIZATION_CHOICES = ("gguf", "int8")
 def load_model(
     source: str | Path | None = None, dtype: str = "auto", max_positions: int | None = None,
     pack: bool = True, quantization: str | None = None,
+    hf_overrides: dict[str, Any] | None = None,
 ) -> LoadedModel:
     """quantization: None (the matrices in ``dtype``) or "gguf" (vLLM's name): a .gguf
     model's Q8_0/Q4_0/Q4_1 matrices stay in their blocks in the core (CPU only; the rest,
     norms included, comes in ``dtype`` as usual); "int8": any model's linear matrices are
     quantized from their float32 values into Q8_0 blocks (loader/int8.py); the rest stays
-    float32 and ``dtype`` sets only the KV cache's default."""
+    float32 and ``dtype`` sets only the KV cache's default. ``hf_overrides``: keys merged
+    over config.json (--hf-overrides)."""
     from actors.loader.hf import load_hf_dir
 
     if quantization not in (None, *QUANTIZATION_CHOICES):
@@ -124,13 +126,14 @@ def load_model(
         from actors.loader.int8 import int8_weights
         from actors.loader.progress import log, stage
 
-        model, cfg = load_hf_dir(model_dir, resolve_dtype("float32"), max_positions, pack=False)
+        model, cfg = load_hf_dir(model_dir, resolve_dtype("float32"), max_positions, pack=False,
+                                 hf_overrides=hf_overrides)
         with stage(f"quantizing the matrices of {src.name} to int8 (Q8_0)"):
             model.pack_weights(int8_weights(model))
         log.info("weights: %s", model.weight_formats())
         return LoadedModel(model, cfg, torch_dtype, model_dir, src, hit)
     model, cfg = load_hf_dir(model_dir, torch_dtype, max_positions,
-                             pack=pack and quantization is None)
+                             pack=pack and quantization is None, hf_overrides=hf_overrides)
     if quantization == "gguf":
         import json
 

@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from actors.loader.progress import ProgressBar, stage
-from actors.models.config import ModelConfig
+from actors.models.classifier import ClassifierHead
+from actors.models.config import ModelConfig, UnsupportedModelError
 from actors.models.llama import LlamaForCausalLM
 from actors.models.registry import build_model
+from actors.params.classify import classifier_of, hf_config_of
 
 INDEX_FILE = "model.safetensors.index.json"
 PYTORCH_FILE = "pytorch_model.bin"
@@ -53,12 +57,44 @@ def iter_weights(files: list[Path], dtype: torch.dtype) -> Iterator[tuple[str, t
                 bar.advance()
 
 
+def _classifier_head(model_dir: Path, cfg: ModelConfig,
+                     overrides: dict[str, Any] | None) -> ClassifierHead | None:
+    """The classification head a sequence classifier's config describes (None for any
+    other model), its label tokens' ids read from the tokenizer."""
+    try:
+        info = classifier_of(hf_config_of(model_dir, overrides))
+    except ValueError as exc:
+        raise UnsupportedModelError(str(exc)) from None
+    if info is None:
+        return None
+    ids: tuple[int, ...] = ()
+    if info.from_tokens:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(str(model_dir))
+        ids = tuple(tok.convert_tokens_to_ids(t) for t in info.from_tokens)
+        bad = [t for t, i in zip(info.from_tokens, ids)
+               if i is None or not 0 <= i < cfg.vocab_size
+               or (i == tok.unk_token_id and t != tok.unk_token)]
+        if bad:
+            raise UnsupportedModelError(f"classifier_from_token: {bad} are not tokens of "
+                                        "the model's vocabulary")
+    return ClassifierHead(info, cfg.hidden_size, ids)
+
+
 def load_hf_dir(
-    model_dir: Path, dtype: torch.dtype, max_positions: int | None = None, pack: bool = True
+    model_dir: Path, dtype: torch.dtype, max_positions: int | None = None, pack: bool = True,
+    hf_overrides: dict[str, Any] | None = None,
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
     """pack: move the matrices into the core's packed layout (the fast CPU path); off
-    leaves plain torch parameters (tests that edit weights after loading)."""
-    cfg = ModelConfig.from_dir(model_dir)
+    leaves plain torch parameters (tests that edit weights after loading).
+    hf_overrides: --hf-overrides, merged over config.json. A sequence classifier
+    (actors.params.classify) gets its head as ``model.classifier``."""
+    cfg = ModelConfig.from_dir(model_dir, hf_overrides)
+    head = _classifier_head(model_dir, cfg, hf_overrides)
+    if head is not None and not head.info.bert and head.info.method is None:
+        # a *ForSequenceClassification checkpoint keeps a score layer and no LM head
+        cfg = replace(cfg, tie_word_embeddings=True)
     # A prepared CTranslate2 Whisper entry (loader/whisper.py) keeps its model.bin.
     ct2 = cfg.model_type == "whisper" and (model_dir / "model.bin").is_file()
     files = [model_dir / "model.bin"] if ct2 else safetensors_files(model_dir)
@@ -71,7 +107,11 @@ def load_hf_dir(
 
             model.load_weights(ct2_weights(model_dir, model.dtype))
         else:
-            model.load_weights(iter_weights(files, model.dtype))
+            weights = iter_weights(files, model.dtype)
+            model.load_weights(weights if head is None else head.divert(weights))
+    if head is not None:
+        head.finish()
+        model.classifier = head
     if pack:
         model.pack_weights()
     return model, cfg

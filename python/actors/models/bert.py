@@ -8,9 +8,11 @@ seam (``is_causal`` False: every prompt runs whole in one step and no KV is kept
 is no LM head, only ``hidden_states``.
 
 Post-LayerNorm blocks as in the original: x = LN(x + attn(x)); x = LN(x + FFN(x)), with
-exact (erf) GELU; token type 0 for every row (one text per sequence). q/k/v are stored
-fused as one [3 * hidden, hidden] matrix; ``load_weights`` takes Hugging Face names
-(with or without a ``bert.`` prefix; the pooler head and MLM heads are skipped).
+exact (erf) GELU; token type 0 for every row (one text per sequence) unless the runner
+passes ``token_type_ids`` (a cross-encoder's text pairs). q/k/v are stored fused as one
+[3 * hidden, hidden] matrix; ``load_weights`` takes Hugging Face names (with or without a
+``bert.`` prefix; the pooler head and MLM heads are skipped; a classifier's pooler and
+``classifier`` go to its ClassifierHead, actors.models.classifier).
 
 Weights stay float32 on the CPU whatever ``--dtype`` says: an encoder of this size is
 bound by arithmetic, not by reading its weights, and the parity with sentence-
@@ -94,12 +96,15 @@ class BertModel(nn.Module):
         self.layers = nn.ModuleList(_Layer(cfg, dtype) for _ in range(cfg.num_layers))
 
     def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                      attn: AttentionBackend) -> torch.Tensor:
-        """The last layer's hidden states [T, hidden_size] for the flattened batch."""
+                      attn: AttentionBackend, token_type_ids: torch.Tensor | None = None
+                      ) -> torch.Tensor:
+        """The last layer's hidden states [T, hidden_size] for the flattened batch;
+        ``token_type_ids`` [T] (a cross-encoder's text pairs), else type 0 for every row."""
         c = self.config
         t, heads, hd = input_ids.shape[0], c.num_heads, c.head_dim
-        x = (F.embedding(input_ids, self.word) + F.embedding(positions, self.position)
-             + self.token_type[0])
+        types = (self.token_type[0] if token_type_ids is None
+                 else F.embedding(token_type_ids, self.token_type))
+        x = F.embedding(input_ids, self.word) + F.embedding(positions, self.position) + types
         x = self.embed_norm(x)
         for i, layer in enumerate(self.layers):
             q, k, v = layer.qkv(x).view(t, 3, heads, hd).unbind(1)

@@ -56,11 +56,13 @@ class ModelConfig:
         return self.num_kv_heads * self.head_dim
 
     @classmethod
-    def from_dir(cls, model_dir: str | Path) -> ModelConfig:
+    def from_dir(cls, model_dir: str | Path,
+                 overrides: dict[str, Any] | None = None) -> ModelConfig:
+        """``overrides``: --hf-overrides, merged over config.json's keys."""
         path = Path(model_dir) / "config.json"
         if not path.is_file():
             raise FileNotFoundError(f"{path} not found: a model directory needs a config.json")
-        hf = json.loads(path.read_text())
+        hf = {**json.loads(path.read_text()), **(overrides or {})}
         gen = Path(model_dir) / "generation_config.json"
         if hf.get("model_type") == "whisper" and gen.is_file():
             # newer Whisper checkpoints keep their decoding rules there

@@ -28,16 +28,31 @@ POOLING_TYPES = ("LAST", "MEAN", "CLS")
 class PoolingSpec:
     """One request's pooling: ``pooling_type`` over the prompt's rows, then the first
     ``dimensions`` components (Matryoshka; None: all), then L2 normalization if
-    ``normalize``."""
+    ``normalize``.
+
+    ``classify``: a sequence classifier's request (actors.params.classify): the pooled row
+    goes through the model's classification head and then ``activation`` (one of
+    ACTIVATIONS) instead; ``dimensions`` and ``normalize`` do not apply. ``pair_sep``: a
+    text pair for a BERT cross-encoder: every row after the first occurrence of this token
+    (the separator that ends the first text) is token type 1, as the tokenizer's
+    token_type_ids of a pair say."""
 
     pooling_type: str = "LAST"
     normalize: bool = True
     dimensions: int | None = None
+    classify: bool = False
+    activation: str = "identity"
+    pair_sep: int | None = None
 
     def __post_init__(self) -> None:
+        from actors.params.classify import ACTIVATIONS
+
         if self.pooling_type not in POOLING_TYPES:
             raise ValueError(f"pooling_type must be one of {', '.join(POOLING_TYPES)}, "
                              f"got {self.pooling_type!r}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, "
+                             f"got {self.activation!r}")
         if self.dimensions is not None and self.dimensions < 1:
             raise ValueError(f"dimensions must be >= 1, got {self.dimensions}")
 

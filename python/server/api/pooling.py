@@ -1,18 +1,21 @@
-"""The pooling routes: /v1/embeddings, /pooling, /v2/embed (Cohere), /score, /v1/score,
-/rerank, /v1/rerank, /v2/rerank.
+"""The pooling routes: /v1/embeddings, /pooling, /v2/embed (Cohere) here; /classify
+(server.api.classify); /score, /v1/score, /rerank, /v1/rerank, /v2/rerank
+(server.api.scoring).
 
 Which exist depends on the mode (``routes_enabled``), as vLLM registers them by task:
-an encoder (BERT) or ``--runner pooling`` serves them and not generation; a generative
-model with ``--pooler-config`` serves them beside generation; a generative model without
-either serves none of them (404, as vLLM, whose routes do not exist for a generate model).
-/classify exists for classification models only, and none is supported, so it is 404 in
-every mode, as vLLM answers for a model without that task.
+an encoder (BERT), a sequence classifier or ``--runner pooling`` serves them and not
+generation; a generative model with ``--pooler-config`` serves them beside generation; a
+generative model without either serves none of them (404, as vLLM, whose routes do not
+exist for a generate model). A sequence classifier (``model_classifier``: its config's
+``*ForSequenceClassification``, with --hf-overrides) serves /classify and /pooling (its
+probabilities), and score and rerank only with one label (a cross-encoder); it has no
+embeddings routes. Any other model has no /classify (404, as vLLM).
 
 Each input becomes one prompt of one pooling request of the generation service
 (server.frontend.pooled: the same admission slots, tokenizer actor and engine as a
 completion, and the same typed failures), carrying a PoolingSpec: the engine computes the
-prompt only and answers one float32 vector per prompt. Score and rerank are
-bi-encoder cosines between the query's and each document's embedding.
+prompt only and answers one float32 vector per prompt (a classifier's: its head's
+logits after the activation).
 
 A request carries at most ``--max-pooling-inputs`` inputs in each list field (2048 by
 default, the OpenAI embeddings API's own limit): server.api.pooling_bounds, on the raw
@@ -28,10 +31,11 @@ import uuid
 from collections.abc import Callable, Iterable
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import orjson
+from actors.params.classify import Classifier, classifier_of, hf_config_of
 from actors.params.pooling import PoolerConfig, PoolingSpec, matryoshka_of, pooler_from_dir
 from actors.params.sampling import SamplingParams
 from actors.runtime.request import PromptInput
@@ -39,8 +43,8 @@ from quart import Quart, Response
 
 from server.api.http_io import accepts, built_json_response, check_model, read_json
 from server.api.pooling_bounds import parse_bounded
-from server.api.pooling_protocol import (CohereEmbedRequest, EmbeddingRequest, PoolingFields,
-                                        RerankDocument, RerankRequest, ScoreRequest, chat_of)
+from server.api.pooling_protocol import (ClassifyRequest, CohereEmbedRequest, EmbeddingRequest,
+                                        PoolingFields, chat_of)
 from server.config import ServerConfig
 from server.errors import api_error_of, bad_request
 from server.frontend.chat.render import render_call
@@ -48,6 +52,8 @@ from server.frontend.context import context_of
 from server.frontend.generation import new_request_id
 from server.frontend.pooled import pool
 from server.state import ServerState
+
+R = TypeVar("R", bound=ClassifyRequest)
 
 
 def is_encoder(model: str | None) -> bool:
@@ -62,9 +68,27 @@ def is_encoder(model: str | None) -> bool:
         return False
 
 
+@lru_cache(maxsize=4)
+def _classifier(model: str | None, overrides: str | None) -> Classifier | None:
+    if not model or not Path(model).is_dir():
+        return None
+    try:
+        return classifier_of(hf_config_of(model, json.loads(overrides or "null")))
+    except ValueError:
+        return None  # refused with its reason when the model loads
+
+
+def model_classifier(cfg: ServerConfig) -> Classifier | None:
+    """The sequence classifier --model (with --hf-overrides) is, None for other models:
+    read from its config.json before anything loads, since routes are mounted then."""
+    overrides = cfg.engine.hf_overrides
+    return _classifier(cfg.model, json.dumps(overrides, sort_keys=True) if overrides else None)
+
+
 def pooling_only(cfg: ServerConfig) -> bool:
     """The pooling runner: the pooling routes, and no generation routes."""
-    return cfg.runner == "pooling" or (cfg.runner == "auto" and is_encoder(cfg.model))
+    return cfg.runner == "pooling" or (cfg.runner == "auto" and (
+        is_encoder(cfg.model) or model_classifier(cfg) is not None))
 
 
 def routes_enabled(cfg: ServerConfig) -> bool:
@@ -88,9 +112,22 @@ def _facts(srv: ServerState) -> tuple[PoolerConfig, int, bool, tuple[int, ...] |
     return _model_facts(str(srv.tokenizer.name_or_path), srv.config.pooler_config)
 
 
-def _spec(srv: ServerState, name: str, use_activation: bool | None,
+def classify_spec(head: Classifier, use_activation: bool | None,
+                  pair_sep: int | None = None) -> PoolingSpec:
+    """A classifier's request: its pooling and head, its activation unless the request
+    turns it off (``use_activation: false``: the logits)."""
+    return PoolingSpec(head.pooling_type, classify=True, pair_sep=pair_sep,
+                       activation="identity" if use_activation is False else head.activation)
+
+
+def spec_of(srv: ServerState, name: str, use_activation: bool | None,
           dimensions: int | None, param: str = "dimensions") -> PoolingSpec:
     """The request's PoolingSpec; a ``dimensions`` the model cannot give is vLLM's 400."""
+    head = model_classifier(srv.config)
+    if head is not None:
+        if dimensions is not None:
+            raise bad_request("dimensions is currently not supported", param)
+        return classify_spec(head, use_activation)
     pooler, size, matryoshka, allowed = _facts(srv)
     if dimensions is not None:
         if not matryoshka:
@@ -112,7 +149,7 @@ def _spec(srv: ServerState, name: str, use_activation: bool | None,
 OFF_LOOP_FLOATS = 8192
 
 
-async def _respond(build: Callable[[], dict[str, Any]], vecs: list[np.ndarray]) -> Response:
+async def respond(build: Callable[[], dict[str, Any]], vecs: list[np.ndarray]) -> Response:
     """The JSON response build() makes, off the event loop when ``vecs`` are large."""
     return await built_json_response(
         build, off_loop=sum(v.size for v in vecs) > OFF_LOOP_FLOATS)
@@ -124,7 +161,7 @@ def _json_array(items: Iterable[Any]) -> orjson.Fragment:
     return orjson.Fragment(b"[" + b",".join(orjson.dumps(x) for x in items) + b"]")
 
 
-def _prompts(value: Any, add_special_tokens: bool, param: str = "input") -> list[PromptInput]:
+def prompts_of(value: Any, add_special_tokens: bool, param: str = "input") -> list[PromptInput]:
     if isinstance(value, str):
         return [PromptInput(text=value, add_special_tokens=add_special_tokens)]
     if not value:
@@ -135,7 +172,7 @@ def _prompts(value: Any, add_special_tokens: bool, param: str = "input") -> list
             else PromptInput(text=v, add_special_tokens=add_special_tokens) for v in value]
 
 
-def _params(srv: ServerState, req: PoolingFields | None, *, truncate: int | None = None,
+def params_of(srv: ServerState, req: PoolingFields | None, *, truncate: int | None = None,
             side: str | None = None, priority: int = 0) -> SamplingParams:
     """SamplingParams carry what the tokenizer and scheduler read of a pooling request
     (truncation, priority); nothing is sampled. Truncation keeps the start ("right"), as
@@ -174,7 +211,7 @@ async def embed(srv: ServerState, prompts: list[PromptInput], params: SamplingPa
     return vectors, tokens
 
 
-def _usage(tokens: int) -> dict[str, Any]:
+def usage_of(tokens: int) -> dict[str, Any]:
     return {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0,
             "prompt_tokens_details": None}
 
@@ -183,72 +220,80 @@ def _encoded(vec: np.ndarray, fmt: str) -> list[float] | str:
     return base64.b64encode(vec.tobytes()).decode() if fmt == "base64" else vec.tolist()
 
 
-def _cosines(query: np.ndarray, docs: list[np.ndarray]) -> list[float]:
-    q = query.astype(np.float64)
-    qn = np.linalg.norm(q) or 1.0
-    return [float(q @ d.astype(np.float64) / (qn * (np.linalg.norm(d) or 1.0))) for d in docs]
+def request_of(model: type[R], body: dict[str, Any], limit: int) -> R:
+    """An /v1/embeddings, /pooling or /classify body, bounded: a conversation given as
+    ``input`` is its ``messages``; vLLM 0.33's removed ``normalize`` is its 400."""
+    if "normalize" in body:  # vLLM 0.33 removed it, with this message
+        raise bad_request("Parameter `normalize` was removed; use `use_activation` "
+                          "instead.", "normalize")
+    given = body.get("input")
+    if "messages" not in body and isinstance(given, list) and given and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) for m in given):
+        body = {**body, "messages": given, "input": None}  # a conversation as input
+    return parse_bounded(model, body, limit)
+
+
+async def pooled_of(srv: ServerState, req: ClassifyRequest, dimensions: int | None = None
+                    ) -> tuple[str, list[np.ndarray], int]:
+    """(the model's name, one vector per input, the prompt tokens) of an input or
+    messages request."""
+    name = check_model(srv, req.model)
+    spec = spec_of(srv, name, req.use_activation, dimensions)
+    params = params_of(srv, req)
+    if (req.input is None) == (req.messages is None):
+        raise bad_request("give exactly one of input or messages", "input")
+    if req.messages is not None:
+        assert srv.renderer is not None
+        prompts = [PromptInput(render=render_call(srv.renderer, chat_of(req)),
+                               add_special_tokens=bool(req.add_special_tokens))]
+    else:
+        prompts = prompts_of(req.input, req.add_special_tokens is not False)
+    vecs, tokens = await embed(srv, prompts, params, spec, req.request_id)
+    return name, vecs, tokens
 
 
 def register(app: Quart, srv: ServerState) -> None:
     if not routes_enabled(srv.config):
         return
     limit = srv.config.max_pooling_inputs
+    from server.api import classify, scoring  # they build on this module's helpers
+
+    head = model_classifier(srv.config)
+    classify.register(app, srv, head)
+    if head is None or head.num_labels == 1:  # vLLM: a classifier scores with one label
+        scoring.register(app, srv, head)
 
     async def embeddings_of(req: EmbeddingRequest) -> tuple[str, list[np.ndarray], int]:
-        name = check_model(srv, req.model)
-        spec = _spec(srv, name, req.use_activation, req.dimensions)
-        params = _params(srv, req)
-        if (req.input is None) == (req.messages is None):
-            raise bad_request("give exactly one of input or messages", "input")
-        if req.messages is not None:
-            assert srv.renderer is not None
-            prompts = [PromptInput(render=render_call(srv.renderer, chat_of(req)),
-                                   add_special_tokens=bool(req.add_special_tokens))]
-        else:
-            prompts = _prompts(req.input, req.add_special_tokens is not False)
-        vecs, tokens = await embed(srv, prompts, params, spec, req.request_id)
-        return name, vecs, tokens
+        return await pooled_of(srv, req, req.dimensions)
 
-    def embedding_request(body: dict[str, Any]) -> EmbeddingRequest:
-        if "normalize" in body:  # vLLM 0.33 removed it, with this message
-            raise bad_request("Parameter `normalize` was removed; use `use_activation` "
-                              "instead.", "normalize")
-        given = body.get("input")
-        if "messages" not in body and isinstance(given, list) and given and all(
-                isinstance(m, dict) and isinstance(m.get("role"), str) for m in given):
-            body = {**body, "messages": given, "input": None}  # a conversation as input
-        return parse_bounded(EmbeddingRequest, body, limit)
-
-    @app.post("/v1/embeddings")
     @accepts(EmbeddingRequest)
     async def embeddings() -> Response:
-        req = embedding_request(await read_json())
+        req = request_of(EmbeddingRequest, await read_json(), limit)
         name, vecs, tokens = await embeddings_of(req)
-        return await _respond(lambda: {
+        return await respond(lambda: {
             "id": f"embd-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
             "model": name,
             "data": [{"index": i, "object": "embedding",
                       "embedding": _encoded(v, req.encoding_format)}
                      for i, v in enumerate(vecs)],
-            "usage": _usage(tokens),
+            "usage": usage_of(tokens),
         }, vecs)
 
     @app.post("/pooling")
     @accepts(EmbeddingRequest)
     async def pooling() -> Response:
-        req = embedding_request(await read_json())
+        req = request_of(EmbeddingRequest, await read_json(), limit)
         if req.dimensions is not None:  # vLLM's /pooling refuses it
             raise bad_request("dimensions is currently not supported", "dimensions")
         name, vecs, tokens = await embeddings_of(req)
-        return await _respond(lambda: {
+        return await respond(lambda: {
             "id": f"pool-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
             "model": name,
             "data": [{"index": i, "object": "pooling", "data": _encoded(v, req.encoding_format)}
                      for i, v in enumerate(vecs)],
-            "usage": _usage(tokens),
+            "usage": usage_of(tokens),
         }, vecs)
 
-    @app.post("/v2/embed")
     @accepts(CohereEmbedRequest)
     async def cohere_embed() -> Response:
         req = parse_bounded(CohereEmbedRequest, await read_json(), limit)
@@ -259,11 +304,11 @@ def register(app: Quart, srv: ServerState) -> None:
                               "and it must be non-empty", "texts")
         if req.texts is None:
             raise bad_request("only texts can be embedded by this model", "texts")
-        spec = _spec(srv, name, None, req.output_dimension, "output_dimension")
+        spec = spec_of(srv, name, None, req.output_dimension, "output_dimension")
         truncate, side = {"NONE": (None, None), "START": (-1, "left"),
                           "END": (-1, "right")}[req.truncate]
-        params = _params(srv, None, truncate=truncate, side=side, priority=req.priority)
-        vecs, tokens = await embed(srv, _prompts(req.texts, True, "texts"), params, spec)
+        params = params_of(srv, None, truncate=truncate, side=side, priority=req.priority)
+        vecs, tokens = await embed(srv, prompts_of(req.texts, True, "texts"), params, spec)
         kinds = req.embedding_types or ["float"]
 
         def build() -> dict[str, Any]:
@@ -284,80 +329,8 @@ def register(app: Quart, srv: ServerState) -> None:
                 "response_type": "embeddings_by_type",
             }
 
-        return await _respond(build, vecs)
+        return await respond(build, vecs)
 
-    async def score(req: ScoreRequest) -> Response:
-        name = check_model(srv, req.model)
-        pairs = [(req.queries, req.documents, "queries"), (req.text_1, req.text_2, "text_1"),
-                 (req.data_1, req.data_2, "data_1")]
-        given = [p for p in pairs if p[0] is not None or p[1] is not None]
-        if len(given) != 1 or given[0][0] is None or given[0][1] is None:
-            raise bad_request("give one pair of inputs: queries and documents (or text_1 and "
-                              "text_2, or data_1 and data_2)", given[0][2] if given else None)
-        left, right, param = given[0]
-        add_special = req.add_special_tokens is not False
-        lhs = [left] if isinstance(left, str) else list(left)  # type: ignore[arg-type]
-        rhs = [right] if isinstance(right, str) else list(right)  # type: ignore[arg-type]
-        if not lhs:
-            raise bad_request("At least one text element must be given", param)
-        if not rhs:
-            raise bad_request("At least one text_pair element must be given", param)
-        if len(lhs) != 1 and len(lhs) != len(rhs):
-            raise bad_request("Input lengths must be either 1:1, 1:N or N:N", param)
-        spec = _spec(srv, name, True, None)
-        vecs, tokens = await embed(srv, _prompts(lhs + rhs, add_special),
-                                   _params(srv, req), spec, req.request_id)
-
-        def build() -> dict[str, Any]:
-            qs, ds = vecs[:len(lhs)], vecs[len(lhs):]
-            scores = (_cosines(qs[0], ds) if len(qs) == 1
-                      else [_cosines(q, [d])[0] for q, d in zip(qs, ds)])
-            return {
-                "id": f"score-{uuid.uuid4().hex}", "object": "list",
-                "created": int(time.time()), "model": name,
-                "data": [{"index": i, "object": "score", "score": s}
-                         for i, s in enumerate(scores)],
-                "usage": _usage(tokens),
-            }
-
-        return await _respond(build, vecs)
-
-    async def rerank(req: RerankRequest) -> Response:
-        name = check_model(srv, req.model)
-        docs = [d.text if isinstance(d, RerankDocument) else d for d in req.documents]
-        if not docs:
-            raise bad_request("documents must not be empty", "documents")
-        spec = _spec(srv, name, True, None)
-        vecs, tokens = await embed(srv, _prompts([req.query, *docs],
-                                                 req.add_special_tokens is not False),
-                                   _params(srv, req), spec, req.request_id)
-
-        def build() -> dict[str, Any]:
-            scores = _cosines(vecs[0], vecs[1:])
-            order = sorted(range(len(docs)), key=lambda i: -scores[i])
-            if req.top_n:
-                order = order[:req.top_n]
-            results = []
-            for i in order:
-                item: dict[str, Any] = {"index": i, "relevance_score": scores[i]}
-                if req.return_documents:
-                    item["document"] = {"text": docs[i]}
-                results.append(item)
-            return {
-                "id": f"rerank-{uuid.uuid4().hex}", "model": name,
-                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}, "results": results,
-            }
-
-        return await _respond(build, vecs)
-
-    for path in ("/score", "/v1/score"):
-        @app.post(path, endpoint=f"score{path.replace('/', '_')}")
-        @accepts(ScoreRequest)
-        async def score_route() -> Response:
-            return await score(parse_bounded(ScoreRequest, await read_json(), limit))
-
-    for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
-        @app.post(path, endpoint=f"rerank{path.replace('/', '_')}")
-        @accepts(RerankRequest)
-        async def rerank_route() -> Response:
-            return await rerank(parse_bounded(RerankRequest, await read_json(), limit))
+    if head is None:  # a classifier has no embeddings routes (vLLM: no embed task)
+        app.post("/v1/embeddings")(embeddings)
+        app.post("/v2/embed")(cohere_embed)

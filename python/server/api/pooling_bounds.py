@@ -13,8 +13,8 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from server.api.http_io import parse
-from server.api.pooling_protocol import (CohereEmbedRequest, EmbeddingRequest, RerankRequest,
-                                         ScoreRequest)
+from server.api.pooling_protocol import (ClassifyRequest, CohereEmbedRequest, EmbeddingRequest,
+                                         GenerativeScoringRequest, RerankRequest, ScoreRequest)
 from server.errors import APIError, bad_request
 
 M = TypeVar("M", bound=BaseModel)
@@ -25,12 +25,13 @@ _LISTS: dict[type[BaseModel], tuple[str, ...]] = {
     CohereEmbedRequest: ("texts", "images", "inputs", "embedding_types"),
     ScoreRequest: ("queries", "documents", "text_1", "text_2", "data_1", "data_2"),
     RerankRequest: ("documents",),
+    GenerativeScoringRequest: ("items", "label_token_ids"),
 }
 
 
 def parse_bounded(model: type[M], body: dict[str, Any], limit: int) -> M:
     """parse(model, body), once no list field of the body holds more than ``limit`` items."""
-    if model is EmbeddingRequest:
+    if model in (EmbeddingRequest, ClassifyRequest):
         _check_embed_input(body, limit)
     else:
         for field in _LISTS[model]:

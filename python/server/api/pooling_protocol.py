@@ -29,10 +29,10 @@ class PoolingFields(APIModel):
     use_activation: bool | None = None
 
 
-class EmbeddingRequest(PoolingFields):
-    """POST /v1/embeddings and /pooling: ``input`` (text or token ids), or ``messages``
-    (one conversation through the chat template; vLLM's chat form, where
-    ``add_generation_prompt`` defaults to false)."""
+class ClassifyRequest(PoolingFields):
+    """POST /classify (and the base of the embedding bodies): ``input`` (text or token
+    ids), or ``messages`` (one conversation through the chat template; vLLM's chat form,
+    where ``add_generation_prompt`` defaults to false)."""
 
     input: EmbedInput | None = None
     messages: list[ChatMessage] | None = None
@@ -40,6 +40,12 @@ class EmbeddingRequest(PoolingFields):
     continue_final_message: bool = False
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+
+
+class EmbeddingRequest(ClassifyRequest):
+    """POST /v1/embeddings and /pooling: a ClassifyRequest's inputs, and how the vectors
+    are written."""
+
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None
 
@@ -59,7 +65,21 @@ class CohereEmbedRequest(APIModel):
     priority: int = 0
 
 
-class ScoreRequest(PoolingFields):
+class ScoringFields(PoolingFields):
+    """What /score and /rerank share (vLLM's ScoringRequestMixin): the cross-encoder's
+    template kwargs, ``instruction`` folded into them (the kwargs' own key wins)."""
+
+    instruction: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    def template_kwargs(self) -> dict[str, Any]:
+        kwargs = dict(self.chat_template_kwargs or {})
+        if self.instruction is not None:
+            kwargs.setdefault("instruction", self.instruction)
+        return kwargs
+
+
+class ScoreRequest(ScoringFields):
     """POST /score, /v1/score: one of the pairs queries/documents, text_1/text_2,
     data_1/data_2 (vLLM's three spellings), 1:1, 1:N or N:N."""
 
@@ -75,7 +95,7 @@ class RerankDocument(APIModel):
     text: str
 
 
-class RerankRequest(PoolingFields):
+class RerankRequest(ScoringFields):
     """POST /rerank, /v1/rerank, /v2/rerank: vLLM's, Jina's and Cohere's shape."""
 
     query: str
@@ -84,7 +104,23 @@ class RerankRequest(PoolingFields):
     return_documents: bool = True
 
 
-def chat_of(req: EmbeddingRequest) -> ChatRequest:
+class GenerativeScoringRequest(APIModel):
+    """POST /generative_scoring (vLLM 0.34): the probability of ``label_token_ids`` as the
+    next token after query + item (item + query with ``item_first``), per item."""
+
+    model: str | None = None
+    query: str | TokenIds
+    items: list[str] | list[TokenIds]
+    label_token_ids: list[int]
+    apply_softmax: bool = True
+    item_first: bool = False
+    add_special_tokens: bool = True
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=1024)
+    priority: int = 0
+    request_id: str | None = Field(default=None, max_length=256)
+
+
+def chat_of(req: ClassifyRequest) -> ChatRequest:
     """The conversation an embedding request's `messages` form renders (no tools)."""
     assert req.messages is not None
     return ChatRequest(

@@ -248,3 +248,20 @@ def _render(template: jinja2.Template, context: dict[str, Any], final: Any) -> s
         if cut >= 0:
             text = text[: cut + len(final_text.strip())]
     return text
+
+
+def render_score_template(source: str, query: str, document: str, kwargs: dict[str, Any],
+                          special: dict[str, str | None]) -> str:
+    """A cross-encoder's score template (vLLM's --chat-template for /score and /rerank)
+    over the two messages vLLM gives it, roles ``query`` and ``document``. ``special``:
+    the tokenizer's bos_token and eos_token. Runs in a worker thread; failures are 400s,
+    as a chat render's."""
+    bad = sorted(k for k in kwargs if k in RESERVED_KWARGS or not k.isidentifier())
+    if bad:
+        raise bad_request(f"chat_template_kwargs contains reserved keys that conflict with "
+                          f"fixed scorer arguments: {bad}", "chat_template_kwargs")
+    template, _, _ = _compile(source)
+    context = {**kwargs, **special, "add_generation_prompt": False,
+               "messages": [{"role": "query", "content": query},
+                            {"role": "document", "content": document}]}
+    return _render(template, context, None)

@@ -49,15 +49,14 @@ from actors.core.kv_groups import KVGroups
 from actors.core.runner.attention_seams import (CrossPagedAttention, EncoderAttention,
                                                 LayerAttention, PagedAttention, group_plans)
 from actors.core.runner.cross_kv import CrossKVPool
+from actors.core.runner.pooling_rows import PoolingRows
 from actors.core.runner.prompt_logprobs import score_prompts
 from actors.core.runner.sampler import (Sampler, SamplingHooks, SeqState, TokenMask,
                                         allowed_mask_of)
 from actors.messages import (Generate, NewSeq, Pool, PooledOutput, PromptLogprobs, SeqRef,
                              StepPlan, StepResult, Transcribe)
 from actors.models import lora, row_kernels
-from actors.models.pooling import PoolState, finish
 from actors.params.encoder import EncoderInput
-from actors.params.pooling import PoolingSpec
 from actors.params.structured import StructuredSpec
 
 # (spec, the output tokens the sequence already holds) -> the choice's token mask
@@ -111,7 +110,7 @@ class ModelRunner:
         self.v_caches: list[torch.Tensor] = []
         self.allocate_kv_cache()
         # Pool kinds: the spec and the pooling state across the chunks of the prompt
-        self._pools: dict[int, tuple[PoolingSpec, PoolState]] = {}
+        self._pools = PoolingRows()
         self._seqs: dict[int, SeqState] = {}
         self.sampler = Sampler(vocab_size, fast_forward=fast_forward)
         self._hooks: dict[SeqRef, SamplingHooks] = {}
@@ -192,7 +191,7 @@ class ModelRunner:
             case Generate(lora_id=lora_id) if lora_id:
                 self._lora_of[ns.seq_id] = lora_id
             case Pool(spec=spec):
-                self._pools[ns.seq_id] = (spec, PoolState(spec.pooling_type))
+                self._pools.add(ns.seq_id, spec)
             case Transcribe(encoder_input=enc):
                 self._to_encode.append((ns.seq_id, enc))
 
@@ -237,7 +236,7 @@ class ModelRunner:
 
     def _release(self, seq_id: int) -> None:
         self._cross.release(seq_id)
-        self._pools.pop(seq_id, None)
+        self._pools.release(seq_id)
         self._lora_of.pop(seq_id, None)
         self._embeds.pop(seq_id, None)
         st = self._seqs.pop(seq_id, None)
@@ -318,6 +317,9 @@ class ModelRunner:
             # Only with prompt embeddings in the step: the model's other kinds lack the seam.
             embeds = ({"inputs_embeds": self._inputs_embeds(plan, query_start, ids_t)}
                       if self._embeds else {})
+            types = pools.token_types(plan, lambda sid: self._seqs[sid].prompt)
+            if types is not None:  # a cross-encoder's text pairs (BERT)
+                embeds["token_type_ids"] = types
             if not sampling and not prompt_rows and not pool_rows:
                 # Only mid-prompt chunks (a prompt longer than the token budget): the KV
                 # is the whole result, no row reaches the LM head.
@@ -335,7 +337,8 @@ class ModelRunner:
                     prompt_lps = score_prompts(self.model, self.vocab_size, plan, prompt_rows,
                                                query_start, hidden,
                                                lambda sid: self._seqs[sid].prompt)
-                pooled = self._pool(plan, pool_rows, query_start, hidden)
+                pooled = pools.outputs(plan, pool_rows, query_start, hidden, self.model,
+                                       lambda sid: len(self._seqs[sid].prompt))
         if not sampling:
             return StepResult(step_id=plan.step_id, sampled=(), prompt_logprobs=prompt_lps,
                               pooled=pooled)
@@ -370,23 +373,6 @@ class ModelRunner:
                  for s in plan.seqs]
         return self.lora.batch(np.repeat(np.asarray(slots, dtype=np.int64),
                                          np.diff(query_start)))
-
-    def _pool(self, plan: StepPlan, batch_idx: list[int], query_start: np.ndarray,
-              hidden: torch.Tensor) -> tuple[PooledOutput, ...]:
-        """Feeds each pooling sequence's rows (final hidden states) to its PoolState; a
-        sequence whose prompt this chunk ends gets its vector (float32 bytes)."""
-        out = []
-        for i in batch_idx:
-            s = plan.seqs[i]
-            spec, state = self._pools[s.seq_id]
-            lo = int(query_start[i])
-            state.add(hidden[lo: lo + len(s.token_ids)], s.start_pos)
-            if s.start_pos + len(s.token_ids) < len(self._seqs[s.seq_id].prompt):
-                continue  # more chunks to come
-            del self._pools[s.seq_id]
-            vec = finish(state.result(), spec.dimensions, spec.normalize)
-            out.append(PooledOutput(s.seq_id, vec.numpy().astype("<f4").tobytes()))
-        return tuple(out)
 
     def _sample(self, plan: StepPlan, sampling: list[int], logits: torch.Tensor) -> StepResult:
         rows = [plan.seqs[i].sample for i in sampling]
