@@ -62,20 +62,30 @@ class ChunkEntry:
 def safetensors_header(data: bytes | memoryview) -> tuple[dict[str, ChunkEntry], int]:
     """A safetensors file's tensors and where its data section starts; WeightRefused for
     any framing the format does not allow."""
+    size = _header_size(data)
+    if 8 + size > len(data):
+        raise WeightRefused(f"not a safetensors file: a header of {size} bytes does not fit "
+                            f"in {len(data)} bytes")
+    return parse_header(bytes(data[8:8 + size]), len(data) - 8 - size), 8 + size
+
+
+def _header_size(data: bytes | memoryview) -> int:
     if len(data) < 8:
         raise WeightRefused("not a safetensors file: fewer than 8 bytes")
     (size,) = struct.unpack("<Q", bytes(data[:8]))
-    if size > MAX_HEADER_BYTES or 8 + size > len(data):
-        raise WeightRefused(f"not a safetensors file: a header of {size} bytes does not fit "
-                            f"in {len(data)} bytes")
+    if size > MAX_HEADER_BYTES:
+        raise WeightRefused(f"not a safetensors file: a header of {size} bytes")
+    return size
+
+
+def parse_header(raw: bytes, available: int) -> dict[str, ChunkEntry]:
+    """The entries of a safetensors header whose data section holds `available` bytes."""
     try:
-        header = json.loads(bytes(data[8:8 + size]))
+        header = json.loads(raw)
     except (UnicodeDecodeError, ValueError):
         raise WeightRefused("not a safetensors file: its header is not JSON") from None
     if not isinstance(header, dict):
         raise WeightRefused("not a safetensors file: its header is not a JSON object")
-    start = 8 + size
-    available = len(data) - start
     entries: dict[str, ChunkEntry] = {}
     for name, spec in header.items():
         if name == "__metadata__":
@@ -99,7 +109,7 @@ def safetensors_header(data: bytes | memoryview) -> tuple[dict[str, ChunkEntry],
     spans = sorted((e.begin, e.end) for e in entries.values() if e.end > e.begin)
     if any(a[1] > b[0] for a, b in zip(spans, spans[1:])):
         raise WeightRefused("not a safetensors file: two tensors share bytes")
-    return entries, start
+    return entries
 
 
 class Catalog:
@@ -114,9 +124,11 @@ class Catalog:
 
         entries: dict[str, tuple[tuple[int, ...], str]] = {}
         for f in safetensors_files(model_dir):
-            with open(f, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-                found, _ = safetensors_header(memoryview(mm)[:_header_end(mm)])
-                entries.update({k: (e.shape, e.dtype) for k, e in found.items()})
+            with open(f, "rb") as fh:
+                size = _header_size(fh.read(8))
+                raw = fh.read(size)
+                found = parse_header(raw, fh.seek(0, 2) - 8 - size)
+            entries.update({k: (e.shape, e.dtype) for k, e in found.items()})
         return cls(entries)
 
     def check(self, name: str, shape: tuple[int, ...], dtype: str, where: str = "") -> None:
@@ -130,12 +142,6 @@ class Catalog:
         if dtype not in FLOAT_DTYPES:
             raise WeightRefused(f"{at}{name!r} has dtype {dtype}; weights are sent as "
                                 f"{', '.join(FLOAT_DTYPES)} (the model's is {model_dtype})")
-
-
-def _header_end(mm: Any) -> int:
-    """The header's end in a mapped file (a header too large is refused by the parse)."""
-    (size,) = struct.unpack("<Q", bytes(mm[:8])) if len(mm) >= 8 else (0,)
-    return min(len(mm), 8 + min(size, MAX_HEADER_BYTES))
 
 
 def read_source(source: Mapping[str, Any], catalog: Catalog) -> Iterator[tuple[str, Any]]:

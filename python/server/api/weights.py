@@ -22,9 +22,10 @@ it is read). Tensor names are the checkpoint's (Hugging Face names, as a trainer
 
 Nothing reaches an engine that it would refuse: a body that is not an object, a chunk whose
 safetensors framing is broken, IPC handles (never unpickled) are refused here. A refused
-chunk still ends the update session, as a failed update ends vLLM's: the edge tells the
-engines so (the source ``refused``), and they answer in vLLM's order (no session: the 500
-below). Each tensor's name, shape and dtype are checked against the model by the core
+``update_info`` or chunk still ends the update session, as a failed update ends vLLM's: the
+edge tells the engines so (the source ``refused``), and they answer in vLLM's order (no
+session: the 500 below). A body without ``update_info`` (vLLM's request validation) ends
+nothing. Each tensor's name, shape and dtype are checked against the model by the core
 before anything is staged: a mismatch is a 400 naming the tensor, the served weights
 untouched. Calls out of order (an update or a finish with no start, a second start) are
 answered as vLLM's server answers them: 500, ``Call to collective_rpc method failed: ``
@@ -81,8 +82,6 @@ def _json_source(info: Any) -> dict[str, Any]:
         raise bad_request("a list of update_info (one per worker rank) is for CUDA IPC; "
                           "every engine here takes the same update: send one object",
                           "update_info")
-    if not isinstance(info, dict):
-        raise bad_request(FORMS, "update_info")
     if "ipc_handles" in info or "ipc_handles_pickled" in info:
         raise bad_request("CUDA IPC handles cannot be opened here (no GPU transport; pickled "
                           "handles are never unpickled): put the tensors in a shared-memory "
@@ -177,6 +176,7 @@ def register(app: Quart, srv: ServerState) -> None:
     @app.post("/update_weights")
     async def update_weights() -> Response:
         ctype = request.headers.get("Content-Type", "").split(";")[0].strip().lower()
+        refusal: APIError | None = None
         if ctype in CHUNK_TYPES:
             source = await _chunk_source()
         else:
@@ -184,11 +184,19 @@ def register(app: Quart, srv: ServerState) -> None:
             if length is not None and length > cfg.max_body_bytes:
                 raise APIError(413, "The request body is too large.",
                                headers={"Connection": "close"})
-            body = await read_json()
-            if "update_info" not in body:
+            info = (await read_json()).get("update_info")
+            if not isinstance(info, (dict, list)):  # the body's shape: vLLM's 400 too
                 raise bad_request("update_info is required: " + FORMS, "update_info")
-            source = _json_source(body["update_info"])
-        await rpc(srv, "update_weights", source=source)
+            try:
+                source = _json_source(info)
+            except APIError as exc:  # its content: ends the session, as vLLM's worker
+                refusal, source = exc, {"kind": "refused", "error": exc.message}
+        try:
+            await rpc(srv, "update_weights", source=source)
+        except APIError as exc:
+            if refusal is not None and exc.status == 400:
+                raise refusal from None  # with its own param
+            raise
         return json_response({"message": "Weights updated"})
 
     @app.post("/finish_weight_update")
