@@ -389,8 +389,7 @@ class TokenizerActor:
                 update.stop_reason = out.stop_reason
             if update.finish_reason is not None:
                 update.weight_versions = choice.version_spans()
-                if timings:
-                    update.timing = timings[i]
+                update.timing = timings[i] if timings else None
             interval = state.params.stream_interval
             if interval is not None and interval > 1:
                 gathered = choice.gather(update, interval)

@@ -1,15 +1,19 @@
 """vLLM's weight transfer for RL trainers (verl, OpenRLHF, TRL): the dev-mode routes that
 push new weights into a serving engine between two of its steps.
 
-    POST /init_weight_transfer_engine  {"init_info": {...}}    {"message": "Weight transfer initialized"}
-    POST /start_weight_update                                  {"message": "Weight update started"}
-    POST /update_weights   {"update_info": {...}} or a chunk   {"message": "Weights updated"}
-    POST /finish_weight_update  {"weight_version": str|null}   {"message": "Weight update finished"}
-    POST /update_weight_version {"new_version": str}           {"success": true, "new_version": ...}
-    GET  /weight_info                                          {"weight_version": "default"}
-    GET  /get_world_size?include_dp=true                       {"world_size": N}
-    POST /shutdown_weight_transfer_engine                      {"message": "Weight transfer shut down"}
-    POST /start_draft_weight_update    (no draft model here: refused, as vLLM refuses it)
+    POST /init_weight_transfer_engine   {"init_info": {...}}
+                                        -> {"message": "Weight transfer initialized"}
+    POST /start_weight_update           -> {"message": "Weight update started"}
+    POST /update_weights                {"update_info": {...}}, or a safetensors chunk
+                                        -> {"message": "Weights updated"}
+    POST /finish_weight_update          {"weight_version": str | null}
+                                        -> {"message": "Weight update finished"}
+    POST /update_weight_version         {"new_version": str}
+                                        -> {"success": true, "new_version": str}
+    GET  /weight_info                   -> {"weight_version": "default"}
+    GET  /get_world_size?include_dp=    -> {"world_size": N}
+    POST /shutdown_weight_transfer_engine -> {"message": "Weight transfer shut down"}
+    POST /start_draft_weight_update     (no draft model here: refused, as vLLM refuses it)
 
 The transports are local, no NCCL and no CUDA IPC (actors.core.weight_sources):
 ``update_info`` is ``{"path": file or directory of .safetensors}`` or a shared-memory
