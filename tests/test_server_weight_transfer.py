@@ -13,6 +13,7 @@ import json
 import shutil
 import threading
 from collections.abc import Iterator
+from itertools import pairwise
 from multiprocessing import shared_memory
 from pathlib import Path
 
@@ -27,9 +28,8 @@ RPC = "Call to collective_rpc method failed: "
 
 def build_checkpoint(out: Path, seed: int) -> Path:
     import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
     from actors.loader import prepare_model_dir
+    from transformers import AutoModelForCausalLM, LlamaConfig
 
     cfg = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=96,
                       num_hidden_layers=2, num_attention_heads=1, num_key_value_heads=1,
@@ -165,7 +165,7 @@ class Stream(threading.Thread):
 def check_spans(spans: list[dict], n: int, order: list[str]) -> None:
     """Contiguous runs over [0, n), labels in `order`'s order."""
     assert spans[0]["start"] == 0 and spans[-1]["end"] == n
-    assert all(a["end"] == b["start"] for a, b in zip(spans, spans[1:]))
+    assert all(a["end"] == b["start"] for a, b in pairwise(spans))
     labels = [s["version"] for s in spans]
     assert labels == [v for v in order if v in labels], spans
 

@@ -11,10 +11,9 @@ from multiprocessing import shared_memory
 
 import pytest
 import torch
-from safetensors.torch import save, save_file
-
 from actors.core.weight_sources import Catalog, WeightRefused, read_source, safetensors_header
 from actors.runtime.request import Choice
+from safetensors.torch import save, save_file
 
 CATALOG = Catalog({"w": ((2, 3), "BF16"), "b": ((3,), "BF16")})
 

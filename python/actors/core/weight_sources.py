@@ -29,6 +29,7 @@ import re
 import struct
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from itertools import pairwise
 from math import prod
 from pathlib import Path
 from typing import Any
@@ -107,7 +108,7 @@ def parse_header(raw: bytes, available: int) -> dict[str, ChunkEntry]:
                                 f"{shape} of {dtype}")
         entries[name] = ChunkEntry(dtype, tuple(shape), offsets[0], offsets[1])
     spans = sorted((e.begin, e.end) for e in entries.values() if e.end > e.begin)
-    if any(a[1] > b[0] for a, b in zip(spans, spans[1:])):
+    if any(a[1] > b[0] for a, b in pairwise(spans)):
         raise WeightRefused("not a safetensors file: two tensors share bytes")
     return entries
 
@@ -234,11 +235,9 @@ def _read_shm(source: Mapping[str, Any], catalog: Catalog) -> Iterator[tuple[str
                                 f"{list(shape)} of {dtype_names[i]} is {nbytes}")
         layout.append((tensor, getattr(torch, dtype_names[i]), shape, nbytes))
     path = SHM_DIR / name
-    try:
-        fh = open(path, "rb")
-    except OSError:
-        raise WeightRefused(f"no shared-memory segment named {name!r}") from None
-    with fh:
+    if not path.is_file():
+        raise WeightRefused(f"no shared-memory segment named {name!r}")
+    with open(path, "rb") as fh:
         total = sum(n for *_, n in layout)
         size = fh.seek(0, 2)
         if size < total:

@@ -42,10 +42,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from quart import Quart, Response, request
-
 from actors.core.weight_sources import TORCH_NAMES, WeightRefused, safetensors_header
 from actors.messages import Control, ControlResult
+from quart import Quart, Response, request
+
 from server.api.dev import query_bool
 from server.api.http_io import json_response, read_json
 from server.api.openai.audio_form import upload_request_class
