@@ -26,6 +26,9 @@ OPERATOR_ROUTES = [
     ("POST", "/abort_requests"), ("POST", "/reset_prefix_cache"), ("POST", "/sleep"),
     ("POST", "/wake_up"), ("GET", "/is_sleeping"), ("POST", "/update_weights"),
     ("GET", "/weight_info"), ("GET", "/server_info"), ("POST", "/collective_rpc"),
+    ("POST", "/init_weight_transfer_engine"), ("POST", "/start_weight_update"),
+    ("POST", "/finish_weight_update"), ("POST", "/update_weight_version"),
+    ("GET", "/get_world_size"), ("POST", "/shutdown_weight_transfer_engine"),
     ("POST", "/start_profile"), ("POST", "/stop_profile"), ("POST", "/reset_mm_cache"),
     ("POST", "/reset_encoder_cache"), ("POST", "/release_kv_cache_memory"),
 ]
@@ -335,7 +338,7 @@ def test_sleep_level_2_drops_weights_and_reloads(server, c):
     assert c.post("/wake_up").json() == {"status": "awake", "tags": None}
     print(f"after wake: RSS {rss(server) / 2**20:.1f} MiB")
     assert greedy(c) == baseline  # the checkpoint's weights, read from disk again
-    assert c.get("/weight_info").json()["weight_version"] == version + 1
+    assert c.get("/weight_info").json()["weight_version"] == version  # vLLM's label stays
 
 
 def test_sleep_keep_with_running_requests_is_refused(server, c):
@@ -363,7 +366,20 @@ def _checkpoint_tensor(name: str):
     raise KeyError(name)
 
 
+def update(c: httpx.Client, path: Path, version: str | None = None) -> httpx.Response:
+    """One weight update from a path: start, update, finish (unless the update failed)."""
+    assert c.post("/start_weight_update").json() == {"message": "Weight update started"}
+    r = c.post("/update_weights", json={"update_info": {"path": str(path)}})
+    if r.status_code == 200:
+        assert r.json() == {"message": "Weights updated"}
+        assert c.post("/finish_weight_update",
+                      json={"weight_version": version}).status_code == 200
+    return r
+
+
 def test_update_weights_changes_the_next_request(c, tmp_path):
+    """The default model is a Q4_1 GGUF served quantized: the changed matrix is packed from
+    the update's values, the others stay in their blocks."""
     from safetensors.torch import save_file
 
     original = _checkpoint_tensor(LAYER)
@@ -372,10 +388,8 @@ def test_update_weights_changes_the_next_request(c, tmp_path):
 
     changed = tmp_path / "changed.safetensors"
     save_file({LAYER: (original.float() * 3.0).to(original.dtype).contiguous()}, str(changed))
-    r = c.post("/update_weights", json={"update_info": {"path": str(changed)}})
-    assert r.status_code == 200, r.text
-    assert r.json() == {"message": "Weights updated", "weight_version": version + 1}
-    assert c.get("/weight_info").json() == {"weight_version": version + 1}
+    assert update(c, changed, "x3").status_code == 200
+    assert c.get("/weight_info").json() == {"weight_version": "x3"}
     new_lps = greedy(c)[1]
     assert max(abs(a - b) for a, b in zip(new_lps, base_lps)) > 1e-3
     # The prompt's KV from before the update was not reused: a fresh run agrees.
@@ -391,21 +405,20 @@ def test_update_weights_changes_the_next_request(c, tmp_path):
     not_st.write_bytes(b"not a safetensors file")
     for path, words in [(wrong_shape, "has shape"), (wrong_name, "is not a weight"),
                         (tmp_path / "missing.safetensors", "does not exist"),
-                        (not_st, "not a readable safetensors")]:
-        r = c.post("/update_weights", json={"update_info": {"path": str(path)}})
+                        (not_st, "not a safetensors file")]:
+        r = update(c, path)
         assert r.status_code == 400, (path, r.text)
         assert words in r.json()["error"]["message"]
-    for body in ({}, {"update_info": {}}, {"update_info": "x"}):
+    for body in ({}, {"update_info": "x"}):
         r = c.post("/update_weights", json=body)
-        assert r.status_code == 400 and r.json()["error"]["param"] == "update_info.path"
-    assert c.get("/weight_info").json() == {"weight_version": version + 1}
+        assert r.status_code == 400 and r.json()["error"]["param"] == "update_info"
+    assert c.get("/weight_info").json() == {"weight_version": "x3"}
     assert greedy(c)[1] == new_lps
 
     # The original tensor back: the original output back.
     restore = tmp_path / "restore.safetensors"
     save_file({LAYER: original.contiguous()}, str(restore))
-    assert c.post("/update_weights",
-                  json={"update_info": {"path": str(restore)}}).status_code == 200
+    assert update(c, restore, version).status_code == 200
     assert greedy(c) == (base_text, base_lps)
 
 

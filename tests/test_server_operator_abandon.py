@@ -143,7 +143,10 @@ def test_abandoned_operator_calls_leave_the_server_serving(server, c, adapter_di
         ("POST", "/reset_prefix_cache", None, None),
         ("POST", "/sleep?mode=wait&level=1", None,
          ("/is_sleeping", "is_sleeping", True, "/wake_up")),
+        # one weight update, each of its calls given up on (each still applies, in order)
+        ("POST", "/start_weight_update", None, None),
         ("POST", "/update_weights", {"update_info": {"path": str(same)}}, None),
+        ("POST", "/finish_weight_update", None, None),
         ("POST", "/v1/load_lora_adapter", {"lora_name": "late", "lora_path": str(adapter_dir)},
          None),
         ("POST", "/v1/unload_lora_adapter", {"lora_name": "late"}, None),

@@ -125,8 +125,9 @@ class Control:
     """An operator command, applied between steps and answered by one ControlResult.
     The engine actor handles ``pause``, ``resume``, ``is_paused``, ``abort_requests``,
     ``sleep``, ``wake_up`` and ``is_sleeping`` (they decide whether it steps); the core
-    ``reset_prefix_cache``, ``sleep``/``wake_up`` (its memory), ``update_weights``,
-    ``weight_info``, ``start_profile`` and ``stop_profile`` (actors.core.operator), and
+    ``reset_prefix_cache``, ``sleep``/``wake_up`` (its memory), the weight transfer
+    (``start_weight_update``, ``update_weights``, ``finish_weight_update``, ``weight_info``
+    ...), ``start_profile`` and ``stop_profile`` (actors.core.operator), and
     ``linear_routing`` (the kernel table chosen at load)."""
 
     command: str
@@ -139,7 +140,8 @@ class ControlResult:
     value: Any = None
     error: str | None = None
     # Why it was refused: "invalid" (the command's arguments are wrong), "conflict" (the
-    # engine's state does not allow it now); None for a failure or success.
+    # engine's state does not allow it now), "rpc" (a weight-transfer call out of order:
+    # vLLM's worker raises, its server answers 500); None for a failure or success.
     reason: str | None = None
 
 
@@ -207,11 +209,14 @@ class TokenBatch:
     """Everything one step produced, sent as one message (per-message cost matters).
 
     ``scheduled``: choices this step moved from waiting to running (a queue time ends
-    there); ``preempted``: choices it sent back to waiting, once per preemption."""
+    there); ``preempted``: choices it sent back to waiting, once per preemption;
+    ``weight_version``: the label of the weights the step ran (vLLM's weight version,
+    actors.core.weight_transfer)."""
 
     outputs: tuple[RequestOutput, ...] = ()
     scheduled: tuple[SeqRef, ...] = ()
     preempted: tuple[SeqRef, ...] = ()
+    weight_version: str = "default"
 
 
 @dataclass(frozen=True, slots=True)

@@ -203,9 +203,14 @@ class ServerConfig:
     log_json: bool = flag(False, help="log as JSON lines")
     # operator routes (server/api/dev.py, profile.py) and the vendored Swagger UI at /docs
     enable_dev_endpoints: bool = flag(False, help="serve the operator routes (/pause, "
-        "/resume, /sleep, /wake_up, /abort_requests, /reset_prefix_cache, /update_weights, "
+        "/resume, /sleep, /wake_up, /abort_requests, /reset_prefix_cache, the weight "
+        "transfer's /start_weight_update, /update_weights, /finish_weight_update ..., "
         "/weight_info, /server_info, /collective_rpc ...); also on with "
         f"{DEV_MODE_ENV}=1. Behind the API key when one is set")
+    max_weight_chunk_bytes: int = flag(
+        256 * 1024 * 1024, type="size", low=1024, help="largest safetensors chunk one "
+        "POST /update_weights may upload (application/octet-stream; 413 above). A weight "
+        "update never stages more than one copy of the model, however many chunks come")
     profiler_config: dict[str, object] | None = flag(
         None, type="profiler_config", metavar="JSON", help="serve /start_profile and "
         '/stop_profile, as vLLM spells it: {"profiler": "torch", "torch_profiler_dir": '

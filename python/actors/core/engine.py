@@ -163,7 +163,8 @@ class LLMEngine:
             self._publish_kv_events()
         if self.operator.profiling:
             self.operator.after_step()
-        return TokenBatch(outputs, tuple(sched.last_admitted), tuple(sched.last_preempted))
+        return TokenBatch(outputs, tuple(sched.last_admitted), tuple(sched.last_preempted),
+                          self.operator.weights.version)
 
     def stats(self) -> EngineStats:
         s = self.scheduler.stats()

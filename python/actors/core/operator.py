@@ -18,11 +18,8 @@ never writes the engine's fields.
   after a completed pause, with the caches reset first; wake_up restores it.
 - **The encoder cache** is Whisper's cross-attention K/V pool (core/runner/cross_kv.py):
   per live window, so a reset drops the pool's memory only when no window is running.
-- **Weight updates** take a safetensors file (or a directory of them) with checkpoint names
-  and shapes. Every tensor is checked against the checkpoint on disk before anything
-  changes; the model is then built anew from the checkpoint with every update so far
-  applied, packed, and swapped in whole, so a failure leaves the old weights serving. The
-  prefix cache is reset: KV computed under the old weights is never reused.
+- **Weight updates** (vLLM's RL weight transfer: start, update in chunks, finish, the
+  weight version) are actors.core.weight_transfer's: staged, then swapped in whole.
 - **Profiling**: actors.core.profiler.
 """
 
@@ -37,6 +34,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from actors.core.profiler import ProfileSession, resident_bytes
+from actors.core.weight_transfer import COMMANDS as WEIGHT_COMMANDS
+from actors.core.weight_transfer import WeightTransfer
 from actors.messages import Control, ControlResult
 
 if TYPE_CHECKING:
@@ -100,8 +99,8 @@ class Operator:
     def __init__(self, host: EngineHost) -> None:
         self._host = host
         self.asleep: set[str] = set()  # of WAKE_TAGS
-        self.weight_version = 0
-        self._updates: dict[str, Any] = {}  # checkpoint name -> tensor, every update so far
+        self.weights = WeightTransfer(host, self._swap_model)
+        self.weights.weights_asleep = lambda: "weights" in self.asleep
         self._profile: ProfileSession | None = None
         self._bounded: dict[str, Any] | None = None  # what a session stopped at a bound wrote
 
@@ -123,10 +122,8 @@ class Operator:
                 return self.sleep(int(args.get("level", 1)))
             case "wake_up":
                 return self.wake_up(args.get("tags"))
-            case "update_weights":
-                return self.update_weights(str(args.get("path", "")))
-            case "weight_info":
-                return self.weight_info()
+            case name if name in WEIGHT_COMMANDS:
+                return self.weights.control(name, args)
             case "linear_routing":
                 table = host.linear_routing
                 return ControlResult(True, None if table is None else table.as_dict())
@@ -157,7 +154,7 @@ class Operator:
             self.asleep.add("kv_cache")
         if level == 2 and "weights" not in self.asleep:
             host.swap_model(None)
-            self._updates.clear()  # level 2 gives the weights up: wake reads the disk
+            self.weights.forget_updates()  # level 2 gives the weights up: wake reads the disk
             self.asleep.add("weights")
         _trim_heap()
         after = resident_bytes()
@@ -193,8 +190,7 @@ class Operator:
         wanted = set(WAKE_TAGS) if tags is None else set(tags)
         before = resident_bytes()
         if "weights" in wanted and "weights" in self.asleep:
-            self._swap_model(self._build_model({}))
-            self.weight_version += 1  # the checkpoint's weights, not the updated ones
+            self._swap_model(self.weights.build_model({}))  # the checkpoint's weights
             self.asleep.discard("weights")
         if "kv_cache" in wanted and "kv_cache" in self.asleep:
             self._host.restore_kv_cache()
@@ -203,89 +199,6 @@ class Operator:
                                     "rss_after": resident_bytes()})
 
     # ------------------------------------------------------------------ weights
-
-    def update_weights(self, path: str) -> ControlResult:
-        if "weights" in self.asleep:
-            return _conflict("the weights were dropped by sleep level 2; wake up first")
-        try:
-            files = _update_files(Path(path))
-        except (FileNotFoundError, ValueError) as exc:
-            return _invalid(str(exc))
-        expected = _checkpoint_shapes(self._host.origin.model_dir)
-        dtype = self._host.origin.dtype
-        update: dict[str, Any] = {}
-        from safetensors import SafetensorError, safe_open
-
-        try:
-            for f in files:
-                with safe_open(str(f), framework="pt") as st:
-                    for name in st.keys():
-                        if name not in expected:
-                            return _invalid(f"{f.name}: {name!r} is not a weight of this model")
-                        shape = tuple(st.get_slice(name).get_shape())
-                        if shape != expected[name]:
-                            return _invalid(f"{f.name}: {name!r} has shape {list(shape)}, the "
-                                            f"model's is {list(expected[name])}")
-                        update[name] = st.get_tensor(name).to(dtype)
-        except SafetensorError as exc:
-            return _invalid(f"not a readable safetensors file: {exc}")
-        if not update:
-            return _invalid(f"{path} holds no tensors")
-        merged = {**self._updates, **update}
-        self._swap_model(self._build_model(merged))
-        self._updates = merged
-        self.weight_version += 1
-        self._host.reset_prefix_cache(publish=False)  # KV of the old weights is stale
-        return ControlResult(True, {"weight_version": self.weight_version,
-                                    "updated": sorted(update)})
-
-    def weight_info(self) -> ControlResult:
-        return ControlResult(True, {"weight_version": self.weight_version,
-                                    "updated_tensors": len(self._updates)})
-
-    def _build_model(self, updates: Mapping[str, Any]) -> Any:
-        """The checkpoint's model again, with `updates` over it, stored as the load stored
-        it: a quantized matrix (--quantization gguf, int8) comes back quantized, except one
-        an update actually changed, which is packed from the update's values."""
-        import torch
-
-        from actors.loader.hf import iter_weights, safetensors_files
-        from actors.models.config import ModelConfig
-        from actors.models.registry import build_model
-
-        origin = self._host.origin
-        quant = origin.quantization
-        cfg = ModelConfig.from_dir(origin.model_dir)
-        load_dtype = torch.float32 if quant == "int8" else origin.dtype
-        model = build_model(cfg, dtype=load_dtype)
-        files = safetensors_files(origin.model_dir)
-        changed: set[str] = set()
-
-        def merged(name: str, t: Any) -> Any:
-            new = updates.get(name)
-            if new is None:
-                return t
-            if not torch.equal(new.to(t.dtype), t):
-                changed.add(name.removesuffix(".weight").removesuffix(".bias"))
-            return new
-
-        model.load_weights((name, merged(name, t)) for name, t in iter_weights(files, load_dtype))
-        if quant == "gguf":
-            import json
-
-            from actors.loader.gguf import matrix_parts, quantized_weights
-
-            hf_cfg = json.loads((origin.model_dir / "config.json").read_text())
-            kept = quantized_weights(origin.source, hf_cfg)
-            model.pack_weights({k: w for k, w in kept.items()
-                                if not changed.intersection(matrix_parts(k))})
-        elif quant == "int8":
-            from actors.loader.int8 import int8_weights
-
-            model.pack_weights(int8_weights(model))
-        else:
-            model.pack_weights()
-        return model
 
     def _swap_model(self, model: Any) -> None:
         self._host.swap_model(model)
@@ -327,27 +240,3 @@ class Operator:
         log.warning("profiling stopped at its bound (%s); trace in %s", session.bound_hit,
                     self._bounded["trace"])
 
-
-def _update_files(path: Path) -> list[Path]:
-    from actors.loader.hf import safetensors_files
-
-    if path.is_dir():
-        return safetensors_files(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist")
-    if path.suffix != ".safetensors":
-        raise ValueError(f"{path} is not a .safetensors file")
-    return [path]
-
-
-def _checkpoint_shapes(model_dir: Path) -> dict[str, tuple[int, ...]]:
-    from safetensors import safe_open
-
-    from actors.loader.hf import safetensors_files
-
-    shapes: dict[str, tuple[int, ...]] = {}
-    for f in safetensors_files(model_dir):
-        with safe_open(str(f), framework="pt") as st:
-            for name in st.keys():
-                shapes[name] = tuple(st.get_slice(name).get_shape())
-    return shapes

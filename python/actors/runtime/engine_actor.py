@@ -225,7 +225,8 @@ class EngineActor(EngineControls):
             started = time.monotonic()
             batch = await self._step()
             timings = self._account(batch, started)
-            self._send(Delivery(batch.outputs, self._take_outgoing(), timings))
+            self._send(Delivery(batch.outputs, self._take_outgoing(), timings,
+                                batch.weight_version))
             faults.check("engine")
 
     def _send(self, message: BatchMessage) -> None:

@@ -32,9 +32,9 @@ __all__ = ["EngineControls", "PAUSE_MODES"]
 log = logging.getLogger("actors.runtime.engine")
 
 # Core commands that allocate, free or load memory: run in the worker thread.
-_HEAVY_CONTROLS = frozenset({"sleep", "wake_up", "update_weights", "start_profile",
-                             "stop_profile", "load_lora_adapter", "release_kv_cache_memory",
-                             "reset_encoder_cache"})
+_HEAVY_CONTROLS = frozenset({"sleep", "wake_up", "update_weights", "finish_weight_update",
+                             "start_profile", "stop_profile", "load_lora_adapter",
+                             "release_kv_cache_memory", "reset_encoder_cache"})
 _ACTOR_CONTROLS = frozenset({"pause", "resume", "is_paused", "is_sleeping",
                              "abort_requests", "sleep", "wake_up", "release_kv_cache_memory"})
 

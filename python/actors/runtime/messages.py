@@ -117,11 +117,13 @@ class ChoiceTiming:
 class Delivery:
     """One message per send, under one batch credit: a step's outputs, then what retired
     since the previous Delivery (in that order: a choice's last tokens before its end).
-    ``timings``: empty, or (per-request metrics on) one ChoiceTiming per output."""
+    ``timings``: empty, or (per-request metrics on) one ChoiceTiming per output;
+    ``weight_version``: the label of the weights that produced the outputs."""
 
     outputs: tuple[RequestOutput, ...] = ()
     retired: tuple[Retired | Refused, ...] = ()
     timings: tuple[ChoiceTiming | None, ...] = ()
+    weight_version: str = "default"
 
 
 @dataclass(frozen=True, slots=True)

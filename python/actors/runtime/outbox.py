@@ -46,6 +46,9 @@ class ChoiceUpdate:
     pooled: bytes | None = None
     # The choice's clock, with its finish (per-request metrics on; else None).
     timing: ChoiceTiming | None = None
+    # With its finish: (weight version, first token, end) of each run of its output tokens
+    # one weight version sampled (vLLM's weight_versions).
+    weight_versions: tuple[tuple[str, int, int], ...] | None = None
 
     def size(self) -> int:
         """About how much memory this update takes, erring high (measured with tracemalloc:
@@ -60,6 +63,8 @@ class ChoiceUpdate:
             self.pooled = other.pooled
         if other.timing is not None:
             self.timing = other.timing
+        if other.weight_versions is not None:
+            self.weight_versions = other.weight_versions
         self.text += other.text
         self.token_ids.extend(other.token_ids)
         self.logprobs.extend(other.logprobs)

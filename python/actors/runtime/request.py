@@ -73,6 +73,22 @@ class Choice:
     prefilling: bool = False
     held: ChoiceUpdate | None = None  # stream_interval: output not pushed yet
     pushed: bool = False  # stream_interval: its first output went out
+    # (weight version, index of its first output token) of each run of tokens one version
+    # sampled, and the tokens so far (vLLM's weight_versions spans)
+    version_starts: list[tuple[str, int]] = field(default_factory=list)
+    num_tokens: int = 0
+
+    def track_version(self, version: str, new_tokens: int) -> None:
+        """`new_tokens` more output tokens, sampled by weights labelled `version`."""
+        if new_tokens and (not self.version_starts or self.version_starts[-1][0] != version):
+            self.version_starts.append((version, self.num_tokens))
+        self.num_tokens += new_tokens
+
+    def version_spans(self) -> tuple[tuple[str, int, int], ...]:
+        """(version, start, end) over the output tokens, end exclusive."""
+        starts = self.version_starts
+        ends = [start for _, start in starts[1:]] + [self.num_tokens]
+        return tuple((v, s, e) for (v, s), e in zip(starts, ends))
 
     def gather(self, update: ChoiceUpdate, interval: int) -> ChoiceUpdate | None:
         """vLLM's stream_interval: the update to push now (what was held merged in front of
@@ -89,7 +105,8 @@ class Choice:
 
     def ending(self, reason: str) -> ChoiceUpdate:
         """The update that ends the choice with `reason`, after what it still holds."""
-        end = ChoiceUpdate(self.outbox_index, finish_reason=reason)
+        end = ChoiceUpdate(self.outbox_index, finish_reason=reason,
+                           weight_versions=self.version_spans())
         if self.held is None:
             return end
         held, self.held = self.held, None

@@ -276,7 +276,7 @@ class TokenizerActor:
                         # Up to a million entries (a prompt's logprobs): not on the loop.
                         converted = await trio.to_thread.run_sync(self._convert_logprobs,
                                                                   outputs)
-                    self._deliver(outputs, converted, message.timings)
+                    self._deliver(outputs, converted, message.timings, message.weight_version)
                     self._retire(message.retired)
                 finally:
                     self._credits.release()
@@ -345,9 +345,10 @@ class TokenizerActor:
 
     def _deliver(self, outputs: tuple[RequestOutput, ...],
                  converted: dict[tuple[str, int], Logprobs] | None = None,
-                 timings: tuple[ChoiceTiming | None, ...] = ()) -> None:
-        """Each output's text into its choice's Outbox; `timings` (per-request metrics on):
-        each output's choice clock, carried by the update that finishes the choice."""
+                 timings: tuple[ChoiceTiming | None, ...] = (),
+                 weight_version: str = "default") -> None:
+        """Each output's text into its choice's Outbox; the update that finishes a choice
+        carries its weight-version spans and (`timings`: per-request metrics on) clock."""
         for i, out in enumerate(outputs):
             found = self._registry.engine_requests.get(out.request_id)
             if found is None:
@@ -367,6 +368,7 @@ class TokenizerActor:
                                                pooled=out.pooled))
                 continue
             new_ids = list(out.new_token_ids)
+            choice.track_version(weight_version, len(new_ids))
             step = choice.detokenizer.add(new_ids, ends_on_stop_token=out.stopped_on_token)
             lps, prompt_lps = (converted or {}).get((out.request_id, out.index)) or ([], None)
             update = ChoiceUpdate(
@@ -385,8 +387,9 @@ class TokenizerActor:
                 update.text += choice.detokenizer.flush()
                 update.finish_reason = out.finish_reason or "stop"
                 update.stop_reason = out.stop_reason
-            if timings and update.finish_reason is not None:
-                update.timing = timings[i]
+            if update.finish_reason is not None:
+                update.weight_versions = choice.version_spans()
+                update.timing = timings[i] if timings else None
             interval = state.params.stream_interval
             if interval is not None and interval > 1:
                 gathered = choice.gather(update, interval)

@@ -1,7 +1,7 @@
 """The operator routes of vLLM's dev mode (``VLLM_SERVER_DEV_MODE=1``, or our
 ``--enable-dev-endpoints``): pause and resume, abort, sleep and wake, releasing the KV
-cache, the prefix, multimodal and encoder caches, weight updates for RL loops, server info
-and a fenced ``collective_rpc``.
+cache, the prefix, multimodal and encoder caches, server info and a fenced
+``collective_rpc``. The weight transfer for RL loops is server.api.weights'.
 
 Nothing here touches the engine: each route sends one typed ``Control`` to the engine
 actor, which applies it between steps (actors.runtime.engine_actor, actors.core.operator)
@@ -63,7 +63,7 @@ def _query_choice(name: str, choices: tuple[str, ...], default: str) -> str:
     return value
 
 
-def _query_bool(name: str, default: bool) -> bool:
+def query_bool(name: str, default: bool) -> bool:
     value = request.args.get(name)
     if value is None:
         return default
@@ -114,7 +114,7 @@ def register(app: Quart, srv: ServerState) -> None:
     @app.post("/pause")
     async def pause() -> Response:
         mode = _query_choice("mode", PAUSE_MODES, "abort")
-        await control(srv, "pause", mode=mode, clear_cache=_query_bool("clear_cache", True))
+        await control(srv, "pause", mode=mode, clear_cache=query_bool("clear_cache", True))
         return json_response({"status": "paused"})
 
     @app.post("/resume")
@@ -141,8 +141,8 @@ def register(app: Quart, srv: ServerState) -> None:
     async def reset_prefix_cache() -> Response:
         # Blocks in use keep their KV and are simply not found again, so the reset never
         # has to wait for running requests (reset_running_requests changes nothing).
-        _query_bool("reset_running_requests", False)
-        if _query_bool("reset_external", False):
+        query_bool("reset_running_requests", False)
+        if query_bool("reset_external", False):
             raise bad_request("there is no external (connector) prefix cache to reset",
                               "query.reset_external")
         await control(srv, "reset_prefix_cache")
@@ -163,7 +163,7 @@ def register(app: Quart, srv: ServerState) -> None:
     @app.post("/release_kv_cache_memory")
     async def release_kv_cache_memory() -> Response:
         # reset_connector: there is no KV connector to reset; the value is checked all the same
-        _query_bool("reset_connector", True)
+        query_bool("reset_connector", True)
         await control(srv, "release_kv_cache_memory")
         return json_response({"status": "kv_cache_released"})
 
@@ -184,22 +184,6 @@ def register(app: Quart, srv: ServerState) -> None:
     @app.get("/is_sleeping")
     async def is_sleeping() -> Response:
         return json_response({"is_sleeping": await control(srv, "is_sleeping")})
-
-    @app.post("/update_weights")
-    async def update_weights() -> Response:
-        info = (await read_json()).get("update_info")
-        path = info.get("path") if isinstance(info, dict) else None
-        if not isinstance(path, str) or not path:
-            raise bad_request('update_info must be {"path": <a .safetensors file or a '
-                              'directory of them>}', "update_info.path")
-        value = await control(srv, "update_weights", path=path)
-        return json_response({"message": "Weights updated",
-                              "weight_version": value["weight_version"]})
-
-    @app.get("/weight_info")
-    async def weight_info() -> Response:
-        value = await control(srv, "weight_info")
-        return json_response({"weight_version": value["weight_version"]})
 
     @app.get("/server_info")
     async def server_info() -> Response:

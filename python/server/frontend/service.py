@@ -42,6 +42,10 @@ from server.frontend.failures import ServiceFailure, failure_of
 from server.frontend.generation import Generation
 from server.frontend.structured import compile_spec
 
+# (weight version, first output token, end) of each run of a choice's tokens one weight
+# version sampled (vLLM's weight_versions; actors.core.weight_transfer)
+WeightSpans = tuple[tuple[str, int, int], ...]
+
 
 # -- logprobs ---------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
@@ -176,6 +180,8 @@ class ChoiceDelta:
     prompt_logprobs: PromptLogprobs | None = None
     # The choice's clock, on its last delta (per-request metrics on).
     timing: ChoiceTiming | None = None
+    # On its last delta: (weight version, start, end) runs over its output tokens.
+    weight_versions: WeightSpans | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +227,7 @@ class ChoiceResult:
     # stream would (a reasoning parser counts reasoning tokens per delta)
     pieces: list[tuple[str, int]] = field(default_factory=list)
     timing: ChoiceTiming | None = None  # per-request metrics on
+    weight_versions: WeightSpans | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -246,6 +253,7 @@ class _Accumulator:
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     timing: ChoiceTiming | None = None
+    weight_versions: WeightSpans | None = None
 
 
 # -- the service ----------------------------------------------------------------------------
@@ -340,11 +348,12 @@ class TextGeneration:
                     if u.finish_reason is not None:
                         a.finish_reason, a.stop_reason = u.finish_reason, u.stop_reason
                         a.timing = u.timing
+                        a.weight_versions = u.weight_versions
         finally:
             self.retire()
         choices = [ChoiceResult(i, "".join(a.text), a.token_ids, Logprobs(a.logprobs),
                                 a.finish_reason, a.stop_reason, list(zip(a.text, a.sizes)),
-                                a.timing)
+                                a.timing, a.weight_versions)
                    for i, a in enumerate(acc)]
         return Collected(choices, prompt_lps, self.usage(sum(c.num_tokens for c in choices)))
 
@@ -353,7 +362,8 @@ class TextGeneration:
         if u.prompt_logprobs is not None:
             prompt_lps = PromptLogprobs(u.prompt_logprobs)
         return ChoiceDelta(u.index, u.text, u.token_ids, Logprobs(u.logprobs),
-                           u.finish_reason, u.stop_reason, generated, prompt_lps, u.timing)
+                           u.finish_reason, u.stop_reason, generated, prompt_lps, u.timing,
+                           u.weight_versions)
 
 
 async def start(ctx: FrontendContext, request_id: str, prompts: list[PromptInput],

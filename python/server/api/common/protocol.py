@@ -126,9 +126,11 @@ class TokenIdFields(VLLMModel):
     each choice (``return_token_ids``), logprob tokens written "token_id:<id>"
     (``return_tokens_as_token_ids``; None: the server's --return-tokens-as-token-ids), and
     the logprobs of exactly the listed ids at each position (``logprob_token_ids``; their
-    count and ids: SamplingParams.validate)."""
+    count and ids: SamplingParams.validate), and each choice's weight-version spans
+    (``return_weight_versions``; actors.core.weight_transfer)."""
 
     return_token_ids: bool | None = None
+    return_weight_versions: bool = False
     return_tokens_as_token_ids: bool | None = None
     logprob_token_ids: list[int] | None = None
 

@@ -13,8 +13,10 @@ carries vLLM's token-id fields, null unless return_token_ids asks for them: comp
 `prompt_token_ids` and `token_ids` (streamed: the prompt's on the choice's first chunk, the
 delta's on every chunk; an echoed stream's first chunk carries the prompt's ids either way,
 as vLLM's does), chat's `token_ids` per choice and `prompt_token_ids` on the response (streamed:
-on the role chunks). vLLM's other choice fields this server never fills (`routed_experts`,
-`weight_versions`) are written null where vLLM writes them.
+on the role chunks). `weight_versions` (return_weight_versions) is each choice's runs of
+output tokens per weight version, `{"version", "start", "end"}` (end exclusive), on the
+choice's last chunk when streamed; null otherwise, as vLLM's. `routed_experts` (no MoE
+routing is reported) is written null where vLLM writes it.
 """
 
 from __future__ import annotations
@@ -65,6 +67,12 @@ class _Renderer:
     fingerprint: str
     options: _StreamOptions
     metrics: bool = False
+    return_weight_versions: bool = False
+
+    def _spans(self, spans: Sequence[tuple[str, int, int]] | None) -> list[dict[str, Any]] | None:
+        if not self.return_weight_versions or spans is None:
+            return None
+        return [{"version": v, "start": start, "end": end} for v, start, end in spans]
 
     def _base(self) -> dict[str, Any]:
         raise NotImplementedError
@@ -119,9 +127,11 @@ class CompletionRenderer(_Renderer):
     def __init__(self, gen: TextGeneration, *, model: str, fingerprint: str, echo: bool,
                  echo_only: bool, logprobs: int | None, include_usage: bool = False,
                  continuous_usage: bool = False, metrics: bool = False,
-                 return_token_ids: bool = False, style: LogprobStyle = PLAIN) -> None:
+                 return_token_ids: bool = False, style: LogprobStyle = PLAIN,
+                 return_weight_versions: bool = False) -> None:
         self.gen = gen
         self.metrics = metrics
+        self.return_weight_versions = return_weight_versions
         self.model = model
         self.fingerprint = fingerprint
         self.response_id = f"cmpl-{gen.request_id}"
@@ -168,7 +178,7 @@ class CompletionRenderer(_Renderer):
             "index": d.index, "text": text, "logprobs": lp, "finish_reason": d.finish_reason,
             "stop_reason": d.stop_reason, "prompt_token_ids": prompt_ids,
             "token_ids": list(d.token_ids) if self.return_token_ids else None,
-            "weight_versions": None}])
+            "weight_versions": self._spans(d.weight_versions)}])
         if d.finish_reason is not None and not self.options.include_usage:
             chunk["system_fingerprint"] = self.fingerprint
         return self._with_choice_usage(chunk, d)
@@ -206,7 +216,8 @@ class CompletionRenderer(_Renderer):
                             "token_ids": list(r.token_ids) if ids else None,
                             "prompt_logprobs": prompt_json.get(p),
                             "prompt_token_ids": gen.prompts[p].shown_ids if ids else None,
-                            "routed_experts": None, "weight_versions": None})
+                            "routed_experts": None,
+                            "weight_versions": self._spans(r.weight_versions)})
         return self._with_metrics({
             "id": self.response_id, "object": "text_completion", "created": gen.created,
             "model": self.model, "choices": choices, "service_tier": None,
@@ -224,9 +235,11 @@ class ChatCompletionRenderer(_Renderer):
                  new_choice: Callable[[], ChatChoice] = ChatChoice,
                  per_prompt: Sequence[tuple[str, str]] | None = None,
                  reasoning_usage: bool = False, metrics: bool = False,
-                 return_token_ids: bool = False, style: LogprobStyle = PLAIN) -> None:
+                 return_token_ids: bool = False, style: LogprobStyle = PLAIN,
+                 return_weight_versions: bool = False) -> None:
         self.gen = gen
         self.metrics = metrics
+        self.return_weight_versions = return_weight_versions
         self.model = model
         self.fingerprint = fingerprint
         self.response_id = f"chatcmpl-{gen.request_id}"
@@ -300,7 +313,7 @@ class ChatCompletionRenderer(_Renderer):
             choice["stop_reason"] = d.stop_reason
         choice["token_ids"] = list(d.token_ids) if self.return_token_ids else None
         if d.finish_reason is not None:
-            choice["weight_versions"] = None
+            choice["weight_versions"] = self._spans(d.weight_versions)
             if not self.options.include_usage:
                 chunk["system_fingerprint"] = self.fingerprint
         return self._with_choice_usage(chunk, d)
@@ -315,7 +328,8 @@ class ChatCompletionRenderer(_Renderer):
                             "logprobs": self._logprobs_json(r.logprobs),
                             "finish_reason": reason, "stop_reason": r.stop_reason,
                             "token_ids": list(r.token_ids) if self.return_token_ids else None,
-                            "routed_experts": None, "weight_versions": None})
+                            "routed_experts": None,
+                            "weight_versions": self._spans(r.weight_versions)})
         return self._with_metrics({
             "id": self.response_id, "object": "chat.completion", "created": self.gen.created,
             "model": self.model, "choices": choices, "service_tier": None,
