@@ -47,8 +47,7 @@ from actors.messages import Control, ControlResult
 from quart import Quart, Response, request
 
 from server.api.dev import query_bool
-from server.api.http_io import json_response, read_json
-from server.api.openai.audio_form import upload_request_class
+from server.api.http_io import json_response, read_json, upload_request_class
 from server.errors import APIError, bad_request
 from server.state import ServerState
 

@@ -10,7 +10,8 @@ from typing import Any
 
 from actors.runtime.messages import ChoiceTiming
 
-from server.frontend.service import LogprobEntry, PromptLogprobs, Usage
+from server.frontend.logprobs import LogprobEntry, PromptLogprobs
+from server.frontend.service import Usage
 
 # -inf cannot be written in JSON; clients expect a large negative number (as vLLM sends).
 MIN_LOGPROB = -9999.0

@@ -29,13 +29,12 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import trio
+from actors.params.sampling import SamplingParams
 from quart import Quart, Response, request
 
-from actors.params.sampling import SamplingParams
 from server import sse
-from server.api.http_io import json_response
-from server.api.openai.audio_form import (SpeechRequest, parse_form, read_upload,
-                                          sampling_params, upload_request_class)
+from server.api.http_io import json_response, upload_request_class
+from server.api.openai.audio_form import SpeechRequest, parse_form, read_upload, sampling_params
 from server.audio import MISSING_EXTRA, missing_packages
 from server.errors import APIError, api_error_of_failure, bad_request
 from server.frontend.failures import ServiceFailure

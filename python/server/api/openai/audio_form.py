@@ -177,22 +177,3 @@ async def read_upload(frontend: AudioFrontend) -> tuple[MultiDict, bytes]:
     stream.seek(0)
     data = await trio.to_thread.run_sync(stream.read)  # a spooled file: on disk past 500 KB
     return form, data
-
-
-def upload_request_class(base: type, paths: frozenset[str], limit: int) -> type:
-    """`base` with a larger body limit on `paths`: Quart fixes a request's limit when it
-    is created, from MAX_CONTENT_LENGTH (--max-body-bytes), which fits JSON bodies, not
-    25 MB of audio."""
-
-    class UploadRequest(base):  # type: ignore[valid-type, misc]
-        def __init__(self, method: str, scheme: str, path: str, *args: Any,
-                     max_content_length: int | None = None, **kwargs: Any) -> None:
-            bigger = path in paths and max_content_length is not None
-            if bigger:
-                max_content_length = max(max_content_length, limit)  # type: ignore[type-var]
-            super().__init__(method, scheme, path, *args,
-                             max_content_length=max_content_length, **kwargs)
-            if bigger:
-                self.max_content_length = max_content_length  # the form parser's bound
-
-    return UploadRequest

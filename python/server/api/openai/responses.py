@@ -258,11 +258,10 @@ class ResponsesAPI:
             messages=tuple(conversation(req.instructions, history, messages)),
             chat_template=req.chat_template, chat_template_kwargs=req.chat_template_kwargs,
             reasoning_effort=req.reasoning.effort if req.reasoning else None)
+        kwargs = template_kwargs(chat, srv.renderer.default_kwargs,
+                                 srv.config.reasoning_effort_map)
         params = gate_reasoning(srv, params, budget=req.thinking_token_budget,
-                                template_kwargs=template_kwargs(
-                                    chat, srv.renderer.default_kwargs,
-                                    srv.config.reasoning_effort_map),
-                                include_reasoning=req.include_reasoning)
+                                template_kwargs=kwargs, include_reasoning=req.include_reasoning)
         render = render_call(srv.renderer, chat, plan.tools)
         thinking = plan_reasoning(chat, srv.config, default_kwargs=srv.renderer.default_kwargs,
                                   tokenizer=srv.tokenizer,

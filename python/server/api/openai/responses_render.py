@@ -35,7 +35,8 @@ from server.api.common.render_json import metrics_json
 from server.frontend.chat.reasoning_plan import ReasoningPlan
 from server.frontend.chat.tool_parsers import ContentDelta, ToolCallDelta
 from server.frontend.chat.tools import ToolPlan
-from server.frontend.service import ChoiceResult, LogprobEntry, Usage
+from server.frontend.logprobs import LogprobEntry
+from server.frontend.service import ChoiceResult, Usage
 
 DISCONNECTED = "client_disconnected"  # incomplete_details.reason of an abandoned stream
 

@@ -31,7 +31,7 @@ from server.api.common.render_json import (
 from server.api.http_io import accepts, built_json_response, check_model, parse, read_json
 from server.errors import bad_request
 from server.frontend.chat.tool_calls import chat_message
-from server.frontend.service import LogprobEntry, TopLogprob
+from server.frontend.logprobs import LogprobEntry, TopLogprob
 from server.state import ServerState
 
 PATHS = ("/v1/chat/completions/derender", "/v1/completions/derender")

@@ -37,7 +37,8 @@ from server.frontend import service
 from server.frontend.chat.tool_calls import chat_message
 from server.frontend.context import context_of
 from server.frontend.generation import new_request_id
-from server.frontend.service import ChoiceDelta, Collected, LogprobEntry, TextGeneration, Usage
+from server.frontend.logprobs import LogprobEntry
+from server.frontend.service import ChoiceDelta, Collected, TextGeneration, Usage
 from server.sse import sse_response
 from server.state import ServerState
 
