@@ -39,13 +39,8 @@ from server.api.common.render_json import (
     usage_json,
 )
 from server.frontend.chat.tool_calls import ChatChoice
-from server.frontend.service import (
-    ChoiceDelta,
-    Collected,
-    LogprobEntry,
-    TextGeneration,
-    Usage,
-)
+from server.frontend.logprobs import LogprobEntry
+from server.frontend.service import ChoiceDelta, Collected, TextGeneration, Usage
 
 
 class _StreamOptions:
