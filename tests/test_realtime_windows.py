@@ -10,7 +10,6 @@ import io
 
 import numpy as np
 import pytest
-
 from server.api.openai import realtime_protocol as proto
 from server.api.openai.realtime_limits import AudioBudget, LeadMeter
 from server.audio.stream import PCMError, StreamWindows, pcm16_samples

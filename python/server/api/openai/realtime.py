@@ -32,7 +32,7 @@ import json
 import logging
 import math
 from contextlib import aclosing
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -40,9 +40,19 @@ import trio
 from quart import Quart, websocket
 
 from server.api.openai import realtime_protocol as proto
-from server.api.openai.realtime_limits import (CLIENT_DONE, FAILED, INTERNAL_ERROR, NOT_READY,
-                                               SERVER_FULL, AudioBudget, Close, LeadMeter, RealtimeLimits,
-                                               RealtimeMetrics)
+from server.api.openai.realtime_items import Item, transcribe
+from server.api.openai.realtime_limits import (
+    CLIENT_DONE,
+    FAILED,
+    INTERNAL_ERROR,
+    NOT_READY,
+    SERVER_FULL,
+    AudioBudget,
+    Close,
+    LeadMeter,
+    RealtimeLimits,
+    RealtimeMetrics,
+)
 from server.api.openai.realtime_protocol import OPENAI, VLLM, EventError, Session
 from server.audio.mel import SAMPLE_RATE
 from server.audio.stream import StreamWindows
@@ -56,23 +66,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("server.realtime")
 REALTIME = "/v1/realtime"
-
-
-@dataclass
-class Item:
-    """One committed stretch of audio and its transcript so far."""
-
-    id: str
-    previous: str | None
-    language: str | None
-    prompt: str
-    windows: int = 0
-    wrote: bool = False  # text written by an earlier window
-    text: str = ""
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    dropped: bool = False  # cleared: its windows are skipped, it completes nothing
-    prompt_ids: list[int] = field(default_factory=list)
 
 
 class Connection:
@@ -329,64 +322,10 @@ class Connection:
                     self._release(samples.shape[0])
 
     async def _transcribe(self, item: Item, samples: np.ndarray) -> None:
-        from server.audio.windows import NO_SPACE_LANGUAGES
-        from server.frontend.transcription import transcribe_window
-
-        toks, params = self._whisper()
-        features = await self.frontend.features(samples, toks.n_mels)
-        rid = f"realtime-{self.session.id}-{item.id}-{item.windows}"
-        item.windows += 1
-        if not item.prompt_ids:
-            await self._item_prompt(item, toks, features, rid)
-        item.prompt_tokens += len(item.prompt_ids)
-        sep = "" if item.language in NO_SPACE_LANGUAGES else " "
-        started, held_space = False, ""
-        async with aclosing(transcribe_window(self.srv, rid, features, item.prompt_ids,
-                                              params)) as deltas:
-            async for d in deltas:
-                item.completion_tokens += len(d.token_ids)
-                text = d.text
-                if not started:
-                    text = text.lstrip()
-                    if not text:
-                        continue
-                    text = (sep if item.wrote else "") + text
-                    started = item.wrote = True
-                # Trailing space is held until text follows it: the window's text ends
-                # stripped, as the upload route joins windows.
-                text = held_space + text
-                body = text.rstrip()
-                held_space = text[len(body):]
-                if body:
-                    item.text += body
-                    self.emit(proto.delta(self.session.dialect, item.id, body))
-
-    def _whisper(self) -> tuple[Any, Any]:
-        from server.api.openai.audio_form import SpeechRequest, sampling_params
-        from server.frontend.transcription import whisper_tokens
-
-        toks = whisper_tokens(self.srv)
-        req = SpeechRequest(task="transcribe", model=self.session.model or "",
-                            language=None, prompt="", response_format="json",
-                            temperature=0.0, stream=True, include_usage=False,
-                            continuous_usage=False)
-        return toks, sampling_params(self.srv, req, toks.max_decoder_len)
-
-    async def _item_prompt(self, item: Item, toks: Any, features: np.ndarray,
-                           rid: str) -> None:
-        """The item's decoder prompt, as the upload route builds it: its language (detected
-        on its first window when the session names none) and the session's prompt."""
-        from server.api.openai.audio import PROMPT_TAIL_CHARS
-        from server.frontend.transcription import language_detect
-
-        if item.language is None:
-            item.language = (await language_detect(self.srv, features, f"{rid}-lang")).code
-        previous = None
-        if item.prompt.strip():
-            tail = item.prompt.strip()[-PROMPT_TAIL_CHARS:]
-            previous = self.srv.tokenizer.encode(" " + tail, add_special_tokens=False)
-        item.prompt_ids = toks.prompt(language=item.language, task="transcribe",
-                                      timestamps=False, previous=previous)
+        async with aclosing(transcribe(self.srv, self.frontend, self.session, item,
+                                       samples)) as texts:
+            async for text in texts:
+                self.emit(proto.delta(self.session.dialect, item.id, text))
 
 
 def register(app: Quart, srv: ServerState, frontend: AudioFrontend) -> None:
