@@ -280,7 +280,7 @@ class Connection:
 
     def _current_item(self) -> Item:
         if self.item is None:
-            self.item = Item(proto._id("item_"), self.last_item, self.session.language,
+            self.item = Item(proto.new_id("item_"), self.last_item, self.session.language,
                              self.session.prompt)
             self.last_item = self.item.id
         return self.item

@@ -51,13 +51,13 @@ class EventError(Exception):
         self.message, self.code, self.param = message, code, param
 
 
-def _id(prefix: str) -> str:
+def new_id(prefix: str) -> str:
     return f"{prefix}{uuid.uuid4().hex[:24]}"
 
 
 @dataclass
 class Session:
-    id: str = field(default_factory=lambda: _id("sess-"))
+    id: str = field(default_factory=lambda: new_id("sess-"))
     created: int = field(default_factory=lambda: int(time.time()))
     dialect: str = VLLM
     model: str | None = None  # set once a session.update names a served model
@@ -179,7 +179,7 @@ def decode_audio(event: dict[str, Any], max_bytes: int) -> np.ndarray:
 
 # -- server events -----------------------------------------------------------------------
 def _event(kind: str, **body: Any) -> dict[str, Any]:
-    return {"type": kind, "event_id": _id("event_"), **body}
+    return {"type": kind, "event_id": new_id("event_"), **body}
 
 
 def session_created(s: Session) -> dict[str, Any]:
