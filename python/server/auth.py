@@ -4,7 +4,8 @@ The path is taken from the ASGI scope's raw_path (the bytes on the request line)
 a URL rebuilt with the Host header, then normalised: percent-decoding, repeated slashes and
 dot segments cannot make a guarded route look public. Everything is guarded except an
 explicit public list; CORS preflights (OPTIONS) pass so browsers can ask first. The key
-comes as `Authorization: Bearer` (OpenAI's clients) or `x-api-key` (Anthropic's).
+comes as `Authorization: Bearer` (OpenAI's clients) or `x-api-key` (Anthropic's), on a
+WebSocket's handshake as on any request.
 """
 
 from __future__ import annotations
@@ -86,17 +87,22 @@ class APIKeyMiddleware:
         ):
             await self._app(scope, receive, send)
             return
-        if scope["type"] == "websocket":
-            await send({"type": "websocket.close", "code": 1008})
-            return
         message = "Invalid or missing API key."
         # Anthropic's clients send the key as x-api-key and read their own envelope.
         body = (anthropic_errors.envelope_bytes(401, message)
                 if anthropic_errors.is_anthropic_path(normalise_path(scope))
                 else envelope_bytes(401, message))
+        prefix = "http"
+        if scope["type"] == "websocket":
+            # The handshake is answered with the 401 itself where the server can (ASGI's
+            # websocket.http.response), as vLLM refuses its WebSocket; else a 1008 close.
+            if "websocket.http.response" not in scope.get("extensions", {}):
+                await send({"type": "websocket.close", "code": 1008})
+                return
+            prefix = "websocket.http"
         await send(
             {
-                "type": "http.response.start",
+                "type": f"{prefix}.response.start",
                 "status": 401,
                 "headers": [
                     (b"content-type", b"application/json"),
@@ -105,4 +111,4 @@ class APIKeyMiddleware:
                 ],
             }
         )
-        await send({"type": "http.response.body", "body": body})
+        await send({"type": f"{prefix}.response.body", "body": body})

@@ -193,6 +193,30 @@ class ServerConfig:
     max_total_buffered_bytes: int = flag(
         256 * 1024 * 1024, type="size", help="the same for all clients together; above, the "
         "clients holding the most are dropped first")
+    # WS /v1/realtime (server/api/openai/realtime*.py): each connection's and all of them
+    # together's audio awaiting transcription, and when a client is closed
+    realtime_max_chunk_bytes: int = flag(
+        1024 * 1024, type="size", low=2, help="PCM16 bytes one input_audio_buffer.append "
+        "may carry (decoded from its base64; k/m suffixes); a larger chunk is refused with "
+        "an error event and dropped. Default: {default}")
+    realtime_max_buffer_s: float = flag(
+        120.0, type="seconds", low=1, help="seconds of audio one realtime connection may "
+        "hold before it is transcribed; beyond, the connection is closed (1009)")
+    realtime_max_total_buffer_bytes: int = flag(
+        256 * 1024 * 1024, type="size", low=1, help="PCM16 bytes all realtime connections "
+        "together may hold untranscribed; a chunk beyond closes its connection (1013, try "
+        "again later). Default: {default}")
+    realtime_idle_timeout: float = flag(
+        60.0, type="seconds", low=0.1, help="seconds a realtime connection may send no "
+        "event while none of its audio awaits transcription; then it is closed (1008)")
+    realtime_max_lead_s: float = flag(
+        120.0, type="seconds", low=1, help="seconds of audio a realtime client may send "
+        "ahead of the wall clock (a file streamed faster than real time); beyond, it is "
+        "closed (1008)")
+    realtime_max_unsent_bytes: int = flag(
+        1024 * 1024, type="size", low=1024, help="event bytes a realtime client may leave "
+        "unread; beyond, it is closed (1008), and reset if it still reads nothing for "
+        "LLMSERVE_STALL_TIMEOUT seconds. Default: {default}")
     enable_request_id_headers: bool = flag(
         False, help="echo X-Request-Id (or a new id) on every response")
     allowed_origins: list[str] = flag(factory=list, type="json_list", help="CORS origins "

@@ -61,6 +61,8 @@ def openapi_document(app: Quart) -> dict[str, Any]:
         view = app.view_functions.get(rule.endpoint)
         if rule.endpoint in UNDOCUMENTED or getattr(view, "undocumented", False):
             continue
+        if getattr(rule, "websocket", False):
+            continue  # WS /v1/realtime: no HTTP operation (FastAPI's document omits them too)
         for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
             op: dict[str, Any] = {
                 "operationId": f"{rule.endpoint}_{method.lower()}",

@@ -114,6 +114,10 @@ class Supervisor:
         hc.include_server_header = False
         hc.backlog = 1024
         hc.h11_max_incomplete_size = 64 * 1024
+        # A realtime event over twice the largest audio chunk's base64 is refused by the
+        # WebSocket layer (close 1009) before it is buffered; smaller ones reach the route,
+        # which answers an oversized chunk with an error event.
+        hc.websocket_max_message_size = self.config.realtime_max_chunk_bytes * 8 // 3 + 65536
         hc.accesslog = None
         hc.errorlog = logging.getLogger("hypercorn.error")
         try:

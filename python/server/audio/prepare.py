@@ -68,3 +68,7 @@ class AudioFrontend:
                                                  limiter=self._threads)
         finally:
             self.pending_bytes -= len(data)
+
+    async def features(self, samples: np.ndarray, n_mels: int) -> np.ndarray:
+        """One window's log-mel (a realtime stream's), on the same worker threads."""
+        return await trio.to_thread.run_sync(log_mel, samples, n_mels, limiter=self._threads)

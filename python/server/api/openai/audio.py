@@ -16,7 +16,8 @@ window's prompt in a stream's usage: srt and vtt are served from the windows' ti
 tokens, `word` is a 400, `text` is plain text, and usage counts every window.
 
 On a server whose model is not Whisper, these routes are not mounted (404), as vLLM
-mounts them only for a model with the transcription task.
+mounts them only for a model with the transcription task; nor is WS /v1/realtime
+(server.api.openai.realtime), mounted here beside them.
 """
 
 from __future__ import annotations
@@ -312,6 +313,10 @@ def register(app: Quart, srv: ServerState) -> None:
     limit = frontend.limits.max_upload_bytes + FORM_FIELDS_BYTES
     app.request_class = upload_request_class(app.request_class,
                                              frozenset({TRANSCRIPTIONS, TRANSLATIONS}), limit)
+
+    from server.api.openai import realtime
+
+    realtime.register(app, srv, frontend)
 
     @app.post(TRANSCRIPTIONS)
     async def v1_audio_transcriptions() -> Response:
