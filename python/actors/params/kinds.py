@@ -24,11 +24,14 @@ All three are frozen plain data: they cross the process boundary pickled.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from actors.params.embeds import PromptEmbeds
 from actors.params.encoder import EncoderInput
 from actors.params.pooling import PoolingSpec
 from actors.params.sampling import SamplingParams
+
+if TYPE_CHECKING:  # numpy: the scheduler's modules import this one without it
+    from actors.params.embeds import PromptEmbeds
 
 __all__ = ["POOL_SAMPLING", "Generate", "Pool", "RequestKind", "Transcribe", "request_kind"]
 
