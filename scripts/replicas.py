@@ -7,8 +7,9 @@ Starts the replicas on free loopback ports, waits for each one's /health, starts
 /v1/models. With `--policy kv_aware` each replica also publishes its KV-cache events
 (`--kv-events-config`, a free port each) and serves the render routes the router tokenizes
 with (`--enable-scale-out`), and the router subscribes to every replica's events
-(`--kv-event-source URL=tcp://127.0.0.1:PORT`, vllm-router's static sources). Prints one JSON document on stdout (the router's URL, each replica's URL and
-pid, the policy); progress goes to stderr. Without --hold it then tears everything down
+(`--kv-event-source URL=tcp://127.0.0.1:PORT`, vllm-router's static sources).
+Prints one JSON document on stdout (the router's URL and metrics URL, each replica's URL,
+pid and KV-event endpoint, the policy); progress goes to stderr. Without --hold it then tears everything down
 (the set came up: exit 0); with --hold it serves until SIGTERM or SIGINT, then tears down.
 Tear-down is the order a rolling restart uses: the router first (no new traffic), then each
 replica with SIGTERM (it drains its in-flight requests and exits 0).
