@@ -13,7 +13,9 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from actors.loader.whisper import is_transcription_model
-from server.api import dev, generative_scoring, lora, ops, orca, pooling, profile, scale_out
+from server.api import (
+    dev, elastic, generative_scoring, lora, ops, orca, pooling, profile, scale_out,
+)
 from server.api.anthropic import errors as anthropic_errors
 from server.api.anthropic import routes as anthropic_messages
 from server.api.openai import (
@@ -31,10 +33,10 @@ log = logging.getLogger("server.http")
 # Every module that registers routes, each through its `register(app, srv)`.
 API_MODULES = (ops, completions, chat, batch, models, tokenize, invocations,
                anthropic_messages, responses, scale_out, dev, profile, pooling, lora, audio,
-               orca, generative_scoring)
+               orca, generative_scoring, elastic)
 # Not mounted under the pooling runner (an encoder, or --runner pooling), as vLLM.
 GENERATION_MODULES = (completions, chat, batch, anthropic_messages, responses, scale_out,
-                      generative_scoring)
+                      generative_scoring, elastic)
 
 # Routes that answer before the model is loaded (and after an engine failure).
 ALWAYS_OPEN = frozenset({"/health", "/ping", "/ready", "/readyz", "/version", "/metrics"})
