@@ -13,9 +13,8 @@ leaving engine keeps every request it has until it retires, and the front end's 
 grows and shrinks with the count (`per_engine` slots each). A leaving engine's metrics
 actor goes with it, so its `engine`-labelled series leave /metrics.
 
-`ScaleState` is the one scale at a time: `busy` while one runs (vLLM's "is scaling"); the
-caller refuses a second meanwhile. The work runs in a nursery the caller gives (the
-server's), not in the caller's task, so a client that leaves mid-scale leaves it whole.
+One scale at a time is the caller's to keep (server.api.elastic refuses a second while
+one runs), as is running it where a client that leaves cannot cancel it halfway.
 """
 
 from __future__ import annotations
@@ -23,15 +22,13 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-
 import trio
 
 from actors.core.protocol import EngineCore
 from actors.runtime.data_parallel import DataParallelSystem
 from actors.runtime.system import ActorSystem
 
-__all__ = ["DrainTimeout", "ScaleState", "engine_bound", "scale"]
+__all__ = ["DrainTimeout", "engine_bound", "resident_bytes", "scale"]
 
 log = logging.getLogger("actors.runtime.elastic")
 MEMORY_HEADROOM = 0.8  # share of the available memory new engines may take
@@ -39,15 +36,6 @@ MEMORY_HEADROOM = 0.8  # share of the available memory new engines may take
 
 class DrainTimeout(Exception):
     """A leaving engine's requests did not retire in time; it is serving again."""
-
-
-@dataclass
-class ScaleState:
-    """One scale at a time, and what /is_scaling_elastic_ep reports."""
-
-    busy: bool = False
-    requested: int | None = None  # the size the running scale goes to
-    lock: trio.Lock = field(default_factory=trio.Lock)
 
 
 def engine_bound(engines: int, engine_bytes: int) -> int:

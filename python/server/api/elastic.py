@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -35,7 +35,7 @@ from quart import Quart, Response, request
 from actors.core.protocol import EngineCore
 from actors.messages import Control
 from actors.runtime.data_parallel import DataParallelSystem
-from actors.runtime.elastic import DrainTimeout, ScaleState, engine_bound, resident_bytes, scale
+from actors.runtime.elastic import DrainTimeout, engine_bound, resident_bytes, scale
 from actors.runtime.system import ActorSystem
 from server.api.http_io import json_response
 from server.api.lora import names_of
@@ -52,12 +52,13 @@ FALLBACK_ENGINE_BYTES = 1 << 30  # when engine 0's resident size cannot be read
 @dataclass
 class Elastic:
     """What a scale needs, fixed at start: the bound, each engine's admission share, and
-    how to build engine i (a process core with rank i's config)."""
+    how to build engine i (a process core with rank i's config); `busy` while a scale runs
+    (vLLM's "is scaling": one at a time)."""
 
     max_engines: int
     per_engine: int
     build: Callable[[int], EngineCore]
-    state: ScaleState = field(default_factory=ScaleState)
+    busy: bool = False
 
 
 def elastic_settings(max_dp_size: int | None, cores: list[EngineCore], per_engine: int,
@@ -84,7 +85,7 @@ def register(app: Quart, srv: ServerState) -> None:
         if not _positive_int(drain_timeout):
             raise bad_request("drain_timeout must be a positive integer")
         el: Elastic | None = srv.elastic
-        if el is not None and el.state.busy:
+        if el is not None and el.busy:
             return json_response(SCALING_BODY, 503)
         if srv.health.draining:
             raise APIError(503, "The server is draining.")
@@ -102,7 +103,7 @@ def register(app: Quart, srv: ServerState) -> None:
     @app.post("/is_scaling_elastic_ep")
     async def is_scaling_elastic_ep() -> Response:
         el: Elastic | None = srv.elastic
-        busy = el is not None and el.state.busy
+        busy = el is not None and el.busy
         return json_response({"is_scaling_elastic_ep": busy,
                               "phase": "committing" if busy else "idle", "epoch": None,
                               "error": None, "requested_data_parallel_size": None})
@@ -118,8 +119,7 @@ async def _run(srv: ServerState, el: Elastic, target: int, drain_timeout: int) -
     the route waits for its end."""
     dp = srv.actors
     assert isinstance(dp, DataParallelSystem) and srv.reaper is not None
-    state = el.state
-    state.busy, state.requested = True, target
+    el.busy = True
     outcome: list[BaseException | None] = []
     done = trio.Event()
 
@@ -136,7 +136,7 @@ async def _run(srv: ServerState, el: Elastic, target: int, drain_timeout: int) -
         except Exception as exc:  # told to the caller; the server serves on
             outcome.append(exc)
         finally:
-            state.busy, state.requested = False, None
+            el.busy = False
             done.set()
 
     srv.reaper.start_soon(work)
