@@ -4,8 +4,12 @@
 
 Starts the replicas on free loopback ports, waits for each one's /health, starts
 `vllm-router --worker-urls ...` in front of them and waits for the router to answer
-/v1/models. Prints one JSON document on stdout (the router's URL, each replica's URL and
-pid, the policy); progress goes to stderr. Without --hold it then tears everything down
+/v1/models. With `--policy kv_aware` each replica also publishes its KV-cache events
+(`--kv-events-config`, a free port each) and serves the render routes the router tokenizes
+with (`--enable-scale-out`), and the router subscribes to every replica's events
+(`--kv-event-source URL=tcp://127.0.0.1:PORT`, vllm-router's static sources).
+Prints one JSON document on stdout (the router's URL and metrics URL, each replica's URL,
+pid and KV-event endpoint, the policy); progress goes to stderr. Without --hold it then tears everything down
 (the set came up: exit 0); with --hold it serves until SIGTERM or SIGINT, then tears down.
 Tear-down is the order a rolling restart uses: the router first (no new traffic), then each
 replica with SIGTERM (it drains its in-flight requests and exits 0).
@@ -34,17 +38,34 @@ import httpx
 
 from server_under_test import free_port, log
 
-POLICIES = ("round_robin", "cache_aware", "power_of_two", "random", "consistent_hash")
+POLICIES = ("round_robin", "cache_aware", "kv_aware", "power_of_two", "random",
+            "consistent_hash")
+
+
+def kv_events_args(port: int) -> list[str]:
+    """A replica's flags for vllm-router's kv_aware policy: KV events on `port` (vLLM's
+    default topic, ""; the router's static sources read only that), and the render routes.
+    A named host is connected to by vLLM's rule, so the publisher binds the wildcard: every
+    interface, where any host that reaches the port reads the cached prompts' tokens."""
+    cfg = {"enable_kv_cache_events": True, "endpoint": f"tcp://*:{port}"}
+    return ["--enable-scale-out", "--kv-events-config", json.dumps(cfg)]
 
 
 class Replica:
     """One `python -m server` on a fixed loopback port; it can be stopped and started again on
     the same port (the router knows its workers by URL)."""
 
-    def __init__(self, args: list[str], port: int | None = None) -> None:
-        self.args = args
+    def __init__(self, args: list[str], port: int | None = None,
+                 kv_events: bool = False) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        # where a subscriber on this host reads the replica's KV events (None: not published)
+        self.kv_events_endpoint: str | None = None
+        if kv_events:
+            kv_port = free_port()
+            self.kv_events_endpoint = f"tcp://127.0.0.1:{kv_port}"
+            args = [*args, *kv_events_args(kv_port)]
+        self.args = args
         self._state = tempfile.TemporaryDirectory(prefix="llmserve-replica-")
         self._log = tempfile.TemporaryFile()
         self.proc: subprocess.Popen[bytes] | None = None
@@ -113,15 +134,25 @@ def router_command() -> list[str] | None:
 
 
 class Router:
-    """vllm-router in front of the given worker URLs, with short health-check intervals."""
+    """vllm-router in front of the given worker URLs, with short health-check intervals and
+    its Prometheus exposition on a free port of its own (`metrics_url`). `kv_sources` maps a
+    worker URL to the ZMQ endpoint of its KV events, for the kv_aware policy; the router then
+    needs the model those workers serve (`kv_model`, its cache identity for the events)."""
 
-    def __init__(self, worker_urls: list[str], policy: str, extra: list[str] | None = None):
+    def __init__(self, worker_urls: list[str], policy: str, extra: list[str] | None = None,
+                 kv_sources: dict[str, str] | None = None, kv_model: str | None = None):
         cmd = router_command()
         if cmd is None:
             raise SystemExit("vllm-router is not installed (pip install vllm-router)")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.metrics_port = free_port()
+        self.metrics_url = f"http://127.0.0.1:{self.metrics_port}/metrics"
         self.policy = policy
+        sources = [a for url, endpoint in (kv_sources or {}).items()
+                   for a in ("--kv-event-source", f"{url}={endpoint}")]
+        if sources:
+            sources += ["--kv-event-model", kv_model or served_model(worker_urls[0])]
         self._log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
             [*cmd, "--host", "127.0.0.1", "--port", str(self.port), "--policy", policy,
@@ -130,7 +161,8 @@ class Router:
              "--health-failure-threshold", "1", "--health-success-threshold", "1",
              "--worker-startup-check-interval", "1", "--worker-startup-timeout-secs", "120",
              "--retry-initial-backoff-ms", "100", "--retry-max-backoff-ms", "1000",
-             "--log-level", "warning", *(extra or [])],
+             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(self.metrics_port),
+             "--log-level", "warning", *sources, *(extra or [])],
             stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log)
 
     def alive(self) -> bool:
@@ -156,6 +188,11 @@ class Router:
         return self.proc.returncode
 
 
+def served_model(url: str) -> str:
+    """The first model a server lists at /v1/models."""
+    return httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["id"]
+
+
 def wait_http(url: str, timeout: float, alive: Any, log_tail: Any) -> None:
     """Until GET url answers 200; fails with the process's log if it exits or times out."""
     deadline = time.monotonic() + timeout
@@ -176,7 +213,8 @@ class ReplicaSet:
 
     def __init__(self, n: int, policy: str, server_args: list[str],
                  router_args: list[str] | None = None) -> None:
-        self.replicas = [Replica(server_args) for _ in range(n)]
+        self.replicas = [Replica(server_args, kv_events=policy == "kv_aware")
+                         for _ in range(n)]
         self.policy = policy
         self.router_args = router_args or []
         self.router: Router | None = None
@@ -188,7 +226,9 @@ class ReplicaSet:
             for i, r in enumerate(self.replicas):
                 r.wait_ready()
                 log(f"replica {i} ready on {r.url} (pid {r.pid})")
-            self.router = Router([r.url for r in self.replicas], self.policy, self.router_args)
+            self.router = Router([r.url for r in self.replicas], self.policy, self.router_args,
+                                 kv_sources={r.url: r.kv_events_endpoint for r in self.replicas
+                                             if r.kv_events_endpoint})
             self.router.wait_ready()
             log(f"router ready on {self.router.url} ({self.policy})")
         except BaseException:
@@ -201,9 +241,10 @@ class ReplicaSet:
 
     def status(self) -> dict[str, Any]:
         return {"router": None if self.router is None else self.router.url,
+                "router_metrics": None if self.router is None else self.router.metrics_url,
                 "policy": self.policy,
-                "replicas": [{"url": r.url, "pid": r.pid, "alive": r.alive()}
-                             for r in self.replicas]}
+                "replicas": [{"url": r.url, "pid": r.pid, "alive": r.alive(),
+                              "kv_events": r.kv_events_endpoint} for r in self.replicas]}
 
     def close(self) -> list[int | None]:
         """Router first, then each replica by SIGTERM (drained); the replicas' exit codes."""

@@ -7,6 +7,7 @@ drain it while tests run, and it is closed (no unclosed-file warnings) when the 
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import socket
@@ -152,3 +153,21 @@ def default_tokenizer() -> Any:
 
         _tokenizer = AutoTokenizer.from_pretrained(str(prepare_model_dir(None)[1]))
     return _tokenizer
+
+
+def engine_children(pid: int) -> list[int]:
+    """The server's engine-core processes (multiprocessing spawn children)."""
+    kids = []
+    # a child is listed under the thread that forked it
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            kids += [int(k) for k in f.read().split()]
+    found = []
+    for k in kids:
+        try:
+            with open(f"/proc/{k}/cmdline", "rb") as f:
+                if b"spawn_main" in f.read():
+                    found.append(k)
+        except FileNotFoundError:
+            pass
+    return found

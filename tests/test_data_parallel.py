@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from server_helpers import ServerProcess, metric
+from server_helpers import ServerProcess, engine_children, metric
 
 MODEL = "SmolLM2-135M-Instruct"
 
@@ -38,23 +38,6 @@ def server() -> Iterator[ServerProcess]:
 def per_engine(server: ServerProcess, name: str, **labels: str) -> list[float]:
     text = httpx.get(server.url + "/metrics", timeout=10).text
     return [metric(text, name, engine=str(i), **labels) or 0.0 for i in range(2)]
-
-
-def engine_children(pid: int) -> list[int]:
-    """The server's engine-core processes (multiprocessing spawn children)."""
-    kids = []
-    for task in os.listdir(f"/proc/{pid}/task"):  # a child is listed under the thread that forked it
-        with open(f"/proc/{pid}/task/{task}/children") as f:
-            kids += [int(k) for k in f.read().split()]
-    found = []
-    for k in kids:
-        try:
-            with open(f"/proc/{k}/cmdline", "rb") as f:
-                if b"spawn_main" in f.read():
-                    found.append(k)
-        except FileNotFoundError:
-            pass
-    return found
 
 
 def test_both_engines_serve_concurrent_requests(server: ServerProcess) -> None:

@@ -12,6 +12,7 @@ import llmcore
 import msgpack
 import pytest
 import zmq
+from actors.core.kv_events import KVEventLog
 from server_helpers import ServerProcess, free_port
 
 BLOCK = 16
@@ -77,6 +78,9 @@ def test_stored_chain_then_cleared(server):
     first = stored[0]
     assert first["parent_block_hash"] is None and first["block_size"] == BLOCK
     assert first["medium"] == "GPU" and first["lora_id"] is None
+    # vLLM 0.34's fields for a one-group model: the group, its kind, one extra key a block
+    assert first["group_idx"] == 0 and first["kv_cache_spec_kind"] == "full_attention"
+    assert first["extra_keys"] == [None] * len(first["block_hashes"])
     # the prompt's full blocks, each block's parent the one before
     hashes = [h for e in stored for h in e["block_hashes"]]
     tokens = [t for e in stored for t in e["token_ids"]]
@@ -224,3 +228,20 @@ def test_oversized_replay_request_is_dropped():
     finally:
         pub.close()
         ctx.destroy(0)
+
+
+def test_stores_name_the_group_and_its_kind():
+    """vLLM 0.34's tags: group 0, full attention; a model whose every layer shares one window
+    publishes that window's group as sliding_window with its size."""
+    full, sliding = KVEventLog(BLOCK), KVEventLog(BLOCK, 512)
+    for log in (full, sliding):
+        log.stored([3, 4], [11, 12], None, list(range(2 * BLOCK)))
+        log.allocated([3])
+    (f_store, f_gone), (s_store, _) = full.take(), sliding.take()
+    assert f_store["group_idx"] == 0 and f_store["kv_cache_spec_kind"] == "full_attention"
+    assert "kv_cache_spec_sliding_window" not in f_store  # omitted at its default, as vLLM
+    assert f_store["extra_keys"] == [None, None]
+    assert f_gone == {"type": "BlockRemoved", "block_hashes": [11], "medium": "GPU",
+                      "group_idx": 0}
+    assert s_store["kv_cache_spec_kind"] == "sliding_window"
+    assert s_store["kv_cache_spec_sliding_window"] == 512

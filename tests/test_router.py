@@ -1,12 +1,13 @@
 """Two `python -m server` replicas behind vLLM's router (`vllm-router`), on loopback.
 
-What a router needs from a replica, exercised through the router itself: round-robin and
-cache-aware placement (counted from each replica's own /metrics), streaming through the
+What a router needs from a replica, exercised through the router itself: round-robin
+placement (counted from each replica's own /metrics), streaming through the
 router with the openai SDK, X-Request-Id passed through and echoed, a replica killed with
 SIGKILL mid-run (its streams end in an error, never a fake [DONE]; the other replica keeps
 serving), and a rolling restart (SIGTERM drains one replica while a client keeps sending,
 then it starts again on the same port) with no failed request for a client that retries a
-503 or a refused connection the way a router's client does.
+503 or a refused connection the way a router's client does. The prefix-aware policies
+(cache_aware, kv_aware) are in test_router_vllm_router.py.
 
 Skipped, with the reason, when vllm-router is not installed (pip install vllm-router).
 The replicas are small (BASE_ARGS, a 64 MiB KV cache) and every load is a few requests.
@@ -93,34 +94,6 @@ def test_round_robin_alternates_and_echoes_request_ids(replicas: list[Replica]) 
         router.close()
 
 
-def test_cache_aware_keeps_a_prefix_on_one_replica(replicas: list[Replica]) -> None:
-    router = router_for(replicas, "cache_aware")
-    prefixes = {name: f"You are the {name} assistant. " + f"{name} facts follow. " * 30
-                for name in ("harbour", "orchard")}
-    try:
-        placed: dict[str, list[int]] = {name: [] for name in prefixes}
-        hits_before = [metric(httpx.get(r.url + "/metrics").text, "vllm:prefix_cache_hits_total")
-                       or 0.0 for r in replicas]
-        for turn in range(4):
-            for name, prefix in prefixes.items():
-                before = [served(r) for r in replicas]
-                resp = complete(router.url, prefix + f"Question {turn}:")
-                assert resp.status_code == 200, resp.text
-                delta = [served(r) - b for r, b in zip(replicas, before)]
-                assert sorted(delta) == [0, 1]
-                placed[name].append(delta.index(1))
-        print(f"cache_aware: replica of each request by prefix {placed}")
-        for name, where in placed.items():
-            assert len(set(where)) == 1, f"{name} moved between replicas: {where}"
-        hits = [(metric(httpx.get(r.url + "/metrics").text, "vllm:prefix_cache_hits_total")
-                 or 0.0) - h for r, h in zip(replicas, hits_before)]
-        # Every repeat of a prefix found its KV on the replica the router chose.
-        for name, where in placed.items():
-            assert hits[where[0]] > 0, (name, hits)
-    finally:
-        router.close()
-
-
 def test_streaming_through_the_router(replicas: list[Replica]) -> None:
     router = router_for(replicas, "round_robin")
     try:
@@ -139,14 +112,20 @@ def test_streaming_through_the_router(replicas: list[Replica]) -> None:
         router.close()
 
 
-def direct_stream(url: str, max_tokens: int, prompt: str = "Story:") -> str:
+def direct_stream(url: str, max_tokens: int, prompt: str = "Story:",
+                  started: threading.Event | None = None) -> str:
     """One greedy stream of max_tokens tokens: "done" (ended with [DONE]), "cut" (ended
-    without it), "status N", or the transport error's name."""
+    without it), "status N", or the transport error's name. `started` is set once its first
+    chunk arrived (the request is in the engine)."""
     try:
         with httpx.stream("POST", url + "/v1/completions", timeout=60, json={
                 "model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
                 "ignore_eos": True, "stream": True}) as r:
-            body = r.read()
+            body = b""
+            for chunk in r.iter_bytes():
+                body += chunk
+                if started is not None and r.status_code == 200:
+                    started.set()
     except httpx.TransportError as exc:
         return type(exc).__name__
     if r.status_code != 200:
@@ -224,8 +203,9 @@ def test_drain_and_restart_loses_no_request(replicas: list[Replica]) -> None:
                 pool.submit(traffic, w)
             time.sleep(2)
             # One long stream straight on the victim, so that its drain has work to finish.
-            in_flight = pool.submit(direct_stream, victim.url, 120)
-            wait_running(victim)
+            started = threading.Event()
+            in_flight = pool.submit(direct_stream, victim.url, 120, "Story:", started)
+            assert started.wait(30), "the stream on the victim never started"
             victim.signal(signal.SIGTERM)
             deadline = time.monotonic() + 1
             codes = []

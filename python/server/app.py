@@ -15,6 +15,7 @@ from werkzeug.exceptions import HTTPException
 from actors.loader.whisper import is_transcription_model
 from server.api import (
     dev,
+    elastic,
     generative_scoring,
     lora,
     ops,
@@ -41,10 +42,10 @@ log = logging.getLogger("server.http")
 # Every module that registers routes, each through its `register(app, srv)`.
 API_MODULES = (ops, completions, chat, batch, models, tokenize, invocations,
                anthropic_messages, responses, scale_out, dev, weights, profile, pooling, lora,
-               audio, orca, generative_scoring)
+               audio, orca, generative_scoring, elastic)
 # Not mounted under the pooling runner (an encoder, or --runner pooling), as vLLM.
 GENERATION_MODULES = (completions, chat, batch, anthropic_messages, responses, scale_out,
-                      generative_scoring)
+                      generative_scoring, elastic)
 
 # Routes that answer before the model is loaded (and after an engine failure).
 ALWAYS_OPEN = frozenset({"/health", "/ping", "/ready", "/readyz", "/version", "/metrics"})

@@ -57,6 +57,12 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         parser.error("--lora-modules needs --enable-lora")
     if args.max_loras < 1 or args.max_lora_rank < 1:
         parser.error("--max-loras and --max-lora-rank must be at least 1")
+    if args.elastic_ep_max_dp_size is not None:
+        if not args.enable_elastic_ep:
+            parser.error("--elastic-ep-max-dp-size needs --enable-elastic-ep")
+        if args.elastic_ep_max_dp_size < args.data_parallel_size:
+            parser.error("--elastic-ep-max-dp-size must be greater than or equal to the "
+                         f"initial data_parallel_size ({args.data_parallel_size}).")
 
 
 def _resolve(args: argparse.Namespace, values: dict[str, Any]) -> None:

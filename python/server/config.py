@@ -150,6 +150,14 @@ class ServerConfig:
         1, aliases=("-dp",), type="integer", low=1, high=64, help="engine cores, each in its "
         "own process with its own KV cache, behind this one HTTP server; requests go to the "
         "least loaded (queued + running). 1: one in-process core")
+    enable_elastic_ep: bool = flag(
+        False, help="let POST /scale_elastic_ep add and remove engine cores while the server "
+        "serves (vLLM's elastic data parallel); every core then runs in a process of its "
+        "own, with --data-parallel-size 1 too")
+    elastic_ep_max_dp_size: int | None = flag(
+        None, type="integer", low=1, high=64, help="the most engine cores /scale_elastic_ep "
+        "may run (needs --enable-elastic-ep). Default: what the machine holds, one a CPU "
+        "and as many as 80%% of the memory available at start fits")
     # limits and admission
     max_queued_requests: int | None = flag(
         None, type="integer", low=0, help="sequences allowed to wait beyond --max-num-seqs "

@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # annotations only: these modules import this one, or are hea
 
     from actors.runtime.prompt_bounds import PromptCharBound
     from actors.text.detokenizer import TokenTexts
+    from server.api.elastic import Elastic
     from server.api.lora import LoraNames
     from server.transport import ConnectionTable
     from server.write_watchdog import WriteWatchdog
@@ -65,6 +66,7 @@ class ServerState:
     # data-parallel rank -> its KV-event publisher (vLLM's KVEventsConfig fields), for
     # /kv_event_sources; empty without --kv-events-config
     kv_event_sources: dict[int, dict[str, Any]] = field(default_factory=dict)
+    elastic: Elastic | None = None  # --enable-elastic-ep: /scale_elastic_ep's settings
     _fingerprint: str | None = field(default=None, repr=False)
 
     @property

@@ -35,6 +35,7 @@ from actors.runtime.data_parallel import DataParallelSystem, run_data_parallel
 from actors.runtime.system import ActorSystem, run_actor_system
 from server import transport
 from server.api import lora
+from server.api.elastic import elastic_settings
 from server.app import create_app
 from server.frontend.chat_template import ChatRenderer, load_template_arg
 from server.config import ServerConfig
@@ -135,6 +136,8 @@ class Supervisor:
     async def _start_actors(self, nursery: trio.Nursery) -> None:
         srv, cfg = self.srv, self.config
         dp = cfg.data_parallel_size
+        # --enable-elastic-ep: every core in a process, so that one can join or leave
+        in_process = dp == 1 and not cfg.enable_elastic_ep
         log.info("loading the engine" if dp == 1 else f"loading {dp} engine cores")
         cores: list[EngineCore] = [None] * dp  # type: ignore[list-item]
 
@@ -145,7 +148,8 @@ class Supervisor:
 
         async def build(i: int) -> None:
             cores[i] = await trio.to_thread.run_sync(
-                self._engine_factory if dp == 1 else partial(ProcessEngineCore, rank_config(i)))
+                self._engine_factory if in_process
+                else partial(ProcessEngineCore, rank_config(i)))
 
         async with trio.open_nursery() as loading:
             for i in range(dp):
@@ -160,15 +164,22 @@ class Supervisor:
         if not cfg.served_model_names:
             name = Path(cfg.model).stem if cfg.model else DEFAULT_MODEL_NAME
             cfg.served_model_names = [str(name)]
-        if dp == 1:
+        if in_process:
             system: ActorSystem | DataParallelSystem = await nursery.start(partial(
                 run_actor_system, core, tokenizer, capacity=capacity,
                 model_name=cfg.served_model_names[0], on_fatal=self._on_fatal,
                 admission_window=cfg.admission_window,
                 report_timings=cfg.enable_per_request_metrics))
         else:  # each engine holds max_num_seqs; the front end admits for all of them
+            most = dp
+            if cfg.enable_elastic_ep:
+                srv.elastic = elastic_settings(
+                    cfg.elastic_ep_max_dp_size, cores, capacity,
+                    lambda i: ProcessEngineCore(rank_config(i)))
+                most = srv.elastic.max_engines
             system = await nursery.start(partial(
                 run_data_parallel, cores, tokenizer, capacity=capacity * dp,
+                channel_capacity=capacity * most,
                 model_name=cfg.served_model_names[0], on_fatal=self._on_fatal,
                 admission_window=cfg.admission_window,
                 report_timings=cfg.enable_per_request_metrics))

@@ -135,7 +135,7 @@ def build_parts(config: EngineConfig, loaded: LoadedModel | None,
     kv_events = None  # --kv-events-config: the prefix cache's events, after each step
     events_cfg = config.extra.get("kv_events_config")
     if events_cfg is not None and kv.enable_prefix_caching:
-        kv.events = KVEventLog(config.block_size)
+        kv.events = KVEventLog(config.block_size, groups.windows[0])
         kv_events = ZmqEventPublisher(events_cfg, int(config.extra.get("data_parallel_rank", 0)))
     scheduler = Scheduler(SchedulerConfig(
         max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,

@@ -10,9 +10,12 @@ The wire format is vLLM's, so any consumer of vLLM's events reads ours:
   (vLLM's ``EventBatch`` with ``array_like=True``);
 - each event is a msgpack map whose first key ``type`` names it (msgspec's tagged
   struct): ``BlockStored`` {block_hashes, parent_block_hash, token_ids, block_size,
-  lora_id, medium, lora_name}, ``BlockRemoved`` {block_hashes, medium},
-  ``AllBlocksCleared`` {}. Fields that vLLM omits at their default (extra_keys, group_idx,
-  ...) are omitted here too.
+  lora_id, medium, lora_name, extra_keys (one null a block), group_idx 0,
+  kv_cache_spec_kind "full_attention", or "sliding_window" with kv_cache_spec_sliding_window
+  when every layer shares one window}, ``BlockRemoved`` {block_hashes, medium, group_idx 0},
+  ``AllBlocksCleared`` {}: what vLLM 0.34's block pool sends for that group. Fields that
+  vLLM omits at their default (session_id, locality, lookahead_token_ids, ...) are omitted
+  here too.
 - block hashes are the pool's 64-bit chained hashes, sent as unsigned ints (vLLM's
   ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES`` form). A consumer uses them only as keys: to
   chain a store to its parent and to find what a removal names; the token ids carry the
@@ -63,6 +66,10 @@ __all__ = ["KVEventLog", "ZmqEventPublisher", "offset_endpoint", "parse_kv_event
 log = logging.getLogger("actors.kv_events")
 
 MEDIUM = "GPU"  # vLLM's medium for an engine's own KV cache; consumers score it as resident
+# The published group (actors.core.kv_groups: group 0, the full-attention one when the model
+# has any). vLLM 0.34 tags each store with its group and the group's spec kind (and each
+# removal with its group), so that a consumer can tell the groups of a hybrid model apart.
+GROUP_IDX = 0
 
 # vLLM's KVEventsConfig fields and defaults (vllm/config/kv_events.py)
 DEFAULTS: dict[str, Any] = {
@@ -169,10 +176,14 @@ class KVEventLog:
     published: block id -> hash, so that an eviction on allocation (the pool drops a free
     cached block's hash when it hands the block out) can be told as a BlockRemoved."""
 
-    __slots__ = ("_by_hash", "_held", "block_size", "events")
+    __slots__ = ("_by_hash", "_held", "_spec", "block_size", "events")
 
-    def __init__(self, block_size: int) -> None:
+    def __init__(self, block_size: int, window: int | None = None) -> None:
+        """``window``: the published group's sliding window (None: full attention)."""
         self.block_size = block_size
+        self._spec: dict[str, Any] = (
+            {"kv_cache_spec_kind": "full_attention"} if window is None else
+            {"kv_cache_spec_kind": "sliding_window", "kv_cache_spec_sliding_window": window})
         self.events: list[dict[str, Any]] = []
         self._held: dict[int, int] = {}  # block id -> hash it is registered under
         self._by_hash: dict[int, int] = {}  # hash -> block id holding it
@@ -190,7 +201,8 @@ class KVEventLog:
         self.events.append({
             "type": "BlockStored", "block_hashes": list(hashes), "parent_block_hash": parent,
             "token_ids": list(token_ids), "block_size": self.block_size, "lora_id": None,
-            "medium": MEDIUM, "lora_name": None,
+            "medium": MEDIUM, "lora_name": None, "extra_keys": [None] * len(hashes),
+            "group_idx": GROUP_IDX, **self._spec,
         })
 
     def allocated(self, block_ids: list[int]) -> None:
@@ -201,7 +213,7 @@ class KVEventLog:
             for h in gone:
                 del self._by_hash[h]
             self.events.append({"type": "BlockRemoved", "block_hashes": gone,
-                                "medium": MEDIUM})
+                                "medium": MEDIUM, "group_idx": GROUP_IDX})
 
     def cleared(self) -> None:
         self._held.clear()

@@ -26,6 +26,13 @@ waits on another's. This module only fans out over them:
   refusal or failure, else engine 0's. A LoRA load refused by one engine is unloaded from
   the engines that took it (all or none), and a caller that leaves is no failure.
 
+- scaling (actors.runtime.elastic): engines join and leave while requests run. A joining
+  engine's actor system starts in this nursery (`spawn`) and takes requests once it is in
+  the lists; a leaving one (always the last) first leaves placement (`draining`), keeps its
+  requests until they retire, then ends. Every engine's channels are sized for the most
+  engines the server may have (`channel_capacity`), so placement stays unblocked whatever
+  the count.
+
 What it does not do: share a prefix cache between engines (a prompt's KV lives on the engine
 that ran it), or place by prefix. On a machine with few cores the engines compete for the
 same cores; N > 1 is then a functional arrangement, not a speed-up.
@@ -35,7 +42,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING
@@ -70,6 +77,7 @@ class DataParallelRegistry:
 
     def __init__(self, registries: Sequence[Registry]) -> None:
         self.parts = list(registries)
+        self.draining: set[int] = set()  # engines that take no new request (leaving)
         self._next = 0
 
     def load(self, i: int) -> int:
@@ -80,7 +88,7 @@ class DataParallelRegistry:
         if any(state.request_id in r.requests for r in self.parts):
             raise DuplicateRequest(f"request id {state.request_id!r} is already in flight")
         n = len(self.parts)
-        order = [(self._next + k) % n for k in range(n)]
+        order = [i for i in ((self._next + k) % n for k in range(n)) if i not in self.draining]
         best = min(order, key=self.load)  # min keeps the first of equals: the rotation
         self._next = (best + 1) % n
         self.parts[best].add(state)
@@ -119,22 +127,22 @@ class DataParallelMetrics:
     """One /metrics over every engine's metrics actor."""
 
     def __init__(self, systems: Sequence[ActorSystem]) -> None:
-        self._parts = [s.metrics for s in systems]
+        self.parts = [s.metrics for s in systems]
 
     def count_http(self, handler: str, method: str, status: int) -> None:
-        self._parts[0].count_http(handler, method, status)
+        self.parts[0].count_http(handler, method, status)
 
     def count_rejection(self, reason: str = "max_num_queued_reqs") -> None:
-        self._parts[0].count_rejection(reason)
+        self.parts[0].count_rejection(reason)
 
     def load_gauges(self) -> list[tuple[str, float]]:
         """Every engine's load gauges, engine by engine within each name (as vLLM's metrics
         snapshot lists an engine-labelled gauge)."""
-        parts = [p.load_gauges() for p in self._parts]
+        parts = [p.load_gauges() for p in self.parts]
         return [part[i] for i in range(len(parts[0])) for part in parts]
 
     def exposition(self) -> bytes:
-        return merge_expositions([m.exposition() for m in self._parts])
+        return merge_expositions([m.exposition() for m in self.parts])
 
 
 def merge_expositions(parts: Sequence[bytes]) -> bytes:
@@ -167,6 +175,9 @@ class DataParallelSystem:
     admission: Admission
     registry: DataParallelRegistry
     metrics: DataParallelMetrics
+    cores: list[EngineCore] = field(default_factory=list)  # systems[i] runs cores[i]
+    # starts the actor system of engine len(systems) on a core, in this server's nursery
+    spawn: Callable[[EngineCore], Awaitable[ActorSystem]] | None = None
     stopped: trio.Event = field(default_factory=trio.Event)
     _pins: dict[int, list[int]] = field(default_factory=dict)  # each engine's pin, by ours
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
@@ -209,19 +220,20 @@ class DataParallelSystem:
 
     async def prepare_grammar(self, request: PrepareGrammar) -> GrammarVerdict:
         """Compiles the constraint on every engine at once; "ok" once every one has it."""
-        verdicts: list[GrammarVerdict | None] = [None] * len(self.systems)
+        systems = list(self.systems)  # the engines of now (one may join or leave meanwhile)
+        verdicts: list[GrammarVerdict | None] = [None] * len(systems)
 
         async def one(i: int) -> None:
-            verdicts[i] = await self.systems[i].prepare_grammar(request)
+            verdicts[i] = await systems[i].prepare_grammar(request)
 
         def release_all() -> None:
             for i, v in enumerate(verdicts):
                 if v is not None and v.outcome == "ok":
-                    self.systems[i].release_grammar(v.pin)
+                    systems[i].release_grammar(v.pin)
 
         try:
             async with trio.open_nursery() as nursery:
-                for i in range(len(self.systems)):
+                for i in range(len(systems)):
                     nursery.start_soon(one, i)
         except BaseException:
             release_all()
@@ -237,17 +249,23 @@ class DataParallelSystem:
         return GrammarVerdict("ok", pin=ours)
 
     def release_grammar(self, pin: int) -> None:
-        for i, theirs in enumerate(self._pins.pop(pin, ())):
-            self.systems[i].release_grammar(theirs)
+        for system, theirs in zip(self.systems, self._pins.pop(pin, ())):
+            system.release_grammar(theirs)
+
+    def forget_pins(self, engine: int) -> None:
+        """Engine `engine` and those after it have left: their pins went with them."""
+        for pins in self._pins.values():
+            del pins[engine:]
 
     async def control(self, command: Control) -> ControlResult:
-        results: list[ControlResult] = [ControlResult(False)] * len(self.systems)
+        systems = list(self.systems)  # the engines of now (one may join or leave meanwhile)
+        results: list[ControlResult] = [ControlResult(False)] * len(systems)
 
         async def one(i: int) -> None:
-            results[i] = await self.systems[i].control(command)
+            results[i] = await systems[i].control(command)
 
         async with trio.open_nursery() as nursery:
-            for i in range(len(self.systems)):
+            for i in range(len(systems)):
                 nursery.start_soon(one, i)
         refusal = next((r for r in results if not r.ok), None)
         if refusal is not None and command.command in _UNDO:
@@ -260,6 +278,8 @@ class DataParallelSystem:
         undo = Control(_UNDO[command.command], command.args)
         with trio.CancelScope(shield=True):  # the caller leaving must not leak the slot
             for i in applied:
+                if i >= len(self.systems):
+                    continue  # that engine has left, its slots with it
                 result = await self.systems[i].control(undo)
                 if not result.ok:
                     log.warning("engine %d: undoing %s failed: %s", i, command.command,
@@ -279,29 +299,38 @@ async def run_data_parallel(
     on_fatal: Callable[[BaseException], None],
     admission_window: AdmissionWindow = DEFAULT_WINDOW,
     report_timings: bool = False,
+    channel_capacity: int | None = None,
     task_status: trio.TaskStatus[DataParallelSystem] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Starts one actor system per core (engine label i) and reports the fan-out handle;
     returns once every one has ended. `capacity` bounds the whole server; each engine
-    gathers its own bursts within `admission_window`."""
+    gathers its own bursts within `admission_window`; `channel_capacity` (default
+    `capacity`) sizes each engine's channels: the most the whole server may ever admit."""
     stopped = trio.Event()
+    handle: DataParallelSystem | None = None
     try:
         async with trio.open_nursery() as nursery:
-            systems: list[ActorSystem] = []
-            for i, core in enumerate(cores):
-                systems.append(await nursery.start(partial(
-                    run_actor_system, core, tokenizer, capacity=capacity,
+
+            async def spawn(core: EngineCore) -> ActorSystem:
+                i = len(handle.systems) if handle is not None else len(systems)
+                system = await nursery.start(partial(
+                    run_actor_system, core, tokenizer, capacity=channel_capacity or capacity,
                     model_name=model_name, on_fatal=on_fatal, engine_index=i,
-                    admission_window=admission_window, report_timings=report_timings)))
-            for i, core in enumerate(cores):
-                nursery.start_soon(_watch, i, core, systems[i], on_fatal)
-            nursery.start_soon(_cancel_when_stopped, systems, nursery.cancel_scope)
-            task_status.started(DataParallelSystem(
+                    admission_window=admission_window, report_timings=report_timings))
+                nursery.start_soon(_watch, i, core, system, on_fatal)
+                return system
+
+            systems: list[ActorSystem] = []
+            for core in cores:
+                systems.append(await spawn(core))
+            handle = DataParallelSystem(
                 systems, Admission(capacity), DataParallelRegistry([s.registry for s in systems]),
-                DataParallelMetrics(systems), stopped))
+                DataParallelMetrics(systems), list(cores), spawn, stopped)
+            nursery.start_soon(_cancel_when_stopped, handle, nursery.cancel_scope)
+            task_status.started(handle)
     finally:
         stopped.set()
-        for core in cores:
+        for core in handle.cores if handle is not None else cores:
             close = getattr(core, "close", None)
             if close is not None:
                 close()
@@ -324,8 +353,9 @@ async def _watch(i: int, core: EngineCore, system: ActorSystem,
     on_fatal(EngineCoreDied(f"engine core {i} exited"))
 
 
-async def _cancel_when_stopped(systems: Sequence[ActorSystem], scope: trio.CancelScope) -> None:
-    """Once every actor system has ended, the watchers end too."""
-    for s in systems:
-        await s.stopped.wait()
+async def _cancel_when_stopped(handle: DataParallelSystem, scope: trio.CancelScope) -> None:
+    """Once every actor system has ended, the watchers end too (an engine that left has
+    ended before it left the list)."""
+    while (running := [s for s in handle.systems if not s.stopped.is_set()]):
+        await running[0].stopped.wait()
     scope.cancel()
