@@ -207,19 +207,25 @@ class OutputBuilder:
     def _keeps(self, d: ToolCallDelta) -> bool:
         return not (d.index > 0 and self._plan.parallel_tool_calls is False)
 
+    def _opened(self, kind: type[_Message] | type[_Reasoning]) -> list[dict[str, Any]]:
+        """The events that open an item of `kind` (a message or a reasoning item), after
+        closing the item open before it; none when one of that kind is open already."""
+        if isinstance(self._open, kind):
+            return []
+        events = self._close("completed")
+        item = kind(len(self._items))
+        self._items.append(item)
+        self._open = item
+        return events + [{"type": "response.output_item.added", "output_index": item.index,
+                          "item": item.item("in_progress")},
+                         {"type": "response.content_part.added", "item_id": item.id,
+                          "output_index": item.index, "content_index": 0,
+                          "part": item.part("")}]
+
     def _text(self, text: str, lps: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        events = []
-        if not isinstance(self._open, _Message):
-            events += self._close("completed")
-            msg = _Message(len(self._items))
-            self._items.append(msg)
-            self._open = msg
-            events += [{"type": "response.output_item.added", "output_index": msg.index,
-                        "item": msg.item("in_progress")},
-                       {"type": "response.content_part.added", "item_id": msg.id,
-                        "output_index": msg.index, "content_index": 0,
-                        "part": msg.part("")}]
+        events = self._opened(_Message)
         msg = self._open
+        assert isinstance(msg, _Message)
         msg.text.append(text)
         msg.logprobs += lps
         events.append({"type": "response.output_text.delta", "item_id": msg.id,
@@ -228,18 +234,9 @@ class OutputBuilder:
         return events
 
     def _reason(self, text: str) -> list[dict[str, Any]]:
-        events = []
-        if not isinstance(self._open, _Reasoning):
-            events += self._close("completed")
-            item = _Reasoning(len(self._items))
-            self._items.append(item)
-            self._open = item
-            events += [{"type": "response.output_item.added", "output_index": item.index,
-                        "item": item.item("in_progress")},
-                       {"type": "response.content_part.added", "item_id": item.id,
-                        "output_index": item.index, "content_index": 0,
-                        "part": item.part("")}]
+        events = self._opened(_Reasoning)
         item = self._open
+        assert isinstance(item, _Reasoning)
         item.text.append(text)
         events.append({"type": "response.reasoning_text.delta", "item_id": item.id,
                        "output_index": item.index, "content_index": 0, "delta": text})
