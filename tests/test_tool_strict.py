@@ -14,6 +14,8 @@ from actors.params.sampling import SamplingParams
 from actors.params.structured import StructuredSpec
 from server.api.common.chat_body import to_chat
 from server.api.common.chat_protocol import ChatCompletionRequest
+from server.api.common.messages_body import chat_request
+from server.api.common.messages_protocol import AnthropicMessagesRequest
 from server.config import ServerConfig
 from server.frontend.chat.tool_parsers import get_tool_parser
 from server.frontend.chat.tool_parsers.strict import strict_tool_tag
@@ -131,3 +133,16 @@ def test_the_tag_holds_strict_arguments_and_leaves_text_free(tok, backend):
     assert accepts(backend, tok, single, call("get_weather", {"city": "Rome"}))
     assert not accepts(backend, tok, single, two)
 
+
+
+@pytest.mark.parametrize("strict", [True, None])
+def test_an_anthropic_tools_strict_reaches_the_plan(strict):
+    tool = {"name": "get_weather", "input_schema": WEATHER}
+    if strict is not None:
+        tool["strict"] = strict
+    req = AnthropicMessagesRequest.model_validate({
+        "model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
+        "tools": [tool]})
+    config = ServerConfig(enable_auto_tool_choice=True, tool_call_parser="hermes")
+    plan = plan_tools(to_chat(chat_request(req)), config)
+    assert (plan.strict_tag is not None) is bool(strict)

@@ -66,7 +66,7 @@ def chat_request(req: AnthropicPromptFields) -> ChatCompletionRequest:
         body["chat_template_kwargs"] = req.chat_template_kwargs
     if req.tools is not None:
         body["tools"] = [{"type": "function", "function": _function(t.name, t.description,
-                                                                    t.input_schema)}
+                                                                    t.input_schema, t.strict)}
                          for t in req.tools]
     choice = req.tool_choice
     if choice is not None:
@@ -97,10 +97,13 @@ def chat_request(req: AnthropicPromptFields) -> ChatCompletionRequest:
     return parse(ChatCompletionRequest, body)
 
 
-def _function(name: str, description: str | None, schema: dict[str, Any]) -> dict[str, Any]:
+def _function(name: str, description: str | None, schema: dict[str, Any],
+              strict: bool | None = None) -> dict[str, Any]:
     function: dict[str, Any] = {"name": name, "parameters": {"type": "object", **schema}}
     if description is not None:
         function["description"] = description
+    if strict is not None:
+        function["strict"] = strict
     return function
 
 

@@ -83,6 +83,7 @@ class AnthropicTool(AnthropicModel):
     name: str = Field(min_length=1)
     description: str | None = None
     input_schema: dict[str, Any]
+    strict: bool | None = None  # grammar-enforced input (the chat tool's `strict`)
 
 
 class AnthropicToolChoice(AnthropicModel):
