@@ -47,6 +47,8 @@ def server():
     srv = ServerProcess("--max-model-len", "2048",
                         "--reasoning-parser", "deepseek_r1", "--trust-request-chat-template",
                         "--reasoning-effort-map", json.dumps({"high": LONG_EFFORT}),
+                        # the regexes that make the model write <think> bind from its first token
+                        "--structured-outputs-config", "enable_in_reasoning=true",
                         ).wait_ready()
     yield srv
     assert srv.stop() == 0, srv.log()
