@@ -11,8 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from server_helpers import ServerProcess
 from subproc import child_env
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
@@ -103,26 +101,16 @@ def test_bench_beam_quick() -> None:
 
 
 @pytest.mark.slow
-def test_bench_serve_against_a_real_server() -> None:
-    server = ServerProcess()
-    try:
-        server.wait_ready()
-        out = run_json(str(SCRIPTS / "bench_serve.py"), "--url", server.url, "--concurrency",
-                       "1", "4", "--requests", "4", "--max-tokens", "4")
-    finally:
-        server.stop()
+def test_bench_serve_against_a_real_server(plain_server) -> None:
+    out = run_json(str(SCRIPTS / "bench_serve.py"), "--url", plain_server.url, "--concurrency",
+                   "1", "4", "--requests", "4", "--max-tokens", "4")
     assert [r["concurrency"] for r in out["served"]] == [1, 4]
     assert all(r["errors"] == 0 and r["output_tokens"] == 16 for r in out["served"])
 
 
-def test_bench_burst_against_a_real_server() -> None:
-    server = ServerProcess()
-    try:
-        server.wait_ready()
-        out = run_json(str(SCRIPTS / "bench_burst.py"), "--url", server.url, "--bursts", "2",
-                       "4", "--repeats", "1", "--max-tokens", "2", "--prompt-tokens", "40")
-    finally:
-        server.stop()
+def test_bench_burst_against_a_real_server(plain_server) -> None:
+    out = run_json(str(SCRIPTS / "bench_burst.py"), "--url", plain_server.url, "--bursts", "2",
+                   "4", "--repeats", "1", "--max-tokens", "2", "--prompt-tokens", "40")
     assert out["cpu_threads"] >= 1 and out["cpu"]
     for n in ("2", "4"):
         row = out["served"]["url"][n]

@@ -12,7 +12,6 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-
 from server_helpers import default_tokenizer, offline_llm
 
 pytestmark = pytest.mark.slow
@@ -100,3 +99,19 @@ def test_a_beam_search_does_not_stall_streams_next_to_it(client) -> None:
         search = pool.submit(beams)
         assert [s.result(timeout=300) for s in streams] == [48, 48, 48]
         assert search.result(timeout=300) == 4
+
+
+@pytest.mark.parametrize("extra, field", [
+    ({"logprobs": 2, "logprob_token_ids": [5, 6]}, "logprob_token_ids"),
+    ({"repetition_detection": {"max_pattern_size": 4, "min_count": 3}}, "repetition_detection"),
+    ({"prompt_logprobs": 1}, "prompt_logprobs"),
+])
+def test_fields_a_beam_cannot_honour_are_refused_not_dropped(plain_server, extra, field) -> None:
+    import httpx
+
+    body = {"model": MODEL, "prompt": PROMPT, "n": 2, "max_tokens": 4, **BEAMS, **extra}
+    r = httpx.post(plain_server.url + "/v1/completions", json=body, timeout=60)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == field and field in err["message"], err
+

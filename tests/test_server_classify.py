@@ -15,7 +15,6 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-
 from server_helpers import ServerProcess, default_tokenizer
 
 torch = pytest.importorskip("torch")
@@ -284,10 +283,8 @@ def test_routes_per_model(models) -> None:
 
 
 @pytest.fixture(scope="module")
-def generator():
-    proc = ServerProcess().wait_ready()  # the default model on the generate runner
-    yield proc
-    proc.stop()
+def generator(plain_server):
+    return plain_server  # the default model on the generate runner
 
 
 def test_generative_scoring_is_the_label_tokens_next_token_probability(generator) -> None:

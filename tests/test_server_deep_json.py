@@ -12,7 +12,6 @@ from __future__ import annotations
 import httpx
 import pytest
 from server.json_depth import MAX_JSON_DEPTH
-from server_helpers import ServerProcess
 
 DEEP = "[" * 100_000
 JUST_TOO_DEEP = "[" * (MAX_JSON_DEPTH + 1) + "]" * (MAX_JSON_DEPTH + 1)
@@ -69,10 +68,8 @@ CASES = [
 
 
 @pytest.fixture(scope="module")
-def server():
-    proc = ServerProcess().wait_ready()
-    yield proc
-    proc.stop()
+def server(plain_server):
+    return plain_server
 
 
 @pytest.mark.parametrize("route,body,param", [c[1:] for c in CASES], ids=[c[0] for c in CASES])

@@ -51,10 +51,8 @@ def server(profile_dir):
 
 
 @pytest.fixture(scope="module")
-def plain():
-    proc = ServerProcess().wait_ready()
-    yield proc.url
-    proc.stop()
+def plain(plain_server):
+    return plain_server.url
 
 
 @pytest.fixture()
@@ -354,10 +352,9 @@ LAYER = "model.layers.29.mlp.down_proj.weight"
 
 
 def _checkpoint_tensor(name: str):
-    from safetensors import safe_open
-
     from actors.loader import prepare_model_dir
     from actors.loader.hf import safetensors_files
+    from safetensors import safe_open
 
     for f in safetensors_files(prepare_model_dir(None)[1]):
         with safe_open(str(f), framework="pt") as st:

@@ -8,8 +8,9 @@ min_tokens, logit_bias) take no part in it, as in vLLM; the server leaves them o
 
 Refused here, with the field named, where the engine would otherwise answer something the
 client did not ask for: a constraint (structured outputs), an allow-list of tokens (not
-scored by the engine's search yet) and prompt logprobs (beam search computes none, as
-vLLM says).
+scored by the engine's search yet), listed-token logprobs and repetition detection (the
+search reports and stops on its own terms; vLLM ignores both there silently) and prompt
+logprobs (beam search computes none, as vLLM says).
 """
 
 from __future__ import annotations
@@ -34,6 +35,12 @@ def beam_error(p: SamplingParams) -> tuple[str, str] | None:
     if p.allowed_token_ids is not None:
         return ("allowed_token_ids is not supported with beam search by this server yet",
                 "allowed_token_ids")
+    if p.logprob_token_ids is not None:
+        return ("logprob_token_ids is not supported with beam search: a beam reports the "
+                "logprobs of its own search", "logprob_token_ids")
+    if p.repetition_detection is not None:
+        return ("repetition_detection is not supported with beam search by this server",
+                "repetition_detection")
     if p.prompt_logprobs is not None:
         return ("`prompt_logprobs` is not supported with beam search because beam search "
                 "does not compute prompt logprobs.", "prompt_logprobs")

@@ -14,12 +14,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from quart import has_request_context, request
-
 from actors.errors import RequestRefused
 from actors.params.limits import RequestLimits
 from actors.params.repetition import RepetitionDetection
 from actors.params.sampling import SamplingParams
+from quart import has_request_context, request
 
 from server.api.common.protocol import SamplingFields
 from server.api.common.structured import spec_of
@@ -66,28 +65,18 @@ def build_params(
                               "prompt_logprobs")
         prompt_logprobs = asked  # out of range: validate names it, as vLLM's protocol does
 
-    if req.use_beam_search:
-        return _beam_params(req, max_tokens, logprobs, defaults, limits, aliases or {},
-                            priority_header)
-    fields = {name: defaults[name] for name in _DEFAULTED if name in defaults}
-    fields.update((name, getattr(req, name)) for name in _DEFAULTED
-                  if getattr(req, name) is not None)
     if max_tokens is None:
         max_tokens = defaults.get("max_tokens")
     allowed = req.allowed_token_ids
-    params = SamplingParams(
+    # The fields a beam search and sampling share: what to generate, what to report, how
+    # the prompt is cut, scheduling, caching, and the rules the engine applies to both.
+    common: dict[str, Any] = dict(
         n=1 if req.n is None else req.n,
         max_tokens=max_tokens,
-        min_tokens=req.min_tokens,
-        seed=req.seed,  # -1 is None
-        stop=req.stop,
-        stop_token_ids=req.stop_token_ids,
-        include_stop_str_in_output=req.include_stop_str_in_output,
         ignore_eos=req.ignore_eos,
+        include_stop_str_in_output=req.include_stop_str_in_output,
         logprobs=logprobs,
         logprob_token_ids=None if logprob_token_ids is None else tuple(logprob_token_ids),
-        prompt_logprobs=prompt_logprobs,
-        logit_bias=_logit_bias(req.logit_bias),
         allowed_token_ids=None if allowed is None else tuple(allowed),
         truncate_prompt_tokens=req.truncate_prompt_tokens,
         truncation_side=req.truncation_side or "left",
@@ -96,46 +85,36 @@ def build_params(
         structured=spec_of(req),
         repetition_detection=_repetition(req),
         stream_interval=_stream_interval(req, stream_interval),
-        **fields,
     )
+    if req.use_beam_search:
+        # vLLM's BeamSearchParams: the sampling fields take no part in the search. Only the
+        # client's own prompt_logprobs reach the engine (which refuses them for a beam, in
+        # vLLM's words); what echo implies is not computed for a beam.
+        skip = req.skip_special_tokens
+        own: dict[str, Any] = dict(
+            use_beam_search=True,
+            length_penalty=req.length_penalty,
+            prompt_logprobs=None if asked is None or asked == 0 else asked,
+            skip_special_tokens=defaults.get("skip_special_tokens", True) if skip is None
+            else skip,
+        )
+    else:
+        own = {name: defaults[name] for name in _DEFAULTED if name in defaults}
+        own.update((name, getattr(req, name)) for name in _DEFAULTED
+                   if getattr(req, name) is not None)
+        own.update(
+            min_tokens=req.min_tokens,
+            seed=req.seed,  # -1 is None
+            stop=req.stop,
+            stop_token_ids=req.stop_token_ids,
+            prompt_logprobs=prompt_logprobs,
+            logit_bias=_logit_bias(req.logit_bias),
+        )
+    params = SamplingParams(**common, **own)
     try:
         params.validate(limits)
     except RequestRefused as exc:
         raise bad_request(exc.message, (aliases or {}).get(exc.param, exc.param)) from None
-    return params
-
-
-def _beam_params(req: SamplingFields, max_tokens: int | None, logprobs: int | None,
-                 defaults: Mapping[str, Any], limits: RequestLimits, aliases: dict[str, str],
-                 priority_header: str | None) -> SamplingParams:
-    """A beam search's SamplingParams: vLLM's BeamSearchParams fields (beam width n,
-    max_tokens, ignore_eos, length_penalty, include_stop_str_in_output, skip_special_tokens,
-    allowed_token_ids) and what the server itself applies (logprobs to report, the prompt's
-    truncation, priority, cache salt); the sampling fields take no part, as in vLLM."""
-    if max_tokens is None:
-        max_tokens = defaults.get("max_tokens")
-    skip = req.skip_special_tokens
-    allowed = req.allowed_token_ids
-    params = SamplingParams(
-        n=1 if req.n is None else req.n,
-        use_beam_search=True,
-        length_penalty=req.length_penalty,
-        max_tokens=max_tokens,
-        ignore_eos=req.ignore_eos,
-        include_stop_str_in_output=req.include_stop_str_in_output,
-        skip_special_tokens=defaults.get("skip_special_tokens", True) if skip is None else skip,
-        logprobs=logprobs,
-        allowed_token_ids=None if allowed is None else tuple(allowed),
-        truncate_prompt_tokens=req.truncate_prompt_tokens,
-        truncation_side=req.truncation_side or "left",
-        priority=_priority(req.priority, priority_header),
-        cache_salt=req.cache_salt,
-        structured=spec_of(req),
-    )
-    try:
-        params.validate(limits)
-    except RequestRefused as exc:
-        raise bad_request(exc.message, aliases.get(exc.param, exc.param)) from None
     return params
 
 
