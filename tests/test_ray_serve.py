@@ -125,7 +125,8 @@ class RayCluster:
         subprocess.run([_tool("ray"), "stop", "--force"], env=self.env, timeout=120, check=False,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.serve_log.close()
-        shutil.rmtree(self.temp, ignore_errors=True)
+        if not os.environ.get("KEEP_RAY_TEMP"):  # set it to read the replicas' logs after
+            shutil.rmtree(self.temp, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -31,16 +31,24 @@ class Call:
         self._cancelled = False
 
     async def run(self) -> None:
+        """Run the app; whatever it ends with settles the caller's future and stays here.
+        The cancel scope takes back its own Cancelled; what an app failing while it is
+        cancelled leaves besides (a group, once Trio's Cancelled is stripped from it) is
+        the call's error, not the loop's: a request never ends the host's request nursery."""
         error: BaseException | None = None
-        with trio.CancelScope() as scope:
-            self._scope = scope
-            if self._cancelled:
-                scope.cancel()
-            try:
+        try:
+            with trio.CancelScope() as scope:
+                self._scope = scope
+                if self._cancelled:
+                    scope.cancel()
                 await self.app(self.scope, self.receive, self.send)
-            except Exception as exc:  # noqa: BLE001 - the caller's loop re-raises it
-                error = exc
-        self.loop.call_soon_threadsafe(settle, self.done, error)
+        except Exception as exc:  # noqa: BLE001 - the caller's loop re-raises it
+            error = exc
+        finally:
+            try:
+                self.loop.call_soon_threadsafe(settle, self.done, error)
+            except RuntimeError:  # the caller's loop has closed: nobody waits any more
+                pass
 
     def cancel(self, token: trio.lowlevel.TrioToken) -> None:
         def cancel() -> None:
@@ -56,7 +64,10 @@ class Call:
     async def receive(self) -> Message:
         try:
             return await on_loop(self.loop, self._receive())
-        except (ConnectionError, asyncio.CancelledError):
+        except (Exception, asyncio.CancelledError):  # noqa: BLE001
+            # The caller cannot deliver the request any more (a reset, or the host's own
+            # error: Ray raises its TaskCancelledError once the proxy drops the call): to
+            # the app that is the client leaving.
             return {"type": "http.disconnect"}
 
     async def send(self, message: Message) -> None:
