@@ -117,6 +117,7 @@ class Load:
         for f in self._futures:
             f.result()
         self._pool.shutdown()
+        self.client.close()
         return self.outcomes
 
 
@@ -224,8 +225,8 @@ def test_scale_while_scaling_and_a_drain_that_times_out(server: ServerProcess) -
     assert second.status_code == 503 and second.json() == SCALING
     # A stream on engine 1 that outlasts a 1 s drain: 408, engine 1 serves on, the stream
     # finishes; a second try once it has drains at once.
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
-    with ThreadPoolExecutor(2) as pool:
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0) as client, \
+            ThreadPoolExecutor(2) as pool:
         streams = [pool.submit(lambda i=i: list(client.completions.create(
             model=MODEL, prompt=f"Long {i}:", max_tokens=160, extra_body={"ignore_eos": True},
             temperature=0, stream=True))) for i in range(2)]

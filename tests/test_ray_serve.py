@@ -143,8 +143,10 @@ def cluster() -> Iterator[RayCluster]:
 
 
 @pytest.fixture(scope="module")
-def client(cluster: RayCluster) -> openai.OpenAI:
-    return openai.OpenAI(base_url=cluster.url + "/v1", api_key="none", max_retries=0, timeout=120)
+def client(cluster: RayCluster) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=cluster.url + "/v1", api_key="none", max_retries=0,
+                       timeout=120) as c:
+        yield c
 
 
 def test_completion_and_stream_through_rays_proxy(client: openai.OpenAI) -> None:

@@ -96,8 +96,8 @@ def test_round_robin_alternates_and_echoes_request_ids(replicas: list[Replica]) 
 
 def test_streaming_through_the_router(replicas: list[Replica]) -> None:
     router = router_for(replicas, "round_robin")
+    client = openai.OpenAI(base_url=router.url + "/v1", api_key="none", max_retries=0)
     try:
-        client = openai.OpenAI(base_url=router.url + "/v1", api_key="none", max_retries=0)
         direct = complete(replicas[0].url, "Name a colour:", max_tokens=8).json()
         for _ in range(2):  # once on each replica
             stream = client.completions.create(model=MODEL, prompt="Name a colour:", max_tokens=8,
@@ -109,6 +109,7 @@ def test_streaming_through_the_router(replicas: list[Replica]) -> None:
             assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
             assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 8
     finally:
+        client.close()
         router.close()
 
 

@@ -148,6 +148,7 @@ def test_kv_aware_sends_a_prefix_where_its_kv_is(replicas: list[Replica]) -> Non
     router = Router([r.url for r in replicas], "kv_aware", kv_sources=sources, kv_model=MODEL)
     subs = [subscribe(r.kv_events_endpoint) for r in replicas]
     holder = {"pelican": 0, "juniper": 1}
+    client = None
     try:
         router.wait_ready()
         time.sleep(0.5)  # the SUB sockets' connections (ZMQ drops what comes before them)
@@ -190,4 +191,6 @@ def test_kv_aware_sends_a_prefix_where_its_kv_is(replicas: list[Replica]) -> Non
     finally:
         for s in subs:
             s.close()
+        if client is not None:
+            client.close()
         router.close()

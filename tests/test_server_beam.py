@@ -25,7 +25,8 @@ BEAMS = {"use_beam_search": True}
 def client(plain_server):
     from openai import OpenAI
 
-    return OpenAI(base_url=plain_server.url + "/v1", api_key="x", max_retries=0)
+    with OpenAI(base_url=plain_server.url + "/v1", api_key="x", max_retries=0) as c:
+        yield c
 
 
 def test_completions_beams_sorted_deterministic_and_equal_to_offline(client) -> None:

@@ -35,7 +35,8 @@ def server():
 def client(server):
     from openai import OpenAI
 
-    return OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+    with OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0) as c:
+        yield c
 
 
 def rows_of(text: str) -> torch.Tensor:

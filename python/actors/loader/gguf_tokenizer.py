@@ -63,6 +63,30 @@ _SPLITS: dict[str, tuple[str, ...]] = {
 # Pre-tokenizers for which llama.cpp takes a word that is one token whole, and adds BOS.
 _IGNORE_MERGES = frozenset({"llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral"})
 
+# GGUF architectures whose name is also transformers' tokenizer type for the class its
+# config would pick. Llama's config picks the plain backend (transformers has no "llama"
+# tokenizer type).
+_TYPED_ARCHS = frozenset({"gemma", "gemma2", "gemma3", "qwen2", "qwen3", "phi3"})
+
+
+def _typed(meta: dict[str, Any]) -> bool:
+    return meta.get("general.architecture") in _TYPED_ARCHS
+
+
+def _tokenizer_class(meta: dict[str, Any]) -> Any:
+    """The class AutoTokenizer would pick, named up front where it is known: otherwise
+    AutoTokenizer reads the whole file (every tensor's header, with gguf-py's slow reader)
+    only to learn the model's type. Same files written; Gemma 3's 262k-token file takes
+    ~2 s instead of ~13, SmolLM2's 0.2 s instead of 3."""
+    from transformers import AutoTokenizer
+
+    if meta.get("general.architecture") == "llama":
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+        return TokenizersBackend
+    return AutoTokenizer
+
+
 def read_metadata(gguf_path: Path) -> dict[str, Any]:
     """The scalar and string metadata of a GGUF file (little-endian, version 2 or 3);
     arrays are skipped, their keys absent."""
@@ -112,11 +136,10 @@ def write_tokenizer(gguf_path: Path, out_dir: Path) -> bool:
     kind = meta.get("tokenizer.ggml.model")
     if kind is None:
         return False
-    from transformers import AutoTokenizer
-
     with stage(f"building the tokenizer of {gguf_path.name} ({kind}) from GGUF metadata"):
-        tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
-                                            local_files_only=True)
+        tok = _tokenizer_class(meta).from_pretrained(
+            str(gguf_path.parent), gguf_file=gguf_path.name, local_files_only=True,
+            **({"tokenizer_type": meta["general.architecture"]} if _typed(meta) else {}))
         backend = tok.backend_tokenizer
         pre = str(meta.get("tokenizer.ggml.pre", "default"))
         add_bos = kind == "llama"  # llama.cpp's default: SentencePiece adds BOS, BPE not
