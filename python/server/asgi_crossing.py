@@ -11,6 +11,8 @@ from typing import Any
 
 import trio
 
+from actors.core.future_event import done_event
+
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 
@@ -87,16 +89,7 @@ async def on_loop(loop: asyncio.AbstractEventLoop, coro: Awaitable[Any]) -> Any:
     """Await `coro` on the asyncio `loop` (another thread) from Trio; a Trio cancellation
     cancels it there."""
     future = asyncio.run_coroutine_threadsafe(coro, loop)  # type: ignore[arg-type]
-    token = trio.lowlevel.current_trio_token()
-    finished = trio.Event()
-
-    def wake(_: Any) -> None:
-        try:
-            token.run_sync_soon(finished.set)
-        except trio.RunFinishedError:
-            pass
-
-    future.add_done_callback(wake)
+    finished = done_event(future)
     try:
         await finished.wait()
     except trio.Cancelled:

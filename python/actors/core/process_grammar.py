@@ -27,6 +27,7 @@ from typing import Any
 
 import trio
 
+from actors.core.future_event import done_event
 from actors.messages import GrammarVerdict, PrepareGrammar
 
 __all__ = ["GrammarClient", "portable", "serve_grammars"]
@@ -59,16 +60,7 @@ class GrammarClient:
             except (OSError, EOFError):
                 del self._pending[ident]
                 raise self._died() from None
-        done = trio.Event()
-        token = trio.lowlevel.current_trio_token()
-
-        def wake(_: Future[GrammarVerdict]) -> None:
-            try:
-                token.run_sync_soon(done.set)
-            except trio.RunFinishedError:
-                pass
-
-        future.add_done_callback(wake)
+        done = done_event(future)
         try:
             await done.wait()
         except BaseException:

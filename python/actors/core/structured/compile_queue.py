@@ -155,18 +155,11 @@ class CompileQueue:
         """``wait`` for a Trio task: the wait is a Trio checkpoint, cancellable."""
         import trio
 
+        from actors.core.future_event import done_event
+
         arrived = time.monotonic()
         try:
-            done = trio.Event()
-            token = trio.lowlevel.current_trio_token()
-
-            def wake(_: Future[Any]) -> None:
-                try:
-                    token.run_sync_soon(done.set)
-                except trio.RunFinishedError:  # the loop ended while the compile ran
-                    pass
-
-            job.future.add_done_callback(wake)
+            done = done_event(job.future)
             while not job.future.done():
                 left = self._deadline(job, arrived) - time.monotonic()
                 if left <= 0:
