@@ -202,3 +202,35 @@ def test_a_port_it_cannot_listen_on_is_one_line_and_exit_1_before_the_model_load
     assert out.returncode == 1, out.stderr[-2000:]
     assert f"cannot listen on {host}:{port}" in out.stderr, out.stderr[-2000:]
     assert "Traceback" not in out.stderr and "loading the engine" not in out.stderr
+
+
+@pytest.mark.parametrize("flag, text, want", [
+    ("--max-model-len", "2048", 2048),
+    ("--max-model-len", "8k", 8000),        # decimal suffixes, as vLLM reads them
+    ("--max-model-len", "25.6k", 25600),
+    ("--max-model-len", "8K", 8192),        # binary suffixes
+    ("--max-model-len", "auto", None),      # the model's own length
+    ("--max-model-len", "-1", None),
+    ("--max-num-batched-tokens", "1m", 1_000_000),
+    ("--max-num-queued-tokens", "2K", 2048),
+])
+def test_token_counts_read_as_vllm_reads_them(flag: str, text: str, want: int | None) -> None:
+    from server.cli import parse_args
+
+    cfg = parse_args([flag, text])
+    got = {"--max-model-len": cfg.engine.max_model_len,
+           "--max-num-batched-tokens": cfg.engine.max_num_batched_tokens,
+           "--max-num-queued-tokens": cfg.max_num_queued_tokens}[flag]
+    assert got == want
+
+
+@pytest.mark.parametrize("text, message", [
+    ("1.5K", "Decimals are not allowed with binary suffixes like K"),
+    ("12x", "not a token count"),
+    ("1", "must be at least 2"),
+])
+def test_bad_token_counts_are_usage_errors(text: str, message: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "server", "--max-model-len", text],
+                          capture_output=True, text=True, env=child_env(), timeout=60,
+                          check=False)
+    assert done.returncode == 2 and message in done.stderr, done.stderr[-500:]

@@ -87,8 +87,9 @@ class EngineConfig:
         "every query row as a decode row. --no-batch-invariant gives that up for speed: "
         "--linear-routing applies, and attention batches a prefill chunk's rows and splits "
         "long contexts of small batches (docs/batch-invariance.md: what it costs)")
-    max_model_len: int | None = flag(None, type="tokens", low=2, help="context length "
-        "(prompt + output). Default: the model's max_position_embeddings")
+    max_model_len: int | None = flag(None, type="context_tokens", low=2, help="context length "
+        "(prompt + output); 'auto' or -1: the model's. Default: the model's "
+        "max_position_embeddings")
     max_num_seqs: int = flag(128, type="integer", low=1,
                              help="most sequences running at once (in one engine step)")
     max_num_batched_tokens: int = flag(2048, type="tokens", low=1, help="most tokens per "

@@ -166,7 +166,7 @@ class ServerConfig:
         None, type="tokens", low=0, help="vLLM's prefill backlog bound: while the prompts "
         "of requests that have had no output yet (n choices counting n times, every "
         "data-parallel engine together) hold this many tokens or more, new requests get "
-        "503 + Retry-After (k suffix: 1000). Default: no bound")
+        "503 + Retry-After (8k = 8000, 8K = 8192). Default: no bound")
     max_body_bytes: int = flag(4 * 1024 * 1024, type="size", low=1,
                                help="largest request body (413 above)")
     # structured outputs: a constraint's bytes and subschemas (beyond: 400) and the grammar

@@ -40,6 +40,8 @@ def in_range(parse: Callable[[str], N], low: N, high: N | None = None) -> Callab
     """`parse`, then refuse values outside [low, high]."""
     def check(text: str) -> N:
         value = parse(text)
+        if value is None:  # the parser's "not set" (e.g. --max-model-len auto)
+            return value
         if value < low or (high is not None and value > high):
             bounds = f"at least {low}" if high is None else f"in [{low}, {high}]"
             raise _fail(f"must be {bounds}, got {text!r}")

@@ -34,6 +34,7 @@ VALUE_TYPES: dict[str, tuple[Callable[[str], Any], Callable[[Any], str] | None]]
     "int": (int, None),
     "integer": (check.integer, lambda n: str(int(n))),
     "tokens": (ft.tokens, None),
+    "context_tokens": (ft.context_tokens, None),
     "size": (ft.size, ft.size_text),
     "positive": (ft.positive, None),
     "seconds": (check.seconds, None),

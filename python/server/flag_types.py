@@ -42,12 +42,31 @@ def size(text: str) -> int:
     return int(float(m.group(1)) * scale)
 
 
+_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
 def tokens(text: str) -> int:
-    """A token count, optionally with k (1000): '2048', '8k', '25.6k'."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kK]?)\s*", text)
+    """A token count as vLLM reads one: '2048'; a decimal suffix k/m/g/t ('8k' = 8000,
+    '25.6k' = 25600); a binary one K/M/G/T, whole numbers only ('8K' = 8192)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgtKMGT]?)\s*", text)
     if not m:
         raise argparse.ArgumentTypeError(f"not a token count: {text!r}")
-    return int(float(m.group(1)) * (1000 if m.group(2) else 1))
+    number, suffix = m.groups()
+    if suffix in _BINARY:
+        if not number.isdigit():
+            raise argparse.ArgumentTypeError(
+                f"Decimals are not allowed with binary suffixes like {suffix}. Did you mean "
+                f"to use {number}{suffix.lower()} instead?")
+        return int(number) * _BINARY[suffix]
+    return int(float(number) * _DECIMAL.get(suffix, 1))
+
+
+def context_tokens(text: str) -> int | None:
+    """--max-model-len: a token count, or 'auto' / -1 for the model's own (vLLM's)."""
+    if text.strip() in ("-1", "auto", "AUTO", "Auto"):
+        return None
+    return tokens(text)
 
 
 _STRUCTURED_BACKENDS = ("auto", "guidance", "xgrammar")
