@@ -40,8 +40,8 @@ def llmserve_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pat
 
 @pytest.fixture(scope="session")
 def default_model(llmserve_cache_dir: Path, default_model_path: Path) -> tuple[Any, float]:
-    """(LoadedModel, seconds) for the default model in float32, converted into the session
-    cache on first use (so the first load includes the GGUF conversion)."""
+    """(LoadedModel, seconds) for the default model in float32, from the session's
+    conversion cache (converted there by whichever test or server needed it first)."""
     import torch
 
     from actors.loader import load_model
