@@ -100,3 +100,17 @@ def test_include_reasoning_false_and_history_reasoning(client):
                      {"role": "user", "content": "Another?"}]
     r = create(client, messages=history)
     check_split(extra(r.choices[0].message, "reasoning"), r.choices[0].message.content)
+
+
+def test_include_reasoning_false_leaves_out_logprobs_and_token_ids(client):
+    """As vLLM: a whole response that hides the reasoning carries neither logprobs nor the
+    output's token ids (both would hold the reasoning); the prompt's ids stay."""
+    asks = {"logprobs": True, "top_logprobs": 2, "return_token_ids": True}
+    shown = create(client, {**asks, "include_reasoning": True})
+    assert shown.choices[0].logprobs is not None
+    assert extra(shown.choices[0], "token_ids")
+    hidden = create(client, {**asks, "include_reasoning": False})
+    assert hidden.choices[0].logprobs is None
+    assert extra(hidden.choices[0], "token_ids") is None
+    assert extra(hidden, "prompt_token_ids") == extra(shown, "prompt_token_ids")
+    assert hidden.choices[0].message.content == shown.choices[0].message.content

@@ -50,6 +50,7 @@ async def handle(srv: ServerState, req: ChatCompletionRequest) -> Response:
         reasoning_usage=thinking is not None, metrics=srv.config.enable_per_request_metrics,
         return_token_ids=bool(req.return_token_ids),
         return_weight_versions=bool(req.return_weight_versions),
+        reasoning_hidden=thinking is not None and not req.include_reasoning,
         style=logprob_style(req.return_tokens_as_token_ids,
                             srv.config.return_tokens_as_token_ids, req.logprob_token_ids))
     if req.stream:

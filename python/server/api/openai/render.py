@@ -231,10 +231,13 @@ class ChatCompletionRenderer(_Renderer):
                  per_prompt: Sequence[tuple[str, str]] | None = None,
                  reasoning_usage: bool = False, metrics: bool = False,
                  return_token_ids: bool = False, style: LogprobStyle = PLAIN,
-                 return_weight_versions: bool = False) -> None:
+                 return_weight_versions: bool = False, reasoning_hidden: bool = False) -> None:
         self.gen = gen
         self.metrics = metrics
         self.return_weight_versions = return_weight_versions
+        # `include_reasoning: false` under a reasoning parser: a whole response carries no
+        # logprobs and no token ids (they would hold the reasoning left out), as vLLM's
+        self.reasoning_hidden = reasoning_hidden
         self.model = model
         self.fingerprint = fingerprint
         self.response_id = f"chatcmpl-{gen.request_id}"
@@ -319,10 +322,12 @@ class ChatCompletionRenderer(_Renderer):
             role, echoed = (self.role, self.echoed) if self.per_prompt is None else \
                 self.per_prompt[r.index // self.gen.n]
             message, reason = self.choices[r.index].whole(r, role, echoed)
+            hidden = self.reasoning_hidden
             choices.append({"index": r.index, "message": message,
-                            "logprobs": self._logprobs_json(r.logprobs),
+                            "logprobs": None if hidden else self._logprobs_json(r.logprobs),
                             "finish_reason": reason, "stop_reason": r.stop_reason,
-                            "token_ids": list(r.token_ids) if self.return_token_ids else None,
+                            "token_ids": list(r.token_ids)
+                            if self.return_token_ids and not hidden else None,
                             "routed_experts": None,
                             "weight_versions": self._spans(r.weight_versions)})
         return self._with_metrics({
