@@ -63,7 +63,7 @@ class RayCluster:
         self.http_port = free_port()
         self.url = f"http://127.0.0.1:{self.http_port}"
         self.env = child_env(RAY_USAGE_STATS_ENABLED="0", RAY_ADDRESS=f"127.0.0.1:{self.gcs_port}",
-                             RAY_DEDUP_LOGS="0")
+                             RAY_DEDUP_LOGS="0", PYTHONUNBUFFERED="1")
         self.serve_log = open(Path(self.temp) / "serve-run.log", "w+b")
         self.serve: subprocess.Popen[bytes] | None = None
 
@@ -110,15 +110,23 @@ class RayCluster:
         raise TimeoutError(f"the app was not ready in {timeout:.0f} s:\n{self.log()}")
 
     def stop_serve(self, timeout: float = 90) -> int | None:
-        """Ctrl-C to `serve run`: it deletes the application (the replicas drain)."""
+        """Ctrl-C to `serve run`: it deletes the application (the replicas drain) and exits.
+        A second Ctrl-C follows if it is still there after `timeout`, as a user would send."""
         if self.serve is None or self.serve.poll() is not None:
             return None if self.serve is None else self.serve.returncode
-        self.serve.send_signal(signal.SIGINT)
-        try:
-            return self.serve.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.serve.kill()
-            return self.serve.wait()
+        for _ in range(2):
+            self.serve.send_signal(signal.SIGINT)
+            try:
+                return self.serve.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        self.serve.kill()
+        return self.serve.wait()
+
+    def ray_logs(self, tail: int = 3000) -> str:
+        """The tail of Serve's controller log (what it did with the application)."""
+        logs = sorted(Path(self.temp).glob("session_*/logs/serve/controller_*.log"))
+        return "".join(p.read_text(errors="replace")[-tail:] for p in logs)
 
     def close(self) -> None:
         self.stop_serve()
@@ -251,7 +259,7 @@ def test_a_client_that_leaves_mid_stream_frees_its_sequence(cluster: RayCluster)
 
 def test_serve_run_ctrl_c_removes_the_app(cluster: RayCluster) -> None:
     code = cluster.stop_serve()
-    assert code == 0, cluster.log()
+    assert code == 0, f"{cluster.log()}\n--- Serve's controller ---\n{cluster.ray_logs()}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
