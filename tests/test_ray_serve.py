@@ -86,9 +86,17 @@ class RayCluster:
                          "ray_actor_options": {"num_cpus": 1}},
             }],
         }))
-        self.serve = subprocess.Popen([_tool("serve"), "run", str(config)], env=self.env,
-                                      stdin=subprocess.DEVNULL, stdout=self.serve_log,
-                                      stderr=subprocess.STDOUT)
+        # `serve run` must start with SIGINT's default action, whatever this process has:
+        # under a shell's background job SIGINT is ignored, a child inherits that across
+        # exec, and Ctrl-C (the test below) would then never reach it. A handled signal
+        # resets to the default on exec, so handle it here while the child starts.
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            self.serve = subprocess.Popen([_tool("serve"), "run", str(config)], env=self.env,
+                                          stdin=subprocess.DEVNULL, stdout=self.serve_log,
+                                          stderr=subprocess.STDOUT)
+        finally:
+            signal.signal(signal.SIGINT, previous)
         return self
 
     def log(self) -> str:
