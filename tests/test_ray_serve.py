@@ -118,18 +118,15 @@ class RayCluster:
         raise TimeoutError(f"the app was not ready in {timeout:.0f} s:\n{self.log()}")
 
     def stop_serve(self, timeout: float = 90) -> int | None:
-        """Ctrl-C to `serve run`: it deletes the application (the replicas drain) and exits.
-        A second Ctrl-C follows if it is still there after `timeout`, as a user would send."""
+        """Ctrl-C to `serve run`: it deletes the application (the replicas drain) and exits."""
         if self.serve is None or self.serve.poll() is not None:
             return None if self.serve is None else self.serve.returncode
-        for _ in range(2):
-            self.serve.send_signal(signal.SIGINT)
-            try:
-                return self.serve.wait(timeout)
-            except subprocess.TimeoutExpired:
-                pass
-        self.serve.kill()
-        return self.serve.wait()
+        self.serve.send_signal(signal.SIGINT)
+        try:
+            return self.serve.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.serve.kill()
+            return self.serve.wait()
 
     def ray_logs(self, tail: int = 3000) -> str:
         """The tail of Serve's controller log (what it did with the application)."""

@@ -64,7 +64,7 @@ def tokens(text: str) -> int:
 
 def context_tokens(text: str) -> int | None:
     """--max-model-len: a token count, or 'auto' / -1 for the model's own (vLLM's)."""
-    if text.strip() in ("-1", "auto", "AUTO", "Auto"):
+    if text.strip().lower() in ("-1", "auto"):
         return None
     return tokens(text)
 
